@@ -1,0 +1,198 @@
+"""Pretrain the embedded English MLMs ``gradflow-mini-en`` and ``gradflow-mini-en-alltoken``.
+
+One recipe, two losses:
+- ``--loss mlm``: standard BERT masking (15% of tokens selected; 80% [MASK], 10% random, 10% kept)
+  and the cross-entropy at the selected positions only.
+- ``--loss alltoken``: the same corruption, but the original token is predicted at *every*
+  non-special position (ELECTRA's "All-Tokens MLM" ablation), so the last block is trained on
+  context channels too.
+
+Architecture (BertForMaskedLM, post-LN): 6 layers, hidden 256, 4 heads, FFN 1024, 128 positions,
+lower-cased WordPiece vocabulary of 8,192 (trained here with HF ``tokenizers``). Chosen as the
+largest BERT that trains to a useful accuracy inside the CPU budget (about 40 minutes of two cores
+per model): the attention and FFN shapes of BERT-base scaled by 1/3, 6 of its 12 blocks.
+Training tricks that change speed, not the model: bfloat16 autocast, logits computed only at the
+loss positions. Every random draw comes from ``--seed``.
+
+    python analyses/pretrain/fetch_corpus.py --out data/corpus
+    python analyses/pretrain/pretrain.py --loss mlm --out build/gradflow-mini-en
+    python analyses/pretrain/pretrain.py --loss alltoken --out build/gradflow-mini-en-alltoken
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from tokenizers import BertWordPieceTokenizer
+from transformers import BertConfig, BertForMaskedLM, BertTokenizerFast
+
+MAX_LEN = 128
+
+
+def train_tokenizer(corpus: Path, out: Path, vocab_size: int) -> BertTokenizerFast:
+    """Train (once) a lower-cased WordPiece tokenizer on the training split; reuse it after."""
+    if not (out / "tokenizer.json").exists():
+        out.mkdir(parents=True, exist_ok=True)
+        wp = BertWordPieceTokenizer(lowercase=True)
+        wp.train([str(corpus / "train.txt")], vocab_size=vocab_size, min_frequency=2)
+        # BertTokenizerFast(vocab_file=...) silently keeps only the special tokens in transformers 5:
+        # wrap the trained tokenizer object instead, then check the size after reloading.
+        BertTokenizerFast(
+            tokenizer_object=wp._tokenizer, do_lower_case=True, unk_token="[UNK]", sep_token="[SEP]",
+            pad_token="[PAD]", cls_token="[CLS]", mask_token="[MASK]",
+        ).save_pretrained(out)
+    tokenizer = BertTokenizerFast.from_pretrained(out)
+    if len(tokenizer) < vocab_size // 2:
+        raise RuntimeError(f"tokenizer in {out} has only {len(tokenizer)} tokens")
+    return tokenizer
+
+
+def windows(tokenizer: BertTokenizerFast, path: Path) -> torch.Tensor:
+    """Documents -> (N, MAX_LEN) int64 windows: [CLS] up to 126 pieces [SEP], padded with 0."""
+    body = MAX_LEN - 2
+    rows = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        ids = tokenizer(line, add_special_tokens=False)["input_ids"]
+        for start in range(0, len(ids), body):
+            piece = ids[start : start + body]
+            if len(piece) < 16:
+                continue
+            row = [tokenizer.cls_token_id, *piece, tokenizer.sep_token_id]
+            rows.append(row + [tokenizer.pad_token_id] * (MAX_LEN - len(row)))
+    return torch.tensor(rows, dtype=torch.long)
+
+
+def corrupt(ids: torch.Tensor, tokenizer: BertTokenizerFast, gen: torch.Generator, alltoken: bool):
+    """BERT 15% / 80-10-10 corruption. Returns (inputs, labels) with -100 outside the loss."""
+    special = (ids == tokenizer.cls_token_id) | (ids == tokenizer.sep_token_id) | (ids == tokenizer.pad_token_id)
+    u = torch.rand(ids.shape, generator=gen)
+    selected = (u < 0.15) & ~special
+    action = torch.rand(ids.shape, generator=gen)
+    inputs = ids.clone()
+    inputs[selected & (action < 0.8)] = tokenizer.mask_token_id
+    rand_pos = selected & (action >= 0.8) & (action < 0.9)
+    inputs[rand_pos] = torch.randint(len(tokenizer), ids.shape, generator=gen)[rand_pos]
+    loss_at = ~special if alltoken else selected
+    labels = torch.where(loss_at, ids, torch.full_like(ids, -100))
+    return inputs, labels, selected
+
+
+def mlm_loss(model: BertForMaskedLM, inputs, labels, attention_mask):
+    """Cross-entropy at label positions; the MLM head runs on those positions only."""
+    hidden = model.bert(input_ids=inputs, attention_mask=attention_mask).last_hidden_state
+    where = labels != -100
+    logits = model.cls(hidden[where])
+    return F.cross_entropy(logits.float(), labels[where]), logits, where
+
+
+@torch.no_grad()
+def evaluate(model, tokenizer, valid: torch.Tensor, seed: int, batch: int = 128) -> dict:
+    """Loss and top-1 accuracy at the *selected* positions of a fixed masking of ``valid``."""
+    model.eval()
+    gen = torch.Generator().manual_seed(seed + 1)
+    total_loss = total_correct = total = 0.0
+    for start in range(0, len(valid), batch):
+        ids = valid[start : start + batch]
+        inputs, _, selected = corrupt(ids, tokenizer, gen, alltoken=False)
+        labels = torch.where(selected, ids, torch.full_like(ids, -100))
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss, logits, where = mlm_loss(model, inputs, labels, (ids != tokenizer.pad_token_id).long())
+        n = int(where.sum())
+        total_loss += float(loss) * n
+        total_correct += float((logits.argmax(-1) == labels[where]).sum())
+        total += n
+    model.train()
+    return {"valid_loss": total_loss / total, "valid_top1": total_correct / total, "valid_positions": int(total)}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description="Pretrain a gradflow-mini-en model.")
+    p.add_argument("--corpus", type=Path, default=Path("data/corpus"))
+    p.add_argument("--tokenizer", type=Path, default=Path("build/tokenizer-mini-en"))
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--loss", choices=["mlm", "alltoken"], default="mlm")
+    p.add_argument("--vocab-size", type=int, default=8192)
+    p.add_argument("--steps", type=int, default=2400)
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--lr", type=float, default=1.5e-3)
+    p.add_argument("--warmup", type=int, default=240)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--eval-every", type=int, default=400)
+    p.add_argument("--valid-windows", type=int, default=1024)
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    tokenizer = train_tokenizer(args.corpus, args.tokenizer, args.vocab_size)
+    train = windows(tokenizer, args.corpus / "train.txt")
+    valid_all = windows(tokenizer, args.corpus / "valid.txt")
+    valid = valid_all[torch.randperm(len(valid_all), generator=torch.Generator().manual_seed(7))[: args.valid_windows]]
+    print(f"train windows {len(train)}, valid windows {len(valid)} (of {len(valid_all)})", flush=True)
+
+    config = BertConfig(
+        vocab_size=len(tokenizer), hidden_size=256, num_hidden_layers=6, num_attention_heads=4,
+        intermediate_size=1024, max_position_embeddings=MAX_LEN, type_vocab_size=2,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    model = BertForMaskedLM(config)
+    decay = [p_ for n, p_ in model.named_parameters() if p_.ndim >= 2]
+    no_decay = [p_ for n, p_ in model.named_parameters() if p_.ndim < 2]
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=args.lr, betas=(0.9, 0.98), eps=1e-6,
+    )
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min((s + 1) / args.warmup, max(0.0, (args.steps - s) / (args.steps - args.warmup)))
+    )
+    gen = torch.Generator().manual_seed(args.seed)
+    log_rows = []
+    start = time.time()
+    tokens_seen = 0
+    model.train()
+    for step in range(1, args.steps + 1):
+        idx = torch.randint(len(train), (args.batch_size,), generator=gen)
+        ids = train[idx]
+        inputs, labels, _ = corrupt(ids, tokenizer, gen, alltoken=args.loss == "alltoken")
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss, _, _ = mlm_loss(model, inputs, labels, (ids != tokenizer.pad_token_id).long())
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        schedule.step()
+        opt.zero_grad(set_to_none=True)
+        tokens_seen += int((ids != tokenizer.pad_token_id).sum())
+        row = {"step": step, "tokens": tokens_seen, "train_loss": float(loss), "lr": schedule.get_last_lr()[0],
+               "elapsed_s": round(time.time() - start, 1)}
+        if step % args.eval_every == 0 or step == args.steps:
+            row.update(evaluate(model, tokenizer, valid, args.seed))
+            print(json.dumps(row), flush=True)
+            model.save_pretrained(args.out / "checkpoint")
+        log_rows.append(row)
+        if not math.isfinite(float(loss)):
+            raise SystemExit(f"non-finite loss at step {step}")
+    final = evaluate(model, tokenizer, valid, args.seed)
+    model.half().save_pretrained(args.out, safe_serialization=True)
+    tokenizer.save_pretrained(args.out)
+    fields = ["step", "tokens", "train_loss", "lr", "elapsed_s", "valid_loss", "valid_top1", "valid_positions"]
+    with open(args.out / "training_log.csv", "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(log_rows)
+    recipe = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+    recipe.update(final=final, train_windows=len(train), wall_s=round(time.time() - start, 1),
+                  torch=torch.__version__, tokens_seen=tokens_seen)
+    (args.out / "recipe.json").write_text(json.dumps(recipe, indent=2))
+    print(json.dumps(recipe), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,102 @@
+"""Families with their own module layout: DistilBERT, DeBERTa-v2/v3, ModernBERT, ESM, MPNet."""
+
+from .base import Adapter, SublayerSpec
+
+DISTILBERT = Adapter(
+    family="distilbert",
+    model_types=("distilbert",),
+    embeddings="embeddings",
+    blocks="transformer.layer",
+    mid=("sa_layer_norm", "output"),
+    sublayers={
+        "attn.q": SublayerSpec("attention.q_lin"),
+        "attn.k": SublayerSpec("attention.k_lin"),
+        "attn.v": SublayerSpec("attention.v_lin"),
+        "attn.out": SublayerSpec("attention.out_lin"),
+        "attn.norm": SublayerSpec("sa_layer_norm"),
+        "ffn.in": SublayerSpec("ffn.lin1"),
+        "ffn.out": SublayerSpec("ffn.lin2"),
+        "ffn.norm": SublayerSpec("output_layer_norm"),
+    },
+    attn_norm="post",
+)
+
+DEBERTA_V2 = Adapter(
+    family="deberta-v2",
+    model_types=("deberta-v2",),
+    embeddings="embeddings",
+    blocks="encoder.layer",
+    mid=("attention", "output"),
+    sublayers={
+        "attn.q": SublayerSpec("attention.self.query_proj"),
+        "attn.k": SublayerSpec("attention.self.key_proj"),
+        "attn.v": SublayerSpec("attention.self.value_proj"),
+        "attn.out": SublayerSpec("attention.output.dense"),
+        "attn.norm": SublayerSpec("attention.output.LayerNorm"),
+        "ffn.in": SublayerSpec("intermediate.dense"),
+        "ffn.out": SublayerSpec("output.dense"),
+        "ffn.norm": SublayerSpec("output.LayerNorm"),
+    },
+    attn_norm="post",
+    notes="with share_att_key the Q/K projections also map the relative-position embeddings: "
+          "that share of their weight gradient has role 'relpos'",
+)
+
+MODERNBERT = Adapter(
+    family="modernbert",
+    model_types=("modernbert",),
+    embeddings="embeddings",
+    blocks="layers",
+    mid=("mlp_norm", "input"),
+    sublayers={
+        "attn.q": SublayerSpec("attn.Wqkv", chunk=(0, 3)),
+        "attn.k": SublayerSpec("attn.Wqkv", chunk=(1, 3)),
+        "attn.v": SublayerSpec("attn.Wqkv", chunk=(2, 3)),
+        "attn.out": SublayerSpec("attn.Wo"),
+        "attn.norm": SublayerSpec("attn_norm"),
+        "ffn.in": SublayerSpec("mlp.Wi", chunk=(0, 2)),
+        "ffn.gate": SublayerSpec("mlp.Wi", chunk=(1, 2)),
+        "ffn.out": SublayerSpec("mlp.Wo"),
+        "ffn.norm": SublayerSpec("mlp_norm"),
+    },
+    attn_norm="pre",
+    notes="pre-LN, fused QKV and gated FFN split by rows; block 0 has no attention norm (Identity)",
+)
+
+ESM = Adapter(
+    family="esm",
+    model_types=("esm",),
+    embeddings="embeddings",
+    blocks="encoder.layer",
+    mid=("attention", "output"),
+    sublayers={
+        "attn.q": SublayerSpec("attention.self.query"),
+        "attn.k": SublayerSpec("attention.self.key"),
+        "attn.v": SublayerSpec("attention.self.value"),
+        "attn.out": SublayerSpec("attention.output.dense"),
+        "attn.norm": SublayerSpec("attention.LayerNorm"),
+        "ffn.in": SublayerSpec("intermediate.dense"),
+        "ffn.out": SublayerSpec("output.dense"),
+        "ffn.norm": SublayerSpec("LayerNorm"),
+    },
+    attn_norm="pre",
+)
+
+MPNET = Adapter(
+    family="mpnet",
+    model_types=("mpnet",),
+    embeddings="embeddings",
+    blocks="encoder.layer",
+    mid=("attention", "output"),
+    sublayers={
+        "attn.q": SublayerSpec("attention.attn.q"),
+        "attn.k": SublayerSpec("attention.attn.k"),
+        "attn.v": SublayerSpec("attention.attn.v"),
+        "attn.out": SublayerSpec("attention.attn.o"),
+        "attn.norm": SublayerSpec("attention.LayerNorm"),
+        "ffn.in": SublayerSpec("intermediate.dense"),
+        "ffn.out": SublayerSpec("output.dense"),
+        "ffn.norm": SublayerSpec("output.LayerNorm"),
+    },
+    attn_norm="post",
+)

@@ -1,0 +1,44 @@
+"""Pre-LN variants of the BERT layout: RoBERTa-PreLayerNorm, Megatron-BERT, XLM-RoBERTa-XL."""
+
+from .base import Adapter, SublayerSpec
+
+_ATTN = {
+    "attn.q": SublayerSpec("attention.self.query"),
+    "attn.k": SublayerSpec("attention.self.key"),
+    "attn.v": SublayerSpec("attention.self.value"),
+    "attn.out": SublayerSpec("attention.output.dense"),
+    "ffn.in": SublayerSpec("intermediate.dense"),
+    "ffn.out": SublayerSpec("output.dense"),
+}
+
+ROBERTA_PRELAYERNORM = Adapter(
+    family="roberta-prelayernorm",
+    model_types=("roberta-prelayernorm",),
+    embeddings="embeddings",
+    blocks="encoder.layer",
+    mid=("attention", "output"),
+    sublayers={**_ATTN, "attn.norm": SublayerSpec("attention.LayerNorm"),
+               "ffn.norm": SublayerSpec("intermediate.LayerNorm")},
+    attn_norm="pre",
+)
+
+MEGATRON_BERT = Adapter(
+    family="megatron-bert",
+    model_types=("megatron-bert",),
+    embeddings="embeddings",
+    blocks="encoder.layer",
+    mid=("attention", "output"),
+    sublayers={**_ATTN, "attn.norm": SublayerSpec("attention.ln"), "ffn.norm": SublayerSpec("ln")},
+    attn_norm="pre",
+)
+
+XLM_ROBERTA_XL = Adapter(
+    family="xlm-roberta-xl",
+    model_types=("xlm-roberta-xl",),
+    embeddings="embeddings",
+    blocks="encoder.layer",
+    mid=("attention", "output"),
+    sublayers={**_ATTN, "attn.norm": SublayerSpec("attention.self_attn_layer_norm"),
+               "ffn.norm": SublayerSpec("LayerNorm")},
+    attn_norm="pre",
+)

@@ -1,0 +1,74 @@
+"""Tiny random models of every supported family, built from configs (no downloads)."""
+
+from __future__ import annotations
+
+import torch
+from transformers import AutoConfig, AutoModelForMaskedLM
+
+from gradflow.masking import MaskedBatch
+from gradflow.roles import Role
+
+VOCAB = 64
+COMMON = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=3, num_attention_heads=2,
+              intermediate_size=48, max_position_embeddings=64)
+
+FAMILY_CONFIGS: dict[str, dict] = {
+    "bert": {},
+    "roberta": dict(pad_token_id=1),
+    "xlm-roberta": dict(pad_token_id=1),
+    "camembert": dict(pad_token_id=1),
+    "electra": dict(embedding_size=24),
+    "ernie": {},
+    "roformer": dict(embedding_size=32),
+    "data2vec-text": dict(pad_token_id=1),
+    "distilbert": dict(dim=32, n_layers=3, n_heads=2, hidden_dim=48),
+    "albert": dict(embedding_size=16, num_hidden_groups=1, inner_group_num=1),
+    "deberta-v2": dict(relative_attention=True, pos_att_type=["p2c", "c2p"], share_att_key=True,
+                       position_buckets=8, max_relative_positions=16, position_biased_input=False,
+                       norm_rel_ebd="layer_norm"),
+    "modernbert": dict(pad_token_id=0, bos_token_id=2, eos_token_id=3, cls_token_id=2, sep_token_id=3,
+                       mask_token_id=4, global_attn_every_n_layers=2, local_attention=8),
+    "esm": dict(pad_token_id=1, mask_token_id=4, token_dropout=False, position_embedding_type="rotary"),
+    "mpnet": dict(pad_token_id=1),
+    "roberta-prelayernorm": dict(pad_token_id=1),
+    "megatron-bert": {},
+    "xlm-roberta-xl": dict(pad_token_id=1),
+}
+FAMILIES = tuple(FAMILY_CONFIGS)
+PRE_LN = {"modernbert", "esm", "roberta-prelayernorm", "megatron-bert", "xlm-roberta-xl"}
+
+
+def tiny_model(family: str, seed: int = 0, **overrides) -> torch.nn.Module:
+    """A random-init ForMaskedLM of ``family`` with 3 blocks, hidden 32, in eval mode, float32."""
+    config = AutoConfig.for_model(family)
+    for key, value in {**COMMON, **FAMILY_CONFIGS[family], **overrides}.items():
+        setattr(config, key, value)
+    torch.manual_seed(seed)
+    return AutoModelForMaskedLM.from_config(config).eval()
+
+
+def tiny_batch(seed: int = 0, b: int = 3, t: int = 12) -> MaskedBatch:
+    """A batch with every role: specials at both ends, padding in the last row, few loss positions."""
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(5, VOCAB, (b, t), generator=gen)
+    roles = torch.full((b, t), int(Role.CONTEXT), dtype=torch.int8)
+    roles[:, 0] = Role.SPECIAL
+    roles[:, -1] = Role.SPECIAL
+    roles[:, 3] = Role.MASKED
+    roles[0, 6] = Role.RANDOM
+    roles[1, 5] = Role.KEPT
+    roles[1, 8] = Role.MASKED
+    attention = torch.ones(b, t, dtype=torch.long)
+    attention[-1, -4:] = 0
+    roles[-1, -4:] = Role.PAD
+    roles[-1, -5] = Role.SPECIAL
+    original = ids.clone()
+    original[:, 0] = 2
+    original[roles == Role.SPECIAL] = 3
+    original[:, 0] = 2
+    original[roles == Role.PAD] = 0
+    inputs = original.clone()
+    inputs[roles == Role.MASKED] = 4
+    inputs[roles == Role.RANDOM] = 7
+    labels = torch.where(roles <= Role.KEPT, original, torch.full_like(original, -100))
+    return MaskedBatch(inputs, original, labels, roles, attention, torch.arange(b))
