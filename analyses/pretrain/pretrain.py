@@ -84,12 +84,26 @@ def corrupt(ids: torch.Tensor, tokenizer: BertTokenizerFast, gen: torch.Generato
     return inputs, labels, selected
 
 
-def mlm_loss(model: BertForMaskedLM, inputs, labels, attention_mask):
-    """Cross-entropy at label positions; the MLM head runs on those positions only."""
+def loss_positions(labels: torch.Tensor, capacity: int) -> torch.Tensor:
+    """Flat indices of the label positions, padded (with -1) or cut to a fixed ``capacity``.
+
+    A fixed number of head rows per step keeps every tensor shape constant: with varying shapes
+    the CPU kernels' caches grew by gigabytes over a run.
+    """
+    flat = torch.nonzero(labels.reshape(-1) != -100).squeeze(1)[:capacity]
+    pad = torch.full((capacity - flat.numel(),), -1, dtype=torch.long)
+    return torch.cat([flat, pad])
+
+
+def mlm_loss(model: BertForMaskedLM, inputs, labels, attention_mask, capacity: int):
+    """Cross-entropy at label positions; the MLM head runs on ``capacity`` gathered rows only."""
     hidden = model.bert(input_ids=inputs, attention_mask=attention_mask).last_hidden_state
-    where = labels != -100
-    logits = model.cls(hidden[where])
-    return F.cross_entropy(logits.float(), labels[where]), logits, where
+    rows = loss_positions(labels, capacity)
+    gathered = hidden.reshape(-1, hidden.shape[-1])[rows.clamp_min(0)]
+    targets = torch.where(rows >= 0, labels.reshape(-1)[rows.clamp_min(0)], torch.full_like(rows, -100))
+    logits = model.cls(gathered)
+    where = targets != -100
+    return F.cross_entropy(logits.float(), targets, ignore_index=-100), logits[where], targets[where]
 
 
 @torch.no_grad()
@@ -103,10 +117,10 @@ def evaluate(model, tokenizer, valid: torch.Tensor, seed: int, batch: int = 128)
         inputs, _, selected = corrupt(ids, tokenizer, gen, alltoken=False)
         labels = torch.where(selected, ids, torch.full_like(ids, -100))
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            loss, logits, where = mlm_loss(model, inputs, labels, (ids != tokenizer.pad_token_id).long())
-        n = int(where.sum())
+            loss, logits, targets = mlm_loss(model, inputs, labels, (ids != tokenizer.pad_token_id).long(), ids.numel())
+        n = targets.numel()
         total_loss += float(loss) * n
-        total_correct += float((logits.argmax(-1) == labels[where]).sum())
+        total_correct += float((logits.argmax(-1) == targets).sum())
         total += n
     model.train()
     return {"valid_loss": total_loss / total, "valid_top1": total_correct / total, "valid_positions": int(total)}
@@ -157,26 +171,30 @@ def main() -> None:
     log_rows = []
     start = time.time()
     tokens_seen = 0
+    # head rows per step: every position for the all-token loss, else 1/4 of them (15% are selected)
+    capacity = args.batch_size * MAX_LEN if args.loss == "alltoken" else args.batch_size * MAX_LEN // 4
     model.train()
     for step in range(1, args.steps + 1):
         idx = torch.randint(len(train), (args.batch_size,), generator=gen)
         ids = train[idx]
         inputs, labels, _ = corrupt(ids, tokenizer, gen, alltoken=args.loss == "alltoken")
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            loss, _, _ = mlm_loss(model, inputs, labels, (ids != tokenizer.pad_token_id).long())
+            loss, _, _ = mlm_loss(model, inputs, labels, (ids != tokenizer.pad_token_id).long(), capacity)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         schedule.step()
         opt.zero_grad(set_to_none=True)
         tokens_seen += int((ids != tokenizer.pad_token_id).sum())
-        row = {"step": step, "tokens": tokens_seen, "train_loss": float(loss), "lr": schedule.get_last_lr()[0],
+        row = {"step": step, "tokens": tokens_seen, "train_loss": float(loss.detach()), "lr": schedule.get_last_lr()[0],
                "elapsed_s": round(time.time() - start, 1)}
         if step % args.eval_every == 0 or step == args.steps:
             row.update(evaluate(model, tokenizer, valid, args.seed))
             print(json.dumps(row), flush=True)
             model.save_pretrained(args.out / "checkpoint")
         log_rows.append(row)
+        if step % 50 == 0:
+            print(f"step {step} loss {row['train_loss']:.4f} elapsed {row['elapsed_s']}s", flush=True)
         if not math.isfinite(float(loss)):
             raise SystemExit(f"non-finite loss at step {step}")
     final = evaluate(model, tokenizer, valid, args.seed)

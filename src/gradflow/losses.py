@@ -1,14 +1,20 @@
 """Losses the recorder can backpropagate. Each maps (logits (B, T, V), batch) to a scalar.
 
-- ``mlm``: the model's MLM cross-entropy, mean over the selected positions (``labels != -100``:
-  masked + random + kept). Non-loss positions receive exactly zero gradient at the logits.
+- ``mlm``: the MLM cross-entropy at the selected positions (``labels != -100``: masked + random +
+  kept). Non-loss positions receive exactly zero gradient at the logits.
 - ``all-positions``: cross-entropy against the original token at every non-special, non-pad
-  position (ELECTRA's All-Tokens MLM), mean over those positions.
+  position (ELECTRA's All-Tokens MLM).
+
+``reduction``: ``"batch"`` is the usual mean over every loss position of the batch (what the
+model's own ``loss`` computes); ``"sequence"`` is the sum over sequences of each sequence's mean,
+so a sequence's gradient is the same whatever batch it is in (used for corpus recordings, whose
+results must not depend on batching or the number of processes).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -17,12 +23,24 @@ from .masking import MaskedBatch
 from .roles import Role
 
 LossFn = Callable[[torch.Tensor, MaskedBatch], torch.Tensor]
+REDUCTIONS = ("batch", "sequence")
 
 
-def mlm_loss(logits: torch.Tensor, batch: MaskedBatch) -> torch.Tensor:
-    """Mean cross-entropy over ``labels != -100``; float32 whatever the logits' dtype."""
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), batch.labels.reshape(-1),
-                           ignore_index=-100)
+def cross_entropy(logits: torch.Tensor, labels: torch.Tensor, reduction: str = "batch") -> torch.Tensor:
+    """Cross-entropy over ``labels != -100`` (float32 whatever the logits' dtype)."""
+    flat = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1),
+                           ignore_index=-100, reduction="none").reshape(labels.shape)
+    counted = labels != -100
+    if reduction == "batch":
+        return flat.sum() / counted.sum().clamp_min(1)
+    if reduction == "sequence":
+        return (flat.sum(dim=1) / counted.sum(dim=1).clamp_min(1)).sum()
+    raise ValueError(f"unknown reduction {reduction!r}; choose one of {', '.join(REDUCTIONS)}")
+
+
+def mlm_loss(logits: torch.Tensor, batch: MaskedBatch, reduction: str = "batch") -> torch.Tensor:
+    """MLM cross-entropy at the selected positions."""
+    return cross_entropy(logits, batch.labels, reduction)
 
 
 def all_positions_labels(batch: MaskedBatch) -> torch.Tensor:
@@ -31,20 +49,21 @@ def all_positions_labels(batch: MaskedBatch) -> torch.Tensor:
     return torch.where(keep, batch.original_ids, torch.full_like(batch.original_ids, -100))
 
 
-def all_positions_loss(logits: torch.Tensor, batch: MaskedBatch) -> torch.Tensor:
-    """Mean cross-entropy over every non-special, non-pad position."""
-    labels = all_positions_labels(batch)
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1), ignore_index=-100)
+def all_positions_loss(logits: torch.Tensor, batch: MaskedBatch, reduction: str = "batch") -> torch.Tensor:
+    """Cross-entropy against the original token at every non-special, non-pad position."""
+    return cross_entropy(logits, all_positions_labels(batch), reduction)
 
 
-LOSSES: dict[str, LossFn] = {"mlm": mlm_loss, "all-positions": all_positions_loss}
+LOSSES: dict[str, Callable[..., torch.Tensor]] = {"mlm": mlm_loss, "all-positions": all_positions_loss}
 
 
-def get_loss(name_or_fn: str | LossFn) -> LossFn:
-    """A loss by name (``mlm``, ``all-positions``) or a callable passed through."""
+def get_loss(name_or_fn: str | LossFn, reduction: str = "batch") -> LossFn:
+    """A loss by name (``mlm``, ``all-positions``) with its reduction, or a callable passed through."""
     if callable(name_or_fn):
         return name_or_fn
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"unknown reduction {reduction!r}; choose one of {', '.join(REDUCTIONS)}")
     try:
-        return LOSSES[name_or_fn]
+        return partial(LOSSES[name_or_fn], reduction=reduction)
     except KeyError:
         raise ValueError(f"unknown loss {name_or_fn!r}; choose one of {', '.join(LOSSES)}") from None

@@ -282,13 +282,15 @@ class GradFlowRecorder:
         return record
 
     # ------------------------------------------------------------------ convenience driver
-    def record(self, batch: MaskedBatch, loss: str | LossFn = "mlm") -> BatchRecord:
+    def record(self, batch: MaskedBatch, loss: str | LossFn = "mlm", reduction: str = "batch") -> BatchRecord:
         """Forward ``batch``, compute ``loss`` from the logits and backpropagate; return the record.
 
+        ``loss``: ``"mlm"``, ``"all-positions"`` or a callable ``(logits, batch) -> scalar``;
+        ``reduction``: ``"batch"`` or ``"sequence"`` (see :mod:`gradflow.losses`).
         Uses ``torch.autograd.grad`` towards the embeddings output, so parameters' ``.grad`` are
         neither read nor written. The model's train/eval mode is left as it is.
         """
-        loss_fn = get_loss(loss)
+        loss_fn = get_loss(loss, reduction)
         device = _model_device(self.model)
         batch = batch.to(device)
         with self.capture(batch.roles, batch.sequence_index), torch.enable_grad():

@@ -1,0 +1,7 @@
+"""``python -m gradflow`` (also what torchrun launches: ``torchrun ... -m gradflow record ...``)."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

@@ -1,0 +1,19 @@
+"""Publication figures for gradflow runs: a shipped style, one colour per role, plot functions.
+
+Plot functions draw inside :func:`gradflow_style` (rcParams are restored afterwards), take
+``ax=None`` (a new figure of the ``"single"`` 3.5 in or ``"double"`` 7 in preset is created), and
+return the artists they drew. :func:`save_figure` writes a vector PDF and a 300-dpi PNG.
+"""
+
+from .plots import (INCOMPLETE_BANNER, PLOT_ROLES, add_banner, comparison_last_block, comparison_profiles,
+                    comparison_ratios, depth_profile, distribution_ranges, last_block_bars, ratio_heatmap,
+                    save_figure, sublayer_heatmap)
+from .style import (ROLE_COLORS, STYLE_PATH, WIDTHS, figure_size, gradflow_style, role_color, role_label,
+                    run_style)
+
+__all__ = [
+    "INCOMPLETE_BANNER", "PLOT_ROLES", "ROLE_COLORS", "STYLE_PATH", "WIDTHS", "add_banner", "comparison_last_block",
+    "comparison_profiles", "comparison_ratios", "depth_profile", "distribution_ranges", "figure_size",
+    "gradflow_style", "last_block_bars", "ratio_heatmap", "role_color", "role_label", "run_style", "save_figure",
+    "sublayer_heatmap",
+]

@@ -1,0 +1,48 @@
+"""Shared fixtures: a tiny BERT MLM saved with a real (tiny) WordPiece tokenizer, built offline."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+SAMPLE_LINES = [
+    "The progress of public credit is witnessed by a considerable rise of American stock abroad.",
+    "The abundant fruits of another year have blessed our country with plenty and with commerce.",
+    "We must ensure that the laws are faithfully executed and that the union is preserved.",
+    "Congress will consider the state of the treasury and the revenues of the nation this year.",
+]
+
+
+def build_tiny_mlm_dir(path: Path, layers: int = 2, seed: int = 0) -> Path:
+    """Save a random tiny BertForMaskedLM and a WordPiece tokenizer trained on SAMPLE_LINES."""
+    import torch
+    from tokenizers import BertWordPieceTokenizer
+    from transformers import BertConfig, BertForMaskedLM, BertTokenizerFast
+
+    wp = BertWordPieceTokenizer(lowercase=True)
+    wp.train_from_iterator(SAMPLE_LINES * 4, vocab_size=300, min_frequency=1)
+    tok = BertTokenizerFast(tokenizer_object=wp._tokenizer, do_lower_case=True, unk_token="[UNK]", sep_token="[SEP]",
+                            pad_token="[PAD]", cls_token="[CLS]", mask_token="[MASK]")
+    torch.manual_seed(seed)
+    config = BertConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=layers, num_attention_heads=2,
+                        intermediate_size=48, max_position_embeddings=64, pad_token_id=tok.pad_token_id)
+    BertForMaskedLM(config).save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_mlm_dir(tmp_path_factory) -> Path:
+    return build_tiny_mlm_dir(tmp_path_factory.mktemp("tiny_mlm"))
+
+
+@pytest.fixture(scope="session")
+def tiny_corpus(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("corpus") / "corpus.txt"
+    lines = [" ".join(SAMPLE_LINES[i % 4] for i in range(k, k + 1 + k % 3)) for k in range(24)]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
