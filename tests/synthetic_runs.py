@@ -159,13 +159,17 @@ def make_run_tables(num_layers: int = 4, n_sequences: int = 40, seq_len: int = 2
             "meta": make_meta(num_layers, loss, complete, tokenizer_hash, seed=seed, counts=counts)}
 
 
-def write_run(path: str | Path, **kwargs: Any) -> Path:
-    """Write a synthetic run directory (kwargs go to :func:`make_run_tables`); returns its path."""
+def write_tables(path: str | Path, tables: dict[str, Any]) -> Path:
+    """Write run tables (as returned by :func:`make_run_tables`) into a run directory."""
     root = Path(path)
     root.mkdir(parents=True, exist_ok=True)
-    tables = make_run_tables(**kwargs)
     tables["channels"].to_csv(root / "channels.csv", index=False)
     tables["sublayers"].to_csv(root / "sublayers.csv", index=False)
     tables["sequences"].to_parquet(root / "sequences.parquet", index=False)
     (root / "meta.json").write_text(json.dumps(tables["meta"], indent=2), encoding="utf-8")
     return root
+
+
+def write_run(path: str | Path, **kwargs: Any) -> Path:
+    """Write a synthetic run directory (kwargs go to :func:`make_run_tables`); returns its path."""
+    return write_tables(path, make_run_tables(**kwargs))

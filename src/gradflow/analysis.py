@@ -438,7 +438,9 @@ def layer_tests(run: Run, role: str = "context", against: str = "masked", point:
                 alpha: float = 0.05) -> pd.DataFrame:
     """Per layer: Mann-Whitney U test of per-sequence mean gradient norms, ``role`` vs ``against``.
 
-    The sequence is the unit (one mean per sequence and role). Two-sided; p-values are
+    The sequence is the unit (one mean per sequence and role). Note that a role with few positions
+    per sequence (masked: ~15% of tokens) has noisier per-sequence means than context, so the
+    test is sensitive to spread as well as location. Two-sided; p-values are
     Holm-corrected across layers. Columns: ``layer``, ``site``, ``role``, ``against``, ``n_role``,
     ``n_against`` (sequences), ``median_role``, ``median_against``, ``u_statistic`` (U of
     ``role``), ``p_value``, ``p_holm``, ``rank_biserial`` (> 0: ``role`` tends larger),
@@ -449,7 +451,7 @@ def layer_tests(run: Run, role: str = "context", against: str = "masked", point:
     for (layer, site), group in means.groupby(["layer", "site"], sort=True):
         x = group.loc[group["role"] == role, "grad_norm_mean"].to_numpy()
         y = group.loc[group["role"] == against, "grad_norm_mean"].to_numpy()
-        u, p = _mann_whitney(x, y)
+        u, p = mann_whitney(x, y)
         rows.append({"layer": int(layer), "site": site, "role": role, "against": against, "n_role": x.size,
                      "n_against": y.size, "median_role": np.median(x) if x.size else np.nan,
                      "median_against": np.median(y) if y.size else np.nan, "u_statistic": u, "p_value": p,
@@ -464,8 +466,8 @@ def layer_tests(run: Run, role: str = "context", against: str = "masked", point:
     return out[cols].sort_values("layer").reset_index(drop=True)
 
 
-def _mann_whitney(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
-    """Two-sided Mann-Whitney U (statistic of x, p); NaN when a sample is empty or all values tie."""
+def mann_whitney(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """Two-sided Mann-Whitney U: (U of ``x``, p). NaN for an empty sample; p = 1 when all values tie."""
     if x.size == 0 or y.size == 0:
         return math.nan, math.nan
     if np.ptp(np.concatenate([x, y])) == 0:

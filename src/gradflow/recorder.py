@@ -313,6 +313,9 @@ class GradFlowRecorder:
         if state is None:
             return None
         hidden = _first_tensor(output)
+        if tuple(hidden.shape[:2]) != (state["B"], state["T"]):
+            raise RecorderError(f"roles have shape {(state['B'], state['T'])} but the batch has (B, T) = "
+                                f"{tuple(hidden.shape[:2])}: pass the roles of this very batch to capture()")
         if not hidden.requires_grad:
             hidden.requires_grad_(True)  # frozen embeddings: still let the gradient reach this site
         state["emb_out"] = hidden
@@ -416,8 +419,11 @@ class GradFlowRecorder:
             g_sum = _scatter(gn, codes).tolist()
             norms = torch.zeros(NUM_ROLES)
             for code in range(NUM_ROLES):
-                if g_sum[code] == 0.0:
-                    continue  # every gradient row of this role is exactly zero: contribution is 0
+                if g_sum[code] == 0.0:  # every gradient row of this role is exactly zero: so is G_r
+                    if self.config.materialize and int(counts[code]):
+                        key = (depth, entry.name, "weight", ALL_ROLES[code])
+                        state["matrices"][key] = torch.zeros(g.shape[1], x2.shape[1])
+                    continue
                 idx = index[code]
                 gr, xr = g[idx].float(), x2[idx].float()
                 if self.config.materialize:

@@ -23,12 +23,12 @@ from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch, Rectangle
-from matplotlib.ticker import MaxNLocator, NullLocator
+from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter, NullLocator
 from matplotlib.text import Text
 
 from ..analysis import SUBLAYER_ORDER
 from .style import (ROLE_COLORS, RUN_HATCHES, WARNING_COLOR, ZERO_COLOR, diverging_cmap, figure_size, figure_width,
-                    gradflow_style, role_color, role_label, run_style, sequential_cmap, shade, styled)
+                    gradflow_style, lighten, role_color, role_label, run_style, sequential_cmap, shade, styled)
 
 PLOT_ROLES: tuple[str, ...] = ("masked", "random", "kept", "context", "special")
 """Roles drawn by default (``pad`` carries no signal; pass ``roles=`` to add it or ``loss``)."""
@@ -37,6 +37,8 @@ INCOMPLETE_BANNER = "INCOMPLETE RUN: partial data, not for publication"
 """Default banner text for runs with ``complete = false``."""
 
 ZERO_MARKER = "v"
+MAX_HEIGHT = 3.2
+"""Tallest single-panel figure in inches (keeps double-column figures from growing square)."""
 LAYER_LABEL = "layer (0 = embeddings)"
 ZERO_HATCH = "////"
 
@@ -46,10 +48,11 @@ ZERO_HATCH = "////"
 # ----------------------------------------------------------------------------------------------
 
 def _new_axes(ax: Axes | None, width: str | float, aspect: float) -> Axes:
-    """``ax`` itself, or the single axes of a new constrained-layout figure."""
+    """``ax`` itself, or the single axes of a new constrained-layout figure (height capped)."""
     if ax is not None:
         return ax
-    _, ax = plt.subplots(figsize=figure_size(width, aspect), layout="constrained")
+    w, h = figure_size(width, aspect)
+    _, ax = plt.subplots(figsize=(w, min(h, MAX_HEIGHT)), layout="constrained")
     return ax
 
 
@@ -68,7 +71,7 @@ def _layer_axis(ax: Axes, layers: Sequence[int] | np.ndarray, label: str = LAYER
 
 def _log_floor_markers(ax: Axes, x: np.ndarray, color: str, gid: str) -> Line2D:
     """Triangles on the axis floor (axes y = 0) at ``x``: exact zeros on a log axis."""
-    (line,) = ax.plot(x, np.zeros(len(x)), linestyle="none", marker=ZERO_MARKER, markersize=4,
+    (line,) = ax.plot(x, np.zeros(len(x)), linestyle="none", marker=ZERO_MARKER, markersize=4.5,
                       markerfacecolor=color, markeredgecolor="white", markeredgewidth=0.4,
                       transform=ax.get_xaxis_transform(), clip_on=False, zorder=5, gid=gid)
     return line
@@ -83,7 +86,7 @@ def _zero_proxy() -> Line2D:
 def _legend_above(ax: Axes, handles: list[Artist], ncols: int | None = None) -> Artist:
     """A frameless legend in one or two rows just above the axes."""
     n = len(handles)
-    ncols = ncols or (n if n <= 4 else math.ceil(n / 2))
+    ncols = ncols or (n if n <= 4 or ax.figure.get_figwidth() > 5 else math.ceil(n / 2))
     return ax.legend(handles=handles, loc="lower left", bbox_to_anchor=(0.0, 1.01), ncols=ncols,
                      borderaxespad=0.0, columnspacing=0.9, handlelength=1.4)
 
@@ -94,6 +97,17 @@ def _set_log_or_linear(ax: Axes, positive: np.ndarray) -> bool:
         ax.set_yscale("log")
         return True
     return False
+
+
+def _log_format(ax: Axes) -> None:
+    """Plain tick labels (0.3, 1, 2) on a log y axis; 1-2-5 ticks when it spans under two decades."""
+    if ax.get_yscale() != "log":
+        return
+    lo, hi = ax.get_ylim()
+    if lo > 0 and math.log10(hi / lo) < 2.0:
+        ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.yaxis.set_minor_formatter(NullFormatter())
 
 
 def _fits_annotation(ax: Axes, n_cols: int, chars: int = 4, fontsize: float = 6.0) -> bool:
@@ -152,12 +166,13 @@ def depth_profile(profile: pd.DataFrame, ax: Axes | None = None, roles: Sequence
         if ci and {"ci_low", "ci_high"} <= set(d.columns):
             lo = np.where(pos & (d["ci_low"].to_numpy(dtype=float) > 0), d["ci_low"], np.nan)
             hi = np.where(pos, d["ci_high"].to_numpy(dtype=float), np.nan)
-            drawn.append(ax.fill_between(x, lo, hi, color=color, alpha=0.2, linewidth=0, gid=f"band:{role}",
+            drawn.append(ax.fill_between(x, lo, hi, color=color, alpha=0.14, linewidth=0, gid=f"band:{role}",
                                          zorder=2))
         if (~pos & np.isfinite(y)).any():
             any_zero = True
             drawn.append(_log_floor_markers(ax, x[~pos & np.isfinite(y)], color, f"zeros:{role}"))
     _layer_axis(ax, profile["layer"].unique())
+    _log_format(ax)
     ax.set_ylabel("gradient norm (mean)")
     if title:
         ax.set_title(title)
@@ -182,7 +197,7 @@ def _heatmap_cells(ax: Axes, x: np.ndarray, ylabels: list[str], values: np.ndarr
             if v == 0:
                 drawn.append(ax.add_patch(Rectangle((xv - 0.5, i - 0.5), 1, 1, facecolor=ZERO_COLOR, hatch=ZERO_HATCH,
                                                     edgecolor="white", linewidth=0.0, gid=f"{gid}:zero")))
-            if annotate:
+            if annotate or v == 0:
                 color = "black" if v == 0 else _text_color(colors[i, j])
                 drawn.append(ax.text(xv, i, labels[i, j], ha="center", va="center", fontsize=6, color=color,
                                      gid=f"{gid}:label"))
@@ -312,11 +327,11 @@ def last_block_bars(deficit: pd.DataFrame, ax: Axes | None = None, legend: bool 
     x = np.arange(len(deficit))
     w = 0.38
     color = role_color(role)
-    earlier = ax.bar(x - w / 2, deficit["earlier_mean"], w, color=shade(color, 1, 2), edgecolor=color,
+    earlier = ax.bar(x - w / 2, deficit["earlier_mean"], w, color=lighten(color, 0.6), edgecolor=color,
                      linewidth=0.5, label=f"blocks 1–{layer - 1} (mean, range)", gid="earlier")
     last = ax.bar(x + w / 2, deficit["share"], w, color=color, label=f"last block ({layer})", gid="last")
-    lo = deficit["earlier_mean"] - deficit["earlier_min"]
-    hi = deficit["earlier_max"] - deficit["earlier_mean"]
+    lo = (deficit["earlier_mean"] - deficit["earlier_min"]).clip(lower=0).fillna(0)
+    hi = (deficit["earlier_max"] - deficit["earlier_mean"]).clip(lower=0).fillna(0)
     err = ax.errorbar(x - w / 2, deficit["earlier_mean"], yerr=np.vstack([lo, hi]), fmt="none", ecolor="#333333",
                       elinewidth=0.6, capsize=1.5, capthick=0.6, gid="range")
     drawn: list[Artist] = [*earlier.patches, *last.patches, err]
@@ -333,7 +348,7 @@ def last_block_bars(deficit: pd.DataFrame, ax: Axes | None = None, legend: bool 
     if title:
         ax.set_title(title)
     if legend:
-        drawn.append(_legend_above(ax, [last, earlier], ncols=2))
+        drawn.append(_legend_above(ax, [earlier, last], ncols=2))
     return drawn
 
 
@@ -371,7 +386,7 @@ def distribution_ranges(quantiles: pd.DataFrame, ax: Axes | None = None, roles: 
         lo, med, hi = (np.where(r[c].to_numpy(dtype=float) > 0, r[c], floor) for c in ("q05", "median", "q95"))
         color = role_color(role)
         keep = r["q95"].to_numpy(dtype=float) > 0
-        drawn.append(ax.vlines(x[keep], lo[keep], hi[keep], color=color, linewidth=1.3, alpha=0.55,
+        drawn.append(ax.vlines(x[keep], lo[keep], hi[keep], color=color, linewidth=1.1, alpha=0.55,
                                gid=f"range:{role}"))
         zero = r["median"].to_numpy(dtype=float) == 0
         any_zero |= bool(zero.any() or (r["q05"].to_numpy(dtype=float) == 0).any())
@@ -383,6 +398,7 @@ def distribution_ranges(quantiles: pd.DataFrame, ax: Axes | None = None, roles: 
             drawn.append(_log_floor_markers(ax, x[zero], color, f"zeros:{role}"))
     _layer_axis(ax, d["layer"].unique())
     ax.xaxis.set_minor_locator(NullLocator())
+    _log_format(ax)
     ax.set_ylabel("gradient norm per position\n(median, 5–95%)")
     if title:
         ax.set_title(title)
@@ -513,6 +529,11 @@ def comparison_last_block(comparison: object, ax: Axes | None = None, width: str
         ticks = ax.hlines(d["earlier_mean"], xs - w * 0.46, xs + w * 0.46, color="black", linewidth=0.9,
                           gid=f"earlier:{label}")
         drawn += [*bars.patches, ticks]
+        top = float(np.nanmax(np.r_[last["share"], last["earlier_mean"], 0.05]))
+        for xi, v in zip(xs, d["share"]):
+            if v == 0:
+                drawn.append(ax.text(xi, top * 0.015, "0", ha="center", va="bottom", fontsize=6.5, color=color,
+                                     fontweight="bold", gid=f"last:{label}:zero"))
     ax.set_xticks(x, [_sublayer_ticklabel(s) for s in subs])
     ax.tick_params(axis="x", length=0)
     ax.set_ylabel(f"{role} share,\nlast block")

@@ -73,12 +73,19 @@ def sequential_cmap() -> LinearSegmentedColormap:
     return cmap
 
 
+def lighten(color: str, amount: float) -> tuple[float, float, float]:
+    """``color`` mixed with white (``amount`` in [0, 1]) or, for negative amounts, with black."""
+    rgb = to_rgb(color)
+    if amount < 0:
+        return tuple(c * (1.0 + amount) for c in rgb)  # type: ignore[return-value]
+    return tuple(c + (1.0 - c) * amount for c in rgb)  # type: ignore[return-value]
+
+
 def shade(color: str, k: int, n: int) -> tuple[float, float, float]:
-    """The k-th of n shades of ``color``, from the colour itself (k=0) towards white."""
+    """The k-th of n shades of ``color``: from darker (k=0) through the colour to lighter (k=n-1)."""
     if n <= 1:
         return to_rgb(color)
-    mix = 0.6 * k / (n - 1)
-    return tuple(c + (1.0 - c) * mix for c in to_rgb(color))  # type: ignore[return-value]
+    return lighten(color, -0.45 + 0.85 * k / (n - 1))
 
 
 RUN_LINESTYLES = ("-", "--", "-.", ":")

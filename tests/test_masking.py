@@ -1,0 +1,111 @@
+"""Masking policies: role counts, never selecting specials or padding, seeded reproducibility."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from gradflow.masking import BertMasking, ExplicitMasking, TokenizerInfo, mask_sequence
+from gradflow.roles import Role
+
+INFO = TokenizerInfo(mask_token_id=4, vocab_size=100, special_ids=(0, 1, 2, 3, 4), pad_token_id=0)
+
+
+def _sequence(n: int = 200):
+    ids = [2] + [10 + (i % 80) for i in range(n - 2)] + [3]
+    special = [True] + [False] * (n - 2) + [True]
+    return ids, special
+
+
+def test_counts_match_policy_within_binomial_tolerance():
+    ids, special = _sequence(130)
+    policy = BertMasking(rate=0.15, split=(0.8, 0.1, 0.1), seed=3)
+    totals = torch.zeros(6)
+    sequences = 400
+    for index in range(sequences):
+        _, _, roles = mask_sequence(ids, special, index, policy, INFO)
+        totals += torch.bincount(torch.tensor(roles), minlength=6).float()
+    n = sequences * 128  # maskable positions
+    selected = totals[:3].sum()
+    p = 0.15
+    assert abs(selected - n * p) <= 4 * math.sqrt(n * p * (1 - p))
+    for code, frac in ((Role.MASKED, 0.8), (Role.RANDOM, 0.1), (Role.KEPT, 0.1)):
+        expect = selected * frac
+        assert abs(totals[code] - expect) <= 4 * math.sqrt(selected * frac * (1 - frac)), code
+    assert totals[Role.SPECIAL] == 2 * sequences
+
+
+def test_specials_never_selected_and_inputs_consistent():
+    ids, special = _sequence(60)
+    for index in range(50):
+        inputs, labels, roles = mask_sequence(ids, special, index, BertMasking(rate=0.9, seed=1), INFO)
+        for t, (s, r) in enumerate(zip(special, roles)):
+            if s:
+                assert r == Role.SPECIAL and labels[t] == -100 and inputs[t] == ids[t]
+            if r == Role.MASKED:
+                assert inputs[t] == INFO.mask_token_id and labels[t] == ids[t]
+            if r == Role.KEPT:
+                assert inputs[t] == ids[t] and labels[t] == ids[t]
+            if r == Role.RANDOM:
+                assert inputs[t] not in INFO.special_ids and labels[t] == ids[t]
+            if r == Role.CONTEXT:
+                assert labels[t] == -100 and inputs[t] == ids[t]
+
+
+def test_same_seed_same_roles_and_index_dependence():
+    ids, special = _sequence(80)
+    a = mask_sequence(ids, special, 7, BertMasking(seed=11), INFO)
+    b = mask_sequence(ids, special, 7, BertMasking(seed=11), INFO)
+    c = mask_sequence(ids, special, 8, BertMasking(seed=11), INFO)
+    d = mask_sequence(ids, special, 7, BertMasking(seed=12), INFO)
+    assert a == b
+    assert a[2] != c[2] and a[2] != d[2]
+
+
+def test_padding_never_selected_in_batches(tiny_mlm_dir):
+    from transformers import AutoTokenizer
+
+    from gradflow.masking import mask_batch
+
+    tok = AutoTokenizer.from_pretrained(tiny_mlm_dir)
+    texts = ["the nation", "the progress of public credit is witnessed by a considerable rise of american stock"]
+    batch = mask_batch(tok, texts, BertMasking(rate=0.5, seed=0))
+    pad = batch.attention_mask == 0
+    assert pad.any()
+    assert torch.all(batch.roles[pad] == Role.PAD) and torch.all(batch.labels[pad] == -100)
+    # the roles of a sequence do not depend on what it is batched with
+    alone = mask_batch(tok, texts[1:], BertMasking(rate=0.5, seed=0), indices=[1])
+    n = int(alone.attention_mask.sum())
+    assert torch.equal(alone.roles[0, :n], batch.roles[1, :n])
+
+
+def test_whole_word_selects_all_pieces_of_a_word():
+    ids = [2, 10, 11, 12, 13, 14, 15, 3]
+    special = [True, False, False, False, False, False, False, True]
+    words = [None, 0, 0, 0, 1, 2, 2, None]
+    for index in range(40):
+        _, _, roles = mask_sequence(ids, special, index, BertMasking(rate=0.5, whole_word=True, seed=0), INFO, words)
+        assert len({roles[1], roles[2], roles[3]}) == 1
+        assert roles[5] == roles[6]
+
+
+def test_explicit_positions_and_errors():
+    ids, special = _sequence(10)
+    _, labels, roles = mask_sequence(ids, special, 0, ExplicitMasking({0: (2, 5)}), INFO)
+    assert [t for t, r in enumerate(roles) if r == Role.MASKED] == [2, 5]
+    assert labels[2] == ids[2]
+    _, _, roles = mask_sequence(ids, special, 0, ExplicitMasking({0: (3,)}, action="keep"), INFO)
+    assert roles[3] == Role.KEPT
+    with pytest.raises(ValueError, match="special token"):
+        mask_sequence(ids, special, 0, ExplicitMasking({0: (0,)}), INFO)
+    with pytest.raises(ValueError, match="outside"):
+        mask_sequence(ids, special, 0, ExplicitMasking({0: (99,)}), INFO)
+
+
+def test_policy_validation():
+    with pytest.raises(ValueError, match="sum"):
+        BertMasking(split=(0.5, 0.1, 0.1))
+    with pytest.raises(ValueError, match="rate"):
+        BertMasking(rate=0.0)
