@@ -123,6 +123,8 @@ def _sublayers(num_layers: int, role_counts: dict[str, int], context_share: floa
             for param in ("weight", "bias"):
                 for role, share in shares.items():
                     n = role_counts.get(role, 16)
+                    if n == 0:
+                        continue  # like the recorder: roles without positions have no row
                     nz = 0 if share == 0 else n
                     rows.append({"layer": layer, "sublayer": sub, "param": param, "role": role, "n_positions": n,
                                  "n_nonzero": nz, "coverage": nz / n, "magnitude_sum": share * total,

@@ -87,7 +87,8 @@ def _provenance(run: Run) -> list[str]:
             ("blocks", meta.get("num_layers")), ("tokenizer", tok.get("name_or_path")),
             ("vocabulary size", tok.get("vocab_size")), ("tokenizer hash", f"`{tok.get('hash')}`"),
             ("loss", meta.get("loss")), ("masking", f"`{_compact(meta.get('masking'))}`"),
-            ("seed", meta.get("seed")), ("complete", meta.get("complete")), ("counts", f"`{_compact(meta.get('counts'))}`"),
+            ("seed", meta.get("seed")), ("complete", meta.get("complete")),
+            ("counts", f"`{_compact(meta.get('counts'))}`"),
             ("versions", f"`{_compact(meta.get('versions'))}`"), ("command", f"`{meta.get('command')}`")]
     extra = sorted(k for k in meta if k not in {"model", "family", "num_layers", "tokenizer", "loss", "masking",
                                                 "seed", "complete", "counts", "versions", "command"})
@@ -116,9 +117,9 @@ def _render(draw: Callable[[], list[Artist]], stem: Path, formats: Sequence[str]
 def _figure_of(artists: list[Artist]) -> plt.Figure:
     """The (root) figure the artists were drawn on."""
     for artist in artists:
-        fig = getattr(artist, "figure", None) or getattr(getattr(artist, "ax", None), "figure", None)
+        fig = getattr(artist, "figure", None)
         if fig is not None:
-            return fig.get_figure(root=True) if hasattr(fig, "get_figure") else fig
+            return getattr(fig, "figure", None) or fig  # a SubFigure's .figure is its root figure
     raise RuntimeError("a plot function drew nothing")
 
 
@@ -164,7 +165,8 @@ def write_report(run_dir: str | Path, out_dir: str | Path, formats: Sequence[str
               "last_block": deficit, "channel_quantiles": quantiles}
     written += _write_tables(out / "tables", tables)
     summary = out / "summary.md"
-    summary.write_text(_summary(run, ratios, tests, deficit, list(figures), formats), encoding="utf-8")
+    summary.write_text(_summary(run, ratios, tests, deficit, list(figures), formats, n_resamples, seed),
+                       encoding="utf-8")
     return [summary, *written]
 
 
@@ -180,7 +182,7 @@ def _write_tables(folder: Path, tables: dict[str, pd.DataFrame]) -> list[Path]:
 
 
 def _summary(run: Run, ratios: pd.DataFrame, tests: pd.DataFrame, deficit: pd.DataFrame, figures: list[str],
-             formats: Sequence[str]) -> str:
+             formats: Sequence[str], n_resamples: int, seed: int) -> str:
     """The Markdown summary of one run."""
     lines = [f"# gradflow report: {run.meta.get('model')}", ""]
     if not run.complete:
@@ -189,7 +191,8 @@ def _summary(run: Run, ratios: pd.DataFrame, tests: pd.DataFrame, deficit: pd.Da
     lines += ["## Context vs loss positions, per layer", "",
               "Mean gradient norm of a role over the pooled loss-position mean (masked + random + kept, "
               "weighted by position count), at each block output; 95% percentile bootstrap CIs over "
-              "sequences. Rank test: Mann-Whitney U on per-sequence mean norms, context vs masked, "
+              f"sequences ({n_resamples} resamples, seed {seed}). Rank test: Mann-Whitney U on per-sequence "
+              "mean norms, context vs masked, "
               "Holm-corrected across layers; effect size = rank-biserial correlation (< 0: context smaller).", ""]
     lines += _layer_table(ratios, tests) + [""]
     if not deficit.empty:
@@ -229,18 +232,23 @@ def _headline(run: Run, ratios: pd.DataFrame, deficit: pd.DataFrame) -> list[str
 
 def _layer_table(ratios: pd.DataFrame, tests: pd.DataFrame) -> list[str]:
     """Per-layer table: context and masked ratios with CIs, rank test."""
-    wide = {role: ratios[ratios["role"] == role].set_index("layer") for role in ("context", "masked")}
+    by_role = {role: ratios[ratios["role"] == role].set_index("layer") for role in ("context", "masked")}
     test = tests.set_index("layer") if len(tests) else pd.DataFrame()
+    sites = ratios.drop_duplicates("layer").set_index("layer")["site"]
+
+    def ratio_cell(role: str, layer: int) -> str:
+        frame = by_role[role]
+        if layer not in frame.index:
+            return "–"
+        row = frame.loc[layer]
+        return _ci(row["ratio"], row["ci_low"], row["ci_high"])
+
     rows = []
     for layer in sorted(ratios["layer"].unique()):
-        ctx = wide["context"].loc[layer] if layer in wide["context"].index else None
-        msk = wide["masked"].loc[layer] if layer in wide["masked"].index else None
-        t = test.loc[layer] if layer in test.index else None
-        rows.append((int(layer), (ctx if ctx is not None else msk)["site"] if (ctx is not None or msk is not None) else "",
-                     _ci(ctx["ratio"], ctx["ci_low"], ctx["ci_high"]) if ctx is not None else "–",
-                     _ci(msk["ratio"], msk["ci_low"], msk["ci_high"]) if msk is not None else "–",
-                     _num(t["rank_biserial"]) if t is not None else "–",
-                     _pval(t["p_holm"]) if t is not None else "–"))
+        effect, p = ("–", "–")
+        if layer in test.index:
+            effect, p = _num(test.loc[layer, "rank_biserial"]), _pval(test.loc[layer, "p_holm"])
+        rows.append((int(layer), sites[layer], ratio_cell("context", layer), ratio_cell("masked", layer), effect, p))
     return _table(("layer", "site", "context / loss [95% CI]", "masked / loss [95% CI]", "rank-biserial",
                    "p (Holm)"), rows)
 
@@ -259,7 +267,7 @@ def _figure_list(figures: list[str], formats: Sequence[str]) -> list[str]:
     lines = ["## Figures", ""]
     for name in figures:
         if "png" in formats:
-            lines.append(f"![{name}]({name}.png)")
+            lines += [f"![{name}]({name}.png)", ""]
         else:
             lines.append(f"- [{name}]({name}.{formats[0]})")
     return lines
@@ -301,12 +309,13 @@ def write_comparison(run_dirs: Sequence[str | Path], labels: Sequence[str] | Non
         "profiles": comp.profiles, "ratios": comp.ratios, "ratio_differences": comp.ratio_differences,
         "shares": comp.shares, "last_block": comp.last_block, "layer_tests": comp.tests})
     summary = out / "summary.md"
-    summary.write_text(_comparison_summary(runs, comp, incomplete, list(figures), formats), encoding="utf-8")
+    summary.write_text(_comparison_summary(runs, comp, incomplete, list(figures), formats, n_resamples, seed),
+                       encoding="utf-8")
     return [summary, *written]
 
 
 def _comparison_summary(runs: Sequence[Run], comp: Comparison, incomplete: list[str], figures: list[str],
-                        formats: Sequence[str]) -> str:
+                        formats: Sequence[str], n_resamples: int, seed: int) -> str:
     """The Markdown summary of a comparison."""
     lines = ["# gradflow comparison: " + ", ".join(comp.labels), ""]
     if incomplete:
@@ -318,8 +327,9 @@ def _comparison_summary(runs: Sequence[Run], comp: Comparison, incomplete: list[
         (lab, r.meta.get("model"), r.meta.get("loss"), f"`{_compact(r.meta.get('masking'))}`", r.num_layers,
          r.sequences["sequence_index"].nunique(), r.complete) for lab, r in zip(comp.labels, runs)]) + [""]
     lines += [f"## Context / loss gradient-norm ratio, per layer (baseline: {comp.baseline})", "",
-              "Ratio [95% bootstrap CI over sequences] per run; differences are run − baseline with a "
-              "bootstrap CI of the difference (paired when both runs measured the same sequences).", ""]
+              f"Ratio [95% bootstrap CI over sequences; {n_resamples} resamples, seed {seed}] per run; "
+              "differences are run − baseline with a bootstrap CI of the difference (paired when both runs "
+              "measured the same sequences).", ""]
     lines += _comparison_ratio_table(comp) + [""]
     if not comp.last_block.empty:
         lines += ["## Last block: context share per sublayer", ""]

@@ -99,14 +99,27 @@ def _set_log_or_linear(ax: Axes, positive: np.ndarray) -> bool:
     return False
 
 
+def _tick(value: float) -> str:
+    """A log-axis tick label: plain (0.3, 20) from 0.001 to 10^4, else ``3×10^-5`` in mathtext."""
+    if value <= 0:
+        return ""
+    if 1e-3 <= value < 1e4:
+        return f"{value:g}"
+    exp = math.floor(math.log10(value) + 1e-9)
+    mant = round(value / 10 ** exp, 6)
+    return f"$10^{{{exp}}}$" if mant == 1 else f"${mant:g}\\times10^{{{exp}}}$"
+
+
 def _log_format(ax: Axes) -> None:
-    """Plain tick labels (0.3, 1, 2) on a log y axis; 1-2-5 ticks when it spans under two decades."""
+    """Plain tick labels (0.3, 1, 2) on a log y axis; 1-2-(3-)5 ticks when it spans under two decades."""
     if ax.get_yscale() != "log":
         return
     lo, hi = ax.get_ylim()
-    if lo > 0 and math.log10(hi / lo) < 2.0:
-        ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
-    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    decades = math.log10(hi / lo) if lo > 0 else math.inf
+    if decades < 2.0:
+        subs = (1.0, 2.0, 3.0, 5.0) if decades < 1.2 else (1.0, 2.0, 5.0)
+        ax.yaxis.set_major_locator(LogLocator(base=10, subs=subs))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: _tick(v)))
     ax.yaxis.set_minor_formatter(NullFormatter())
 
 
@@ -123,9 +136,12 @@ def _text_color(rgba: tuple[float, ...]) -> str:
 
 
 def _fmt(value: float) -> str:
-    """Compact cell label: 2 significant-ish digits."""
+    """Compact cell label of about 2 significant digits (``.81``, ``1.2``, ``12``, ``2e-3``)."""
     if value == 0:
         return "0"
+    if abs(value) < 0.01:
+        mant, exp = f"{value:.0e}".split("e")
+        return f"{mant}e{int(exp)}"
     if abs(value) >= 10:
         return f"{value:.0f}"
     if abs(value) >= 0.995:
@@ -218,17 +234,19 @@ def ratio_heatmap(ratios: pd.DataFrame, ax: Axes | None = None, roles: Sequence[
     """Layer x role heat map of each role's gradient norm over the pooled loss-position norm.
 
     ``ratios``: the :func:`gradflow.analysis.role_ratios` table. Colour is log2(ratio) on a
-    diverging map centred on 1 (equal to the loss positions); exact zeros are hatched grey cells.
+    symmetric diverging map centred on 1 (equal to the loss positions); exact zeros are hatched
+    grey cells.
     ``annotate=None`` writes the ratio in each cell when cells are wide enough. Returns the mesh
-    (gid ``heatmap``), zero patches, cell labels and the colour bar.
+    (gid ``heatmap``), zero patches, cell labels and the colour bar's axes (``colorbar``).
     """
     ax = _new_axes(ax, width, 0.5)
     roles = _present(ratios, roles, PLOT_ROLES)
     x, values = _grid(ratios[ratios["role"].isin(roles)], "role", roles, "ratio")
     with np.errstate(divide="ignore", invalid="ignore"):
         logv = np.where(values > 0, np.log2(values), np.nan)
-    span = max(1.0, float(np.ceil(np.nanmax(np.abs(logv))))) if np.isfinite(logv).any() else 1.0
-    norm = Normalize(-span, span)
+    finite = np.abs(logv[np.isfinite(logv)])
+    span = max(1.0, float(np.ceil(finite.max()))) if finite.size else 1.0
+    norm = Normalize(-span, span)  # symmetric: halving and doubling look equally strong
     cmap = diverging_cmap()
     mesh = ax.pcolormesh(np.append(x - 0.5, x[-1] + 0.5), np.arange(len(roles) + 1) - 0.5,
                          np.ma.masked_invalid(logv), cmap=cmap, norm=norm, edgecolors="white", linewidth=0.3,
@@ -247,21 +265,35 @@ def ratio_heatmap(ratios: pd.DataFrame, ax: Axes | None = None, roles: Sequence[
     if title:
         ax.set_title(title)
     if colorbar:
-        drawn.append(_log2_colorbar(ax, mesh, span))
+        drawn.append(_log2_colorbar(ax, mesh, -span, span))
     return drawn
 
 
-def _log2_colorbar(ax: Axes, mesh: Artist, span: float) -> Artist:
-    """Colour bar of a log2 ratio, ticked as ratios (1/4, 1/2, 1, 2, 4)."""
+def _log2_ticks(low: float, high: float, max_per_side: int = 3) -> np.ndarray:
+    """Integer log2 ticks from ``low`` to ``high`` always including 0, at most ``max_per_side`` per side."""
+    neg_step = max(1, math.ceil(-low / max_per_side))
+    pos_step = max(1, math.ceil(high / max_per_side))
+    neg = -np.arange(neg_step, int(-low) + 1, neg_step)[::-1]
+    pos = np.arange(pos_step, int(high) + 1, pos_step)
+    return np.concatenate([neg, [0], pos]).astype(int)
+
+
+def _ratio_label(k: int) -> str:
+    """2**k as a ratio label: 1/4, 1/2, 1, 2, 4."""
+    return f"1/{2 ** -k:g}" if k < 0 else f"{2 ** k:g}"
+
+
+def _log2_colorbar(ax: Axes, mesh: Artist, low: float, high: float) -> Axes:
+    """Colour bar of a log2 ratio, ticked as ratios (1/4, 1/2, 1, 2, 4); returns its axes."""
     cbar = ax.figure.colorbar(mesh, ax=ax, fraction=0.05, pad=0.02, aspect=15)
-    step = max(1, int(span) // 3)
-    ticks = np.arange(-int(span), int(span) + 1, step)
-    cbar.set_ticks(ticks, labels=[f"1/{2 ** -t:g}" if t < 0 else f"{2 ** t:g}" for t in ticks])
+    ticks = _log2_ticks(low, high)
+    cbar.set_ticks(ticks, labels=[_ratio_label(int(t)) for t in ticks])
     cbar.ax.yaxis.set_minor_locator(NullLocator())
     cbar.set_label("ratio to loss positions")
     cbar.outline.set_linewidth(0.4)
     cbar.ax.tick_params(width=0.4, length=2)
-    return cbar
+    cbar.ax.set_gid("colorbar")
+    return cbar.ax
 
 
 @styled
@@ -272,7 +304,7 @@ def sublayer_heatmap(shares: pd.DataFrame, value: str = "coverage", role: str = 
 
     ``shares``: the :func:`gradflow.analysis.sublayer_shares` (or ``context_share``) table.
     Exact zeros are hatched grey cells. Returns the mesh (gid ``sublayers``), zero patches, labels
-    and the colour bar.
+    and the colour bar's axes (``colorbar``).
     """
     ax = _new_axes(ax, width, 0.62)
     d = shares[shares["role"] == role]
@@ -299,7 +331,8 @@ def sublayer_heatmap(shares: pd.DataFrame, value: str = "coverage", role: str = 
         cbar.set_label(f"{role} {value}")
         cbar.outline.set_linewidth(0.4)
         cbar.ax.tick_params(width=0.4, length=2)
-        drawn.append(cbar)
+        cbar.ax.set_gid("colorbar")
+        drawn.append(cbar.ax)
     return drawn
 
 
@@ -332,8 +365,8 @@ def last_block_bars(deficit: pd.DataFrame, ax: Axes | None = None, legend: bool 
     last = ax.bar(x + w / 2, deficit["share"], w, color=color, label=f"last block ({layer})", gid="last")
     lo = (deficit["earlier_mean"] - deficit["earlier_min"]).clip(lower=0).fillna(0)
     hi = (deficit["earlier_max"] - deficit["earlier_mean"]).clip(lower=0).fillna(0)
-    err = ax.errorbar(x - w / 2, deficit["earlier_mean"], yerr=np.vstack([lo, hi]), fmt="none", ecolor="#333333",
-                      elinewidth=0.6, capsize=1.5, capthick=0.6, gid="range")
+    err = ax.vlines(x - w / 2, deficit["earlier_mean"] - lo, deficit["earlier_mean"] + hi, color="#333333",
+                    linewidth=0.6, gid="range")
     drawn: list[Artist] = [*earlier.patches, *last.patches, err]
     top = float(np.nanmax(np.r_[deficit["share"], deficit["earlier_max"], 0.05]))
     for xi, v in zip(x, deficit["share"]):
@@ -412,10 +445,10 @@ def distribution_ranges(quantiles: pd.DataFrame, ax: Axes | None = None, roles: 
 # ----------------------------------------------------------------------------------------------
 
 def _panel_grid(n: int, axes: Sequence[Axes] | None, width: str | float, panel_aspect: float,
-                max_cols: int, sharey: bool = True) -> list[Axes]:
-    """``axes`` itself, or the flat axes of a new grid of ``n`` panels (surplus panels removed)."""
+                max_cols: int, sharey: bool = True) -> tuple[list[Axes], list[Axes]]:
+    """(panels, spare axes): ``axes`` itself, or a new grid of ``n`` panels whose surplus is blanked."""
     if axes is not None:
-        return list(axes)
+        return list(axes), []
     ncols = min(n, max_cols)
     nrows = math.ceil(n / ncols)
     w = figure_width(width)
@@ -423,8 +456,8 @@ def _panel_grid(n: int, axes: Sequence[Axes] | None, width: str | float, panel_a
                              layout="constrained", sharey=sharey, squeeze=False)
     flat = list(grid.ravel())
     for extra in flat[n:]:
-        extra.remove()
-    return flat[:n]
+        extra.set_axis_off()
+    return flat[:n], flat[n:]
 
 
 @styled
@@ -434,24 +467,29 @@ def comparison_profiles(profiles: pd.DataFrame, labels: Sequence[str] | None = N
     """Small multiples: one depth-profile panel per run, shared log y, one legend for all.
 
     ``profiles``: :attr:`gradflow.analysis.Comparison.profiles` (``label`` column). Returns the
-    artists of every panel plus the figure legend.
+    artists of every panel plus the legend (in a spare grid cell when there is one, else below).
     """
     labels = list(labels) if labels is not None else list(dict.fromkeys(profiles["label"]))
-    axs = _panel_grid(len(labels), axes, width, 0.95, 4 if figure_width(width) > 4 else 2)
+    axs, spare = _panel_grid(len(labels), axes, width, 0.95, 4 if figure_width(width) > 4 else 2)
     drawn: list[Artist] = []
     for ax, label in zip(axs, labels):
         drawn += depth_profile(profiles[profiles["label"] == label], ax=ax, roles=roles, legend=False,
                                width=width, title=str(label))
-    for ax in axs[1:]:
-        if ax.get_shared_y_axes().joined(ax, axs[0]):
+    for ax in axs:
+        spec = ax.get_subplotspec()
+        if spec is not None and not spec.is_first_col() and ax.get_shared_y_axes().joined(ax, axs[0]):
             ax.set_ylabel("")
     roles_drawn = _present(profiles, roles, PLOT_ROLES)
     handles: list[Artist] = [Line2D([], [], color=role_color(r), marker="o", markersize=2.5, label=role_label(r))
                              for r in roles_drawn]
-    if any(a.get_gid() and str(a.get_gid()).startswith("zeros:") for a in drawn):
+    if any(str(a.get_gid() or "").startswith("zeros:") for a in drawn):
         handles.append(_zero_proxy())
-    fig = axs[0].figure
-    drawn.append(fig.legend(handles=handles, loc="outside lower center", ncols=len(handles), frameon=False))
+    if spare:
+        drawn.append(spare[0].legend(handles=handles, loc="center", frameon=False))
+    else:
+        fig = axs[0].figure
+        ncols = len(handles) if fig.get_figwidth() > 5 else min(len(handles), 3)
+        drawn.append(fig.legend(handles=handles, loc="outside lower center", ncols=ncols, frameon=False))
     return drawn
 
 
@@ -476,7 +514,7 @@ def comparison_ratios(comparison: object, role: str = "context", axes: Sequence[
     diffs = diffs[diffs["role"] == role]
     labels: list[str] = list(comparison.labels)  # type: ignore[attr-defined]
     baseline: str = comparison.baseline  # type: ignore[attr-defined]
-    axs = _panel_grid(2, axes, width, 0.62, 2, sharey=False)
+    axs, _ = _panel_grid(2, axes, width, 0.62, 2, sharey=False)
     col, xlabel = _depth_column(ratios)
     drawn: list[Artist] = []
     for k, label in enumerate(labels):
@@ -514,7 +552,8 @@ def comparison_last_block(comparison: object, ax: Axes | None = None, width: str
     """
     last = comparison.last_block  # type: ignore[attr-defined]
     labels: list[str] = list(comparison.labels)  # type: ignore[attr-defined]
-    ax = _new_axes(ax, width, 0.32)
+    wide = figure_width(width) > 5
+    ax = _new_axes(ax, width, 0.32 if wide else 0.72)
     role = str(last["role"].iloc[0]) if len(last) else "context"
     subs = sorted(last["sublayer"].unique(), key=lambda s: SUBLAYER_ORDER.index(s) if s in SUBLAYER_ORDER else 99)
     x = np.arange(len(subs))
@@ -541,7 +580,7 @@ def comparison_last_block(comparison: object, ax: Axes | None = None, width: str
     handles = [Patch(facecolor=shade(role_color(role), k, len(labels)), hatch=RUN_HATCHES[k % len(RUN_HATCHES)],
                      edgecolor="white", label=str(lab)) for k, lab in enumerate(labels)]
     handles.append(Line2D([], [], color="black", linewidth=0.9, label="earlier blocks (mean)"))
-    drawn.append(_legend_above(ax, handles, ncols=len(handles)))
+    drawn.append(_legend_above(ax, handles, ncols=len(handles) if wide else 2))
     return drawn
 
 

@@ -61,16 +61,12 @@ def role_label(role: str) -> str:
 
 def diverging_cmap() -> LinearSegmentedColormap:
     """Paul Tol's BuRd diverging colour map (blue below the centre, red above)."""
-    cmap = LinearSegmentedColormap.from_list("tol_burd", TOL_BURD)
-    cmap.set_bad("#FFFFFF")
-    return cmap
+    return LinearSegmentedColormap.from_list("tol_burd", TOL_BURD).with_extremes(bad="#FFFFFF")
 
 
 def sequential_cmap() -> LinearSegmentedColormap:
     """Paul Tol's YlOrBr sequential colour map."""
-    cmap = LinearSegmentedColormap.from_list("tol_ylorbr", TOL_YLORBR)
-    cmap.set_bad("#FFFFFF")
-    return cmap
+    return LinearSegmentedColormap.from_list("tol_ylorbr", TOL_YLORBR).with_extremes(bad="#FFFFFF")
 
 
 def lighten(color: str, amount: float) -> tuple[float, float, float]:

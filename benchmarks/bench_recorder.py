@@ -1,0 +1,168 @@
+"""Recorder overhead, measured side by side: recorded step vs a bare forward+backward.
+
+Prints, for a bert-base-shaped random BertForMaskedLM (12 layers, hidden 768, 12 heads, FFN 3072;
+B=8, T=128 by default), the median over interleaved rounds of:
+
+- bare:        forward + MLM loss + ``loss.backward()``
+- norms:       the same under ``rec.capture`` with site norms only
+- full:        the same under ``rec.capture`` with the per-role sublayer split
+- record-norms / record-full: ``rec.record()`` (``autograd.grad`` to the embeddings; no ``.grad``)
+
+and each one's ratio to bare; then the peak-memory ratio of each mode, each measured in a fresh
+subprocess (CPU: peak RSS above the loaded model; CUDA: ``max_memory_allocated``). Targets:
+norms <= 1.05x, full <= 1.3x, memory <= 1.15x. Not a test: numbers are printed, never asserted.
+
+    python benchmarks/bench_recorder.py [--rounds 5] [--device cpu] [--layers 12]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+from transformers import BertConfig, BertForMaskedLM
+
+from gradflow import BertMasking, GradFlowRecorder, RecorderConfig, mlm_loss
+from gradflow.masking import MaskedBatch, TokenizerInfo, mask_sequence
+
+MODES = ("bare", "norms", "full", "record-norms", "record-full")
+
+
+def build(layers: int, device: str, seed: int = 0):
+    torch.manual_seed(seed)
+    config = BertConfig(num_hidden_layers=layers)
+    model = BertForMaskedLM(config).to(device).eval()
+    return model
+
+
+def make_batch(b: int, t: int, vocab: int, device: str) -> MaskedBatch:
+    info = TokenizerInfo(mask_token_id=103, vocab_size=vocab, special_ids=(0, 100, 101, 102, 103), pad_token_id=0)
+    gen = torch.Generator().manual_seed(0)
+    rows = []
+    for i in range(b):
+        ids = [101] + torch.randint(1000, vocab, (t - 2,), generator=gen).tolist() + [102]
+        special = [True] + [False] * (t - 2) + [True]
+        rows.append((ids, *mask_sequence(ids, special, i, BertMasking(seed=0), info)))
+    original = torch.tensor([r[0] for r in rows])
+    inputs = torch.tensor([r[1] for r in rows])
+    labels = torch.tensor([r[2] for r in rows])
+    roles = torch.tensor([r[3] for r in rows], dtype=torch.int8)
+    return MaskedBatch(inputs, original, labels, roles, torch.ones_like(inputs), torch.arange(b)).to(device)
+
+
+def step(mode: str, model, batch, recorders) -> None:
+    if mode == "bare":
+        mlm_loss(model(**batch.model_inputs()).logits, batch).backward()
+    elif mode in ("norms", "full"):
+        with recorders[mode].capture(batch.roles):
+            mlm_loss(model(**batch.model_inputs()).logits, batch).backward()
+        recorders[mode].result()
+    else:
+        recorders[mode.split("-")[1]].record(batch)
+    model.zero_grad(set_to_none=True)
+
+
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def timing(args) -> dict[str, list[float]]:
+    model = build(args.layers, args.device)
+    batch = make_batch(args.batch, args.length, model.config.vocab_size, args.device)
+    times = {m: [] for m in MODES}
+    norms = GradFlowRecorder(model, RecorderConfig(sublayers=False))
+    full = GradFlowRecorder(model, RecorderConfig(sublayers=True))
+    for _ in range(args.warmup):
+        step("bare", model, batch, {})
+    for round_ in range(args.rounds):
+        order = MODES if round_ % 2 == 0 else tuple(reversed(MODES))
+        for mode in order:
+            recorder = full if "full" in mode else norms if "norms" in mode else None
+            if recorder is None:
+                sync(args.device)
+                t0 = time.perf_counter()
+                step(mode, model, batch, {})
+                sync(args.device)
+            else:
+                with recorder:
+                    step(mode, model, batch, {"norms": recorder, "full": recorder})  # warm the hooks' paths
+                    sync(args.device)
+                    t0 = time.perf_counter()
+                    step(mode, model, batch, {"norms": recorder, "full": recorder})
+                    sync(args.device)
+            times[mode].append(time.perf_counter() - t0)
+    return times
+
+
+def memory_one(args, mode: str) -> float:
+    """Peak memory of one step of ``mode`` above the loaded model and batch (MiB)."""
+    model = build(args.layers, args.device)
+    batch = make_batch(args.batch, args.length, model.config.vocab_size, args.device)
+    recorder = None
+    if mode != "bare":
+        recorder = GradFlowRecorder(model, RecorderConfig(sublayers="full" in mode))
+    if args.device.startswith("cuda"):
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+    else:
+        with open("/proc/self/clear_refs", "w") as fh:  # reset the peak-RSS high-water mark (Linux)
+            fh.write("5")
+        base = _status_mib("VmRSS")
+    if recorder is None:
+        step(mode, model, batch, {})
+    else:
+        with recorder:
+            step(mode, model, batch, {"norms": recorder, "full": recorder})
+    if args.device.startswith("cuda"):
+        return (torch.cuda.max_memory_allocated() - base) / 2**20
+    return _status_mib("VmHWM") - base
+
+
+def _status_mib(field: str) -> float:
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--layers", type=int, default=12)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--length", type=int, default=128)
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--memory-child", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.memory_child:
+        print(json.dumps({"peak_mib": memory_one(args, args.memory_child)}))
+        return
+    print(f"device={args.device} threads={torch.get_num_threads()} layers={args.layers} B={args.batch} T={args.length}")
+    times = timing(args)
+    bare = statistics.median(times["bare"])
+    print(f"{'mode':<14}{'median s':>10}{'ratio':>8}   (interleaved, {args.rounds} rounds)")
+    for mode in MODES:
+        med = statistics.median(times[mode])
+        print(f"{mode:<14}{med:>10.3f}{med / bare:>8.3f}")
+    peaks = {}
+    for mode in MODES:
+        cmd = [sys.executable, __file__, "--memory-child", mode, "--layers", str(args.layers), "--batch",
+               str(args.batch), "--length", str(args.length), "--device", args.device]
+        out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
+        peaks[mode] = json.loads(out)["peak_mib"]
+    print(f"{'mode':<14}{'peak MiB':>10}{'ratio':>8}   (one step, fresh process each, above the loaded model)")
+    for mode in MODES:
+        print(f"{mode:<14}{peaks[mode]:>10.1f}{peaks[mode] / peaks['bare']:>8.3f}")
+
+
+if __name__ == "__main__":
+    main()

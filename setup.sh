@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Set up gradflow in ./.venv. Installs the CPU build of torch unless an NVIDIA GPU is present (an
+# unpinned `pip install torch` on Linux pulls a multi-GB CUDA build). Safe to re-run.
+set -euo pipefail
+cd "$(dirname "$0")"
+PYTHON=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
+# shellcheck disable=SC1091
+. .venv/bin/activate
+if ! python -c "import torch" >/dev/null 2>&1; then
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+    pip install -q "torch==2.13.0"
+  else
+    pip install -q "torch==2.13.0" --index-url "${TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}"
+  fi
+fi
+pip install -q -e ".[test]"
+python -c "import torch, gradflow; print(f'gradflow {gradflow.__version__} ready (torch {torch.__version__}, cuda={torch.cuda.is_available()})')"

@@ -1,0 +1,208 @@
+"""gradflow.figures: artists drawn, counts, saving, and no leaking of the style into rcParams."""
+
+from __future__ import annotations
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib as mpl  # noqa: E402
+import matplotlib.image as mpimg  # noqa: E402
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+from matplotlib.collections import LineCollection, PolyCollection, QuadMesh  # noqa: E402
+from matplotlib.colors import to_hex  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
+from matplotlib.patches import Rectangle  # noqa: E402
+
+from gradflow import analysis as A  # noqa: E402
+from gradflow import figures as F  # noqa: E402
+from gradflow.figures.style import STYLE_PATH, figure_size, gradflow_style  # noqa: E402
+from synthetic_runs import write_run  # noqa: E402
+
+N_LAYERS = 4
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory) -> A.Run:
+    return A.load_run(write_run(tmp_path_factory.mktemp("fig") / "a", num_layers=N_LAYERS, n_sequences=30))
+
+
+@pytest.fixture(scope="module")
+def comparison(tmp_path_factory, run) -> A.Comparison:
+    root = tmp_path_factory.mktemp("cmp")
+    b = A.load_run(write_run(root / "b", num_layers=N_LAYERS, n_sequences=30, seed=5, loss="all-positions"))
+    c = A.load_run(write_run(root / "c", num_layers=N_LAYERS, n_sequences=30, seed=6))
+    return A.compare_runs([run, b, c], ["mlm", "all", "mlm2"], n_resamples=100)
+
+
+@pytest.fixture(autouse=True)
+def _close_and_no_show(monkeypatch):
+    def no_show(*args, **kwargs):
+        raise AssertionError("plot functions must not call plt.show()")
+    monkeypatch.setattr(plt, "show", no_show)
+    yield
+    plt.close("all")
+
+
+def _rc() -> dict:
+    rc = dict(mpl.rcParams)
+    rc.pop("backend", None)
+    return rc
+
+
+def _gid(artists, prefix: str) -> list:
+    return [a for a in artists if str(a.get_gid() or "").startswith(prefix)]
+
+
+# ---------------------------------------------------------------------------------------------- style
+
+def test_style_sheet_values():
+    rc = mpl.rc_params_from_file(STYLE_PATH, use_default_template=False)
+    assert rc["text.usetex"] is False
+    for key in ("font.size", "axes.labelsize", "xtick.labelsize", "ytick.labelsize", "legend.fontsize"):
+        assert 7 <= float(rc[key]) <= 8
+    assert float(rc["axes.linewidth"]) <= 0.8
+    assert rc["figure.figsize"] == [3.5, 2.4]
+    assert rc["pdf.fonttype"] == 42
+    assert figure_size("double")[0] == 7.0 and figure_size("single")[0] == 3.5
+
+
+def test_style_context_restores_rcparams_even_on_error():
+    before = _rc()
+    with gradflow_style("double"):
+        assert mpl.rcParams["font.size"] == 7 and mpl.rcParams["figure.figsize"][0] == 7.0
+    assert _rc() == before
+    with pytest.raises(RuntimeError):
+        with gradflow_style():
+            mpl.rcParams["lines.linewidth"] = 9
+            raise RuntimeError("boom")
+    assert _rc() == before
+
+
+def test_role_colors_fixed_and_distinct():
+    colors = [F.ROLE_COLORS[r] for r in ("masked", "random", "kept", "context", "special", "pad", "relpos", "loss")]
+    assert len(set(colors)) == len(colors)
+    assert F.role_color("context") == "#0077BB"
+
+
+# ---------------------------------------------------------------------------------------------- plots
+
+def test_depth_profile_counts_and_colors(run):
+    before = _rc()
+    prof = A.role_profile(run, n_resamples=100)
+    artists = F.depth_profile(prof, roles=("context", "masked"))
+    lines = _gid(artists, "profile:")
+    assert len(lines) == 2
+    assert len(_gid(artists, "band:")) == 2 and all(isinstance(a, PolyCollection) for a in _gid(artists, "band:"))
+    zeros = _gid(artists, "zeros:")
+    assert [z.get_gid() for z in zeros] == ["zeros:context"]  # context is exactly 0 in the last block
+    assert list(zeros[0].get_xdata()) == [N_LAYERS]
+    ctx = next(a for a in lines if a.get_gid() == "profile:context")
+    assert to_hex(ctx.get_color()).upper() == F.role_color("context").upper()
+    assert np.isnan(ctx.get_ydata()[-1])  # the zero is not drawn on the (log) line
+    ax = ctx.axes
+    assert ax.get_yscale() == "log"
+    assert "exactly 0" in [t.get_text() for t in ax.get_legend().get_texts()]
+    assert _rc() == before
+
+
+def test_depth_profile_draws_into_given_axes(run):
+    prof = A.role_profile(run, n_resamples=50)
+    fig, (ax1, ax2) = plt.subplots(1, 2)
+    artists = F.depth_profile(prof, ax=ax2, legend=False)
+    assert all(a.axes is ax2 for a in _gid(artists, "profile:"))
+    assert len(_gid(artists, "profile:")) == 5
+    assert len(ax1.lines) == 0
+    assert len(plt.get_fignums()) == 1
+
+
+def test_ratio_heatmap_cells(run):
+    before = _rc()
+    ratios = A.role_ratios(run, n_resamples=50)
+    artists = F.ratio_heatmap(ratios)
+    mesh = _gid(artists, "heatmap")[0]
+    assert isinstance(mesh, QuadMesh)
+    assert mesh.get_array().size == (N_LAYERS + 1) * 5
+    zero_cells = [a for a in _gid(artists, "heatmap:zero") if isinstance(a, Rectangle)]
+    assert len(zero_cells) == 1  # context at the last block
+    assert "0" in [t.get_text() for t in _gid(artists, "heatmap:label")]
+    assert _rc() == before
+
+
+def test_ratio_heatmap_annotation_switch(run):
+    ratios = A.role_ratios(run, roles=("context", "masked"), n_resamples=50)
+    labels = _gid(F.ratio_heatmap(ratios, annotate=True), "heatmap:label")
+    assert len(labels) == (N_LAYERS + 1) * 2
+    labels = _gid(F.ratio_heatmap(ratios, annotate=False), "heatmap:label")
+    assert [t.get_text() for t in labels] == ["0"]  # exact zeros are always labelled
+
+
+def test_last_block_bars(run):
+    deficit = A.last_block_deficit(run)
+    artists = F.last_block_bars(deficit)
+    assert len(_gid(artists, "last")) - len(_gid(artists, "last:zero")) == len(deficit)
+    assert len(_gid(artists, "earlier")) == len(deficit)
+    assert len(_gid(artists, "last:zero")) == int(deficit["exact_zero"].sum())
+
+
+def test_distribution_ranges(run):
+    q = A.channel_quantiles(run)
+    artists = F.distribution_ranges(q, roles=("context", "masked"))
+    ranges = _gid(artists, "range:")
+    assert len(ranges) == 2 and all(isinstance(r, LineCollection) for r in ranges)
+    ctx = next(r for r in ranges if r.get_gid() == "range:context")
+    assert len(ctx.get_segments()) == N_LAYERS  # the all-zero last block has no range ...
+    assert len(_gid(artists, "zeros:context")) == 1  # ... but a floor marker
+    medians = _gid(artists, "median:")
+    assert sum(len(m.get_xdata()) for m in medians) == 2 * (N_LAYERS + 1) - 1
+
+
+def test_sublayer_heatmap(run):
+    shares = A.sublayer_shares(run)
+    artists = F.sublayer_heatmap(shares, "coverage")
+    mesh = _gid(artists, "sublayers")[0]
+    n_sub = shares["sublayer"].nunique()
+    assert mesh.get_array().size == N_LAYERS * n_sub
+    zeros = [a for a in _gid(artists, "sublayers:zero") if isinstance(a, Rectangle)]
+    assert len(zeros) == 6  # after-mixing sublayers of the last block
+
+
+def test_comparison_plots(comparison):
+    before = _rc()
+    artists = F.comparison_profiles(comparison.profiles, comparison.labels)
+    fig = artists[0].figure
+    assert len(fig.axes) == 3
+    assert len(_gid(artists, "profile:")) == 3 * 5
+    artists = F.comparison_ratios(comparison)
+    assert len(_gid(artists, "ratio:")) == 3
+    assert len(_gid(artists, "difference:")) == 2
+    artists = F.comparison_last_block(comparison)
+    n_sub = comparison.last_block["sublayer"].nunique()
+    bars = [a for a in _gid(artists, "last:") if isinstance(a, Rectangle)]
+    assert len(bars) == 3 * n_sub
+    assert len(_gid(artists, "earlier:")) == 3
+    assert _rc() == before
+
+
+def test_banner_and_save_figure(run, tmp_path):
+    before = _rc()
+    artists = F.depth_profile(A.role_profile(run, n_resamples=50))
+    fig = artists[0].figure
+    banner = F.add_banner(fig)
+    assert "INCOMPLETE" in banner.get_text()
+    paths = F.save_figure(fig, tmp_path / "sub" / "profile")
+    assert [p.name for p in paths] == ["profile.pdf", "profile.png"]
+    assert all(p.stat().st_size > 1000 for p in paths)
+    assert paths[0].read_bytes()[:4] == b"%PDF"
+    png = mpimg.imread(paths[1])
+    assert png.shape[1] == pytest.approx(3.5 * 300, abs=2)  # 300 dpi at single-column width
+    assert _rc() == before
+
+
+def test_save_figure_strips_known_suffix(tmp_path):
+    fig, ax = plt.subplots()
+    ax.plot([0, 1], [0, 1])
+    paths = F.save_figure(fig, tmp_path / "x.png", formats=("png",))
+    assert [p.name for p in paths] == ["x.png"]

@@ -1,0 +1,107 @@
+"""gradflow.report: figures and summary.md written, incomplete-run warnings, comparison checks."""
+
+from __future__ import annotations
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib as mpl  # noqa: E402
+import matplotlib.pyplot as plt  # noqa: E402
+import pytest  # noqa: E402
+
+from gradflow import report  # noqa: E402
+from gradflow.analysis import RunError  # noqa: E402
+from gradflow.figures import plots  # noqa: E402
+from synthetic_runs import write_run  # noqa: E402
+
+FIGURES = ("depth_profile", "ratio_heatmap", "last_block", "distributions", "context_coverage", "context_share")
+FAST = dict(n_resamples=60)
+
+
+@pytest.fixture(autouse=True)
+def _close():
+    yield
+    plt.close("all")
+
+
+@pytest.fixture
+def banners(monkeypatch) -> list[str]:
+    """Record every banner added to a figure."""
+    seen: list[str] = []
+    original = plots.add_banner
+
+    def spy(fig, text=plots.INCOMPLETE_BANNER):
+        seen.append(text)
+        return original(fig, text)
+    monkeypatch.setattr(plots, "add_banner", spy)
+    return seen
+
+
+def test_write_report_writes_figures_tables_and_summary(tmp_path, banners):
+    rc = dict(mpl.rcParams)
+    run_dir = write_run(tmp_path / "run", num_layers=3, n_sequences=20)
+    paths = report.write_report(run_dir, tmp_path / "out", **FAST)
+    assert all(p.is_file() and p.stat().st_size > 0 for p in paths)
+    names = {p.name for p in paths}
+    for fig in FIGURES:
+        assert f"{fig}.pdf" in names and f"{fig}.png" in names
+    assert "role_ratios.csv" in names and "layer_tests.csv" in names
+    summary = (tmp_path / "out" / "summary.md").read_text()
+    assert summary.startswith("# gradflow report: synthetic/bert-tiny")
+    assert "| layer | site | context / loss [95% CI]" in summary
+    assert "tok-a" in summary and "gradflow run synthetic" in summary  # provenance
+    assert "incomplete" not in summary.lower()
+    assert banners == []
+    assert plt.get_fignums() == []  # every figure closed
+    rc.pop("backend", None)
+    after = dict(mpl.rcParams)
+    after.pop("backend", None)
+    assert after == rc  # the style never leaks into the caller's rcParams
+
+
+def test_incomplete_run_warns_on_every_figure_and_summary(tmp_path, banners):
+    run_dir = write_run(tmp_path / "run", num_layers=2, n_sequences=10, complete=False)
+    paths = report.write_report(run_dir, tmp_path / "out", formats=("png",), width="double", **FAST)
+    pngs = [p for p in paths if p.suffix == ".png"]
+    assert len(pngs) == len(FIGURES)
+    assert len(banners) == len(FIGURES) and all("INCOMPLETE" in b for b in banners)
+    lines = (tmp_path / "out" / "summary.md").read_text().splitlines()
+    assert any("Warning: incomplete run" in line for line in lines[:4])
+
+
+def test_report_errors_are_run_errors(tmp_path):
+    with pytest.raises(RunError, match="does not exist"):
+        report.write_report(tmp_path / "missing", tmp_path / "out")
+    run_dir = write_run(tmp_path / "run", num_layers=2, n_sequences=5)
+    (run_dir / "channels.csv").unlink()
+    with pytest.raises(RunError, match="channels.csv"):
+        report.write_report(run_dir, tmp_path / "out")
+
+
+def test_write_comparison(tmp_path, banners):
+    a = write_run(tmp_path / "a", num_layers=3, n_sequences=20)
+    b = write_run(tmp_path / "b", num_layers=3, n_sequences=20, seed=4, loss="all-positions", complete=False)
+    paths = report.write_comparison([a, b], ["mlm", "all"], tmp_path / "out", formats=("pdf", "png"), **FAST)
+    names = {p.name for p in paths}
+    for fig in ("compare_profiles", "compare_ratios", "compare_last_block"):
+        assert f"{fig}.pdf" in names and f"{fig}.png" in names
+    assert all(p.stat().st_size > 0 for p in paths)
+    summary = (tmp_path / "out" / "summary.md").read_text()
+    assert "all − mlm" in summary and "### mlm" in summary and "### all" in summary
+    assert "incomplete run(s): all" in summary.splitlines()[2]
+    assert len(banners) == 3 and all("all" in b for b in banners)
+
+
+def test_comparison_rejects_different_tokenizers(tmp_path):
+    a = write_run(tmp_path / "a", num_layers=2, n_sequences=5)
+    b = write_run(tmp_path / "b", num_layers=2, n_sequences=5, tokenizer_hash="other")
+    with pytest.raises(RunError, match="different tokenizers"):
+        report.write_comparison([a, b], None, tmp_path / "out", **FAST)
+    assert not (tmp_path / "out" / "summary.md").exists()
+
+
+def test_comparison_needs_two_runs(tmp_path):
+    a = write_run(tmp_path / "a", num_layers=2, n_sequences=5)
+    with pytest.raises(RunError, match="at least two"):
+        report.write_comparison([a], None, tmp_path / "out")
