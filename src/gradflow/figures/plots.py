@@ -25,6 +25,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch, Rectangle
 from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter, NullLocator
 from matplotlib.text import Text
+from matplotlib.transforms import ScaledTranslation
 
 from ..analysis import SUBLAYER_ORDER
 from .style import (ROLE_COLORS, RUN_HATCHES, WARNING_COLOR, ZERO_COLOR, diverging_cmap, figure_size, figure_width,
@@ -69,11 +70,16 @@ def _layer_axis(ax: Axes, layers: Sequence[int] | np.ndarray, label: str = LAYER
     ax.set_xlabel(label)
 
 
-def _log_floor_markers(ax: Axes, x: np.ndarray, color: str, gid: str) -> Line2D:
-    """Triangles on the axis floor (axes y = 0) at ``x``: exact zeros on a log axis."""
+def _log_floor_markers(ax: Axes, x: np.ndarray, color: str, gid: str, shift_pt: float = 0.0) -> Line2D:
+    """Triangles on the axis floor (axes y = 0) at ``x``: exact zeros on a log axis.
+
+    ``shift_pt`` moves them sideways (in points) so that zeros of several roles at one layer do
+    not hide each other.
+    """
+    transform = ax.get_xaxis_transform() + ScaledTranslation(shift_pt / 72.0, 0.0, ax.figure.dpi_scale_trans)
     (line,) = ax.plot(x, np.zeros(len(x)), linestyle="none", marker=ZERO_MARKER, markersize=4.5,
                       markerfacecolor=color, markeredgecolor="white", markeredgewidth=0.4,
-                      transform=ax.get_xaxis_transform(), clip_on=False, zorder=5, gid=gid)
+                      transform=transform, clip_on=False, zorder=5, gid=gid)
     return line
 
 
@@ -170,7 +176,7 @@ def depth_profile(profile: pd.DataFrame, ax: Axes | None = None, roles: Sequence
     any_zero = False
     roles = _present(profile, roles, PLOT_ROLES)
     _set_log_or_linear(ax, profile.loc[profile["role"].isin(roles), "grad_norm_mean"].to_numpy())
-    for role in roles:
+    for k, role in enumerate(roles):
         d = profile[profile["role"] == role].sort_values("layer")
         x, y = d["layer"].to_numpy(), d["grad_norm_mean"].to_numpy(dtype=float)
         pos = y > 0
@@ -186,7 +192,8 @@ def depth_profile(profile: pd.DataFrame, ax: Axes | None = None, roles: Sequence
                                          zorder=2))
         if (~pos & np.isfinite(y)).any():
             any_zero = True
-            drawn.append(_log_floor_markers(ax, x[~pos & np.isfinite(y)], color, f"zeros:{role}"))
+            shift = (k - (len(roles) - 1) / 2) * 3.5
+            drawn.append(_log_floor_markers(ax, x[~pos & np.isfinite(y)], color, f"zeros:{role}", shift))
     _layer_axis(ax, profile["layer"].unique())
     _log_format(ax)
     ax.set_ylabel("gradient norm (mean)")
@@ -470,7 +477,7 @@ def comparison_profiles(profiles: pd.DataFrame, labels: Sequence[str] | None = N
     artists of every panel plus the legend (in a spare grid cell when there is one, else below).
     """
     labels = list(labels) if labels is not None else list(dict.fromkeys(profiles["label"]))
-    axs, spare = _panel_grid(len(labels), axes, width, 0.95, 4 if figure_width(width) > 4 else 2)
+    axs, spare = _panel_grid(len(labels), axes, width, 0.8, 4 if figure_width(width) > 4 else 2)
     drawn: list[Artist] = []
     for ax, label in zip(axs, labels):
         drawn += depth_profile(profiles[profiles["label"] == label], ax=ax, roles=roles, legend=False,
