@@ -1,0 +1,94 @@
+"""Ship trained models into the package and draw their pretraining curves.
+
+Copies ``build/<name>/`` (float16 safetensors, tokenizer, recipe.json, training_log.csv) into
+``src/gradflow/models/<name>/``, measures each model's masked-token accuracy on the committed
+held-out sample, and writes ``figures/pretraining_curves.{pdf,png}`` with the table it was drawn
+from (``figures/pretraining_curves.csv``).
+
+    python analyses/pretrain/ship.py
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pandas as pd
+
+NAMES = ("gradflow-mini-en", "gradflow-mini-en-alltoken")
+FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "recipe.json",
+         "training_log.csv")
+
+
+def ship(build: Path, dest: Path) -> None:
+    for name in NAMES:
+        src, out = build / name, dest / name
+        out.mkdir(parents=True, exist_ok=True)
+        for f in FILES:
+            shutil.copy(src / f, out / f)
+
+
+def curves(dest: Path, figures: Path) -> pd.DataFrame:
+    frames = []
+    for name in NAMES:
+        log = pd.read_csv(dest / name / "training_log.csv")
+        log.insert(0, "model", name)
+        frames.append(log)
+    table = pd.concat(frames, ignore_index=True)
+    figures.mkdir(parents=True, exist_ok=True)
+    table.to_csv(figures / "pretraining_curves.csv", index=False, float_format="%.6g")
+    return table
+
+
+def draw(table: pd.DataFrame, figures: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from gradflow.figures.style import gradflow_style as figure_style
+    from gradflow.figures import save_figure
+    import matplotlib.pyplot as plt
+
+    with figure_style("double"):
+        fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(7.0, 2.4))
+        for name, colour in zip(NAMES, ("#4477AA", "#EE6677")):
+            rows = table[table.model == name]
+            smooth = rows.train_loss.rolling(25, min_periods=1).mean()
+            ax_loss.plot(rows.tokens / 1e6, smooth, color=colour, label=f"{name} (train, 25-step mean)")
+            ev = rows.dropna(subset=["valid_top1"])
+            ax_loss.plot(ev.tokens / 1e6, ev.valid_loss, "o--", color=colour, ms=3, label=f"{name} (validation MLM)")
+            ax_acc.plot(ev.tokens / 1e6, ev.valid_top1, "o-", color=colour, ms=3, label=name)
+        ax_loss.set_xlabel("training tokens (millions)")
+        ax_loss.set_ylabel("cross-entropy (nats)")
+        ax_loss.legend(fontsize=6, frameon=False)
+        ax_acc.set_xlabel("training tokens (millions)")
+        ax_acc.set_ylabel("validation top-1 at selected positions")
+        ax_acc.legend(fontsize=6, frameon=False)
+        ax_loss.set_title("Pretraining loss", fontsize=8)
+        ax_acc.set_title("Held-out masked-token accuracy", fontsize=8)
+        save_figure(fig, figures / "pretraining_curves")
+        plt.close(fig)
+
+
+def main() -> None:
+    root = Path(__file__).resolve().parents[2]
+    dest = root / "src" / "gradflow" / "models"
+    ship(root / "build", dest)
+    table = curves(dest, root / "figures")
+    draw(table, root / "figures")
+    from gradflow.evaluation import mlm_accuracy
+    from gradflow.models import load_model
+    from gradflow.run import default_texts
+
+    results = {}
+    for name in NAMES:
+        acc = mlm_accuracy(load_model(name), default_texts())
+        results[name] = {"sample_top1": acc.top1, "sample_top1_masked": acc.top1_masked, "sample_loss": acc.loss,
+                         "positions": acc.positions,
+                         "valid_top1": json.loads((dest / name / "recipe.json").read_text())["final"]["valid_top1"]}
+    (root / "figures" / "pretraining_accuracy.json").write_text(json.dumps(results, indent=2) + "\n")
+    print(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()
