@@ -38,6 +38,14 @@ class LoadedModel:
     adapter: Adapter
     config_hash: str
 
+    def max_positions(self) -> int:
+        """Longest input (tokens, special tokens included) the model accepts."""
+        limit = getattr(self.tokenizer, "model_max_length", None)
+        config_limit = getattr(self.model.config, "max_position_embeddings", None)
+        if limit is not None and limit < 1_000_000:
+            return int(min(limit, config_limit)) if config_limit else int(limit)
+        return int(config_limit) if config_limit else 512
+
     def tokenizer_info(self) -> dict:
         """Name, vocabulary size and a hash of the vocabulary (for comparing runs per token)."""
         vocab = self.tokenizer.get_vocab()

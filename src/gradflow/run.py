@@ -93,6 +93,10 @@ def record_corpus(config: RecordConfig, loaded: LoadedModel | None = None) -> Ru
     if world > 1:
         torch.distributed.barrier()
     loaded = loaded or load_model(config.model, config.device, config.dtype, config.trust_remote_code)
+    if config.max_length > loaded.max_positions():
+        _discard(out, world)
+        raise GradflowError(f"--max-length {config.max_length} is longer than the {loaded.max_positions()} positions "
+                            f"{config.model} accepts; pass --max-length {loaded.max_positions()} or less.")
     policy = BertMasking(rate=config.mask_rate, split=tuple(config.mask_split), whole_word=config.whole_word,
                          seed=config.seed)
     TokenizerInfo.from_tokenizer(loaded.tokenizer)
