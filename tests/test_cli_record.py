@@ -87,7 +87,7 @@ def test_jsonl_directory_and_limit(tmp_path, tiny_mlm_dir):
 
 
 def _bad(tmp_path, capsys, args, match):
-    code = main(["record", "--quiet", *args])
+    code = main(["record", "--quiet", "--max-length", "24", *args])
     err = capsys.readouterr().err
     assert code == 2, err
     assert match in err and "Traceback" not in err

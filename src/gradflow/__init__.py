@@ -5,7 +5,9 @@ The public API, re-exported from the modules that define it.
 
 from .adapters import Adapter, SublayerSpec, adapter_for, register_adapter, supported_model_types
 from .losses import all_positions_loss, mlm_loss
+from .errors import GradflowError
 from .masking import BertMasking, ExplicitMasking, MaskedBatch, TokenizerInfo, mask_batch
+from .models import LoadedModel, load_model
 from .recorder import BatchRecord, GradFlowRecorder, RecorderConfig, RecorderError
 from .roles import ALL_ROLES, LOSS_ROLES, TOKEN_ROLES, Role
 
@@ -13,7 +15,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ALL_ROLES", "LOSS_ROLES", "TOKEN_ROLES", "Adapter", "BatchRecord", "BertMasking", "ExplicitMasking",
-    "GradFlowRecorder", "MaskedBatch", "RecorderConfig", "RecorderError", "Role", "SublayerSpec",
-    "TokenizerInfo", "__version__", "adapter_for", "all_positions_loss", "mask_batch", "mlm_loss",
+    "GradFlowRecorder", "GradflowError", "LoadedModel", "MaskedBatch", "RecorderConfig", "RecorderError", "Role", "SublayerSpec",
+    "TokenizerInfo", "__version__", "adapter_for", "all_positions_loss", "load_model", "mask_batch", "mlm_loss",
     "register_adapter", "supported_model_types",
 ]

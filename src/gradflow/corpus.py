@@ -88,17 +88,22 @@ def _text_documents(lines: Iterable[tuple[int, str]], source: str, jsonl: bool) 
             yield line, source, number
 
 
+def check_corpus_path(path: str | Path) -> None:
+    """Raise CorpusError if ``path`` is neither ``-`` nor an existing file or directory."""
+    if str(path) != "-" and not Path(path).exists():
+        raise CorpusError(f"corpus {path} does not exist. Pass --texts with a UTF-8 text file (one document "
+                          "per line), a .jsonl file with a \"text\" field, a directory of .txt files, or - "
+                          "for standard input.")
+
+
 def read_documents(path: str | Path) -> Iterator[Document]:
     """Stream the documents of a corpus (see module docstring for the accepted forms)."""
     spec = str(path)
     if spec == "-":
         sources: list[tuple[str, Iterable[bytes], bool]] = [("<stdin>", sys.stdin.buffer, False)]
     else:
+        check_corpus_path(spec)
         p = Path(spec)
-        if not p.exists():
-            raise CorpusError(f"corpus {spec} does not exist. Pass --texts with a UTF-8 text file (one document "
-                              "per line), a .jsonl file with a \"text\" field, a directory of .txt files, or - "
-                              "for standard input.")
         if p.is_dir():
             files = sorted(f for f in p.rglob("*.txt") if f.is_file())
             if not files:

@@ -86,6 +86,9 @@ def load_model(spec: str = DEFAULT_MODEL, device: str = "cpu", dtype: str = "flo
                trust_remote_code: bool = False) -> LoadedModel:
     """Load a ForMaskedLM model and its tokenizer; eval mode, on ``device``, in ``dtype``."""
     from transformers import AutoConfig, AutoModelForMaskedLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # gradflow shows its own progress; keep stderr for real messages
 
     if dtype not in DTYPES:
         raise ModelLoadError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")

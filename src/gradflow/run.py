@@ -18,7 +18,7 @@ import torch
 
 from . import __version__
 from .aggregate import SiteAggregator, SublayerAggregator, record_is_finite, sequence_rows
-from .corpus import CorpusCounts, batches, iter_windows, read_documents, shard
+from .corpus import CorpusCounts, batches, check_corpus_path, iter_windows, read_documents, shard
 from .errors import CorpusError, GradflowError
 from .masking import BertMasking, TokenizerInfo, mask_batch
 from .models import DEFAULT_MODEL, LoadedModel, load_model
@@ -92,6 +92,7 @@ def record_corpus(config: RecordConfig, loaded: LoadedModel | None = None) -> Ru
         prepare_output_dir(out, config.overwrite)
     if world > 1:
         torch.distributed.barrier()
+    check_corpus_path(texts)
     loaded = loaded or load_model(config.model, config.device, config.dtype, config.trust_remote_code)
     if config.max_length > loaded.max_positions():
         _discard(out, world)
