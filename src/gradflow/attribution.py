@@ -187,7 +187,8 @@ def chosen_labels(batch: MaskedBatch, positions: PositionsArg = None) -> torch.T
         chosen = labels != -100
     elif isinstance(positions, torch.Tensor):
         if positions.shape != labels.shape:
-            raise AttributionError(f"positions mask has shape {tuple(positions.shape)}, the batch {tuple(labels.shape)}")
+            raise AttributionError(f"positions mask has shape {tuple(positions.shape)}, "
+                                   f"the batch {tuple(labels.shape)}")
         chosen = positions.to(torch.bool).to(labels.device)
     else:
         chosen = torch.zeros_like(labels, dtype=torch.bool)
@@ -244,11 +245,11 @@ def _objective_args(model: nn.Module, batch: MaskedBatch, labels: torch.Tensor) 
 class ChannelAttribution:
     """Attributions of one batch at every site. Tensors are CPU float32.
 
-    ``gradient``, ``activation``, ``grad_x_act``: (S, B, T, H) over ``site_names`` (H may differ
-    at ``embeddings.out`` for factorised embeddings: then that site is stored separately in
-    ``embeddings``). ``integrated``: (S, B, T, H) layer integrated gradients, or None;
-    ``delta``: (S, B) Captum's completeness error per site and row. ``labels``: (B, T) chosen
-    labels; ``loss``: the attributed loss (sum over rows of the objective).
+    ``gradient``, ``activation``, ``grad_x_act``: one (B, T, H) tensor per site of ``site_names``
+    (lists, because H differs at ``embeddings.out`` for factorised embeddings such as ALBERT's).
+    ``integrated``: the same for layer integrated gradients, or None; ``delta``: (S, B) Captum's
+    completeness error per site and row. ``labels``: (B, T) chosen labels; ``loss``: the
+    attributed loss (sum over rows of the objective).
     """
 
     site_names: tuple[str, ...]
@@ -329,7 +330,8 @@ def _cpu(tensors: Sequence[torch.Tensor] | torch.Tensor) -> list[torch.Tensor]:
 def gradient_x_activation(model: nn.Module, batch: MaskedBatch, positions: PositionsArg = None,
                           adapter: Adapter | None = None) -> ChannelAttribution:
     """Captum ``LayerGradientXActivation`` of the MLM loss at every site (one backward each for
-    g * h and for g). The model's mode and parameters' ``.grad`` are left as they are."""
+    g * h and for g). The model's mode and parameters' ``.grad`` are left as they are; use eval
+    mode (dropout would make the two passes differ)."""
     from captum.attr import LayerGradientXActivation
 
     adapter = adapter or adapter_for(model)

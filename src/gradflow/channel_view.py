@@ -107,11 +107,13 @@ def channel_table(loaded: LoadedModel, batch: MaskedBatch, quantity: str = "grad
     if quantity == "grad_norm":
         with GradFlowRecorder(loaded.model, RecorderConfig(sublayers=False), loaded.adapter) as rec:
             record = rec.record(batch, loss="mlm", reduction="batch")
+        where = zip(record.site_names, record.site_layers, record.site_points)
         sites = [(name, layer, point, {"grad_norm": record.grad_norm[s, 0], "act_norm": record.act_norm[s, 0]})
-                 for s, (name, layer, point) in enumerate(zip(record.site_names, record.site_layers, record.site_points))]
+                 for s, (name, layer, point) in enumerate(where)]
     else:
         result = attribute_channels(loaded.model, batch, adapter=loaded.adapter)
-        values = {n: result.per_position(n)[:, 0] for n in ("attribution_sum", "attribution_norm", "grad_norm", "act_norm")}
+        names = ("attribution_sum", "attribution_norm", "grad_norm", "act_norm")
+        values = {n: result.per_position(n)[:, 0] for n in names}
         if quantity == "integrated_gradients":
             ig, _ = integrated_gradients(loaded.model, batch, baseline_token_id=tok.mask_token_id, n_steps=n_steps,
                                          adapter=loaded.adapter)

@@ -49,7 +49,7 @@ from .corpus import CorpusCounts, Document, batches, iter_windows, read_document
 from .errors import CorpusError, GradflowError
 from .masking import BertMasking, MaskedBatch, mask_batch
 from .models import LoadedModel
-from .roles import LOSS_ROLES, TOKEN_ROLES, Role
+from .roles import TOKEN_ROLES, Role
 
 GROUPS: tuple[str, ...] = ("loss", "context")
 """The two groups of the input-shift probe."""
@@ -364,7 +364,10 @@ def probe_auroc(positive: np.ndarray, negative: np.ndarray, folds: int = 5, seed
     """(AUROC, standard error) of a stratified ``folds``-fold cross-validated linear probe.
 
     Standardised features, L2 logistic regression; the AUROC is computed on the pooled
-    out-of-fold decision values. NaN when a group has fewer than 2 vectors.
+    out-of-fold decision values. NaN when a group has fewer than 2 vectors. The standard error
+    is Hanley and McNeil's, which ignores the probe's fitting noise: for two identical 8-d
+    Gaussians (600 vectors each) cross-validated AUROCs spread about 1.35x wider, so the 95%
+    interval covers 0.5 about 85% of the time. Read AUROCs within ~0.05 of 0.5 as "no shift".
     """
     from sklearn.linear_model import LogisticRegression
     from sklearn.metrics import roc_auc_score
@@ -441,7 +444,7 @@ class AnisotropyAccumulator:
         masks = _role_masks(batch.roles.cpu())
         for layer, hidden in enumerate(states.hidden):
             norms = torch.linalg.vector_norm(hidden.double(), dim=-1, keepdim=True)
-            units = torch.where(norms > 0, hidden.double() / norms.clamp_min(1e-300), torch.zeros((), dtype=torch.float64))
+            units = hidden.double() / norms.clamp_min(1e-300)  # zero vectors are left out below
             nonzero = norms.squeeze(-1) > 0
             for role, mask in masks.items():
                 pick = mask & nonzero
@@ -654,7 +657,8 @@ def _finish(ax, drawn: list, xlabel: str, ylabel: str) -> None:
         drawn.append(ax.legend(loc="best", ncols=2))
 
 
-def plot_logit_lens(table: pd.DataFrame, ax=None, roles: Sequence[str] = ("context", "masked", "random", "kept")) -> list:
+def plot_logit_lens(table: pd.DataFrame, ax=None,
+                    roles: Sequence[str] = ("context", "masked", "random", "kept")) -> list:
     """Top-1 recovery of the original token vs layer, one line per role. Returns the artists."""
     from .figures.style import gradflow_style
 
@@ -697,14 +701,18 @@ def plot_frechet(table: pd.DataFrame, ax=None) -> list:
                         label="Frechet distance", gid="frechet:distance")
         drawn += ax.plot(d["layer"], d["mean_shift_sq"], marker="s", linestyle="--", color=role_color("context"),
                          label="mean shift squared", gid="frechet:mean")
-        if (d[["frechet_distance", "mean_shift_sq"]] > 0).all().all():
-            ax.set_yscale("log")
+        values = d[["frechet_distance", "mean_shift_sq"]].to_numpy(dtype=float)
+        if np.all(values > 0) and values.max() / values.min() > 20:
+            ax.set_yscale("log")  # only when the values span decades; narrow ranges read better linear
+        else:
+            ax.set_ylim(bottom=0)
         _finish(ax, drawn, "block (FFN input)", "squared activation units")
         ax.set_title("loss vs context FFN inputs")
     return drawn
 
 
-def plot_anisotropy(table: pd.DataFrame, ax=None, roles: Sequence[str] = ("context", "masked", "special", "loss")) -> list:
+def plot_anisotropy(table: pd.DataFrame, ax=None,
+                    roles: Sequence[str] = ("context", "masked", "special", "loss")) -> list:
     """Mean pairwise cosine of hidden states vs layer, one line per role."""
     from .figures.style import gradflow_style
 
@@ -729,14 +737,15 @@ def plot_transformation(table: pd.DataFrame, ax=None, roles: Sequence[str] = ("c
             if d.empty:
                 continue
             bars = ax.errorbar(d["layer"] + off, d["rel_change_mean"], yerr=d["rel_change_std"], marker="o",
-                               color=role_color(role), label=role_label(role), linestyle="-", gid=f"transformation:{role}")
+                               color=role_color(role), label=role_label(role), linestyle="-",
+                               gid=f"transformation:{role}")
             drawn.append(bars)
         last = table.loc[table["last_block"].astype(bool), "layer"]
         if not last.empty:
             drawn.append(ax.axvspan(float(last.iloc[0]) - 0.4, float(last.iloc[0]) + 0.4, color="#DDDDDD", zorder=0,
                                     linewidth=0, gid="transformation:last_block"))
         ax.set_ylim(bottom=0)
-        _finish(ax, drawn, "block (last shaded)", "||h_i - h_(i-1)|| / ||h_(i-1)||")
+        _finish(ax, drawn, "block (last shaded)", r"$\|h_i - h_{i-1}\| \,/\, \|h_{i-1}\|$")
         ax.set_title("how much each block changes a channel")
     return drawn
 
