@@ -78,7 +78,60 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--out", required=True)
     compare.add_argument("--format", default="pdf,png")
     compare.add_argument("--width", choices=["single", "double"], default="double")
+    channels = sub.add_parser("channels", help="tokens x layers channel-view figure for one sentence")
+    channels.add_argument("--model", default=DEFAULT_MODEL)
+    channels.add_argument("--text", required=True)
+    channels.add_argument("--mask-positions", type=int, nargs="+", default=None,
+                          help="token positions to mask (special tokens included in the count); default: seeded BERT masking")
+    channels.add_argument("--quantity", choices=["grad_norm", "attribution", "integrated_gradients"], default="grad_norm")
+    channels.add_argument("--out", required=True)
+    channels.add_argument("--format", default="pdf,png")
+    diagnose = sub.add_parser("diagnose", help="representation diagnostics per layer and role over a corpus")
+    diagnose.add_argument("--model", default=DEFAULT_MODEL)
+    diagnose.add_argument("--texts", default=None)
+    diagnose.add_argument("--out", required=True)
+    diagnose.add_argument("--max-length", type=int, default=128)
+    diagnose.add_argument("--batch-size", type=int, default=8)
+    diagnose.add_argument("--limit", type=int, default=None)
+    diagnose.add_argument("--seed", type=int, default=0)
+    diagnose.add_argument("--format", default="pdf,png")
+    surgery = sub.add_parser("surgery", help="drop or re-initialise the last blocks and save the result")
+    surgery.add_argument("--model", required=True)
+    surgery.add_argument("--drop-last", type=int, default=0)
+    surgery.add_argument("--reinit-last", type=int, default=0)
+    surgery.add_argument("--seed", type=int, default=0)
+    surgery.add_argument("--out", required=True)
     return parser
+
+
+def _channels(args: argparse.Namespace) -> int:
+    from .channel_view import write_channel_view
+    from .models import load_model
+
+    paths = write_channel_view(load_model(args.model), args.text, args.out, mask_positions=args.mask_positions,
+                               quantity=args.quantity, formats=_formats(args.format))
+    print(f"wrote {len(paths)} files to {args.out}")
+    return 0
+
+
+def _diagnose(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    from .diagnostics import diagnose_corpus, plot_diagnostics
+    from .models import load_model
+
+    tables = diagnose_corpus(load_model(args.model), args.texts, args.out, max_length=args.max_length,
+                             batch_size=args.batch_size, limit=args.limit, seed=args.seed,
+                             command="gradflow " + shlex.join(argv))
+    paths = plot_diagnostics(tables, args.out, _formats(args.format))
+    print(f"wrote {len(tables)} tables and {len(paths)} figures to {args.out}")
+    return 0
+
+
+def _surgery(args: argparse.Namespace) -> int:
+    from .surgery import surgery_to_dir
+
+    path = surgery_to_dir(args.model, args.out, drop_last=args.drop_last, reinit_last=args.reinit_last, seed=args.seed)
+    print(f"wrote {path}")
+    return 0
 
 
 def _record(args: argparse.Namespace, argv: Sequence[str]) -> int:
@@ -153,7 +206,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     handlers = {"record": lambda: _record(args, argv), "zoo": lambda: _zoo(args), "report": lambda: _report(args),
-                "compare": lambda: _compare(args), "demo": lambda: _demo(args, argv)}
+                "compare": lambda: _compare(args), "demo": lambda: _demo(args, argv),
+                "channels": lambda: _channels(args), "diagnose": lambda: _diagnose(args, argv),
+                "surgery": lambda: _surgery(args)}
     try:
         return handlers[args.command]()
     except _user_errors() as err:
