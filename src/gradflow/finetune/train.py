@@ -38,6 +38,9 @@ from .data import (IGNORE, Encoded, class_weights, collate, encode, eval_batches
 from .tasks import Task, check_rows, load_split, load_task, score
 
 EVAL_COLUMNS = ("step", "split", "metric", "value")
+# position ids start after the padding index (RoBERTa-style learned positions)
+_PADDING_OFFSET_POSITIONS = ("roberta", "xlm-roberta", "camembert", "data2vec-text", "roberta-prelayernorm",
+                             "xlm-roberta-xl")
 
 
 @dataclass
@@ -110,6 +113,7 @@ class FinetuneResult:
     total_parameters: int = 0
     seconds: float = 0.0
     out_dir: str | None = None
+    max_length: int = 0
 
     def frame(self) -> pd.DataFrame:
         """The evaluation history as a tidy frame (``step, split, metric, value``)."""
@@ -120,7 +124,7 @@ class FinetuneResult:
     def to_dict(self) -> dict:
         return {"config": asdict(self.config), "task": self.task, "final": self.final, "surgery": self.surgery,
                 "trainable_parameters": self.trainable_parameters, "total_parameters": self.total_parameters,
-                "seconds": self.seconds, "steps": self.config.steps}
+                "seconds": self.seconds, "steps": self.config.steps, "max_length": self.max_length}
 
 
 # ---------------------------------------------------------------------------------------- model
@@ -156,6 +160,21 @@ def load_task_model(model_spec: str, task: Task, seed: int) -> tuple[nn.Module, 
     if task.kind == "token" and getattr(tokenizer, "add_prefix_space", None) is False:
         tokenizer = AutoTokenizer.from_pretrained(path, add_prefix_space=True)  # BPE + pre-split words
     return model, tokenizer, set(info.get("missing_keys", ()))
+
+
+def max_input_length(model: nn.Module, tokenizer, requested: int) -> int:
+    """``requested``, capped by the model's learned positions and the tokenizer's own limit."""
+    limit = requested
+    config = model.config
+    positions = getattr(config, "max_position_embeddings", None)
+    if positions and getattr(config, "position_embedding_type", "absolute") == "absolute":
+        if config.model_type in _PADDING_OFFSET_POSITIONS:
+            positions -= (config.pad_token_id or 0) + 1
+        limit = min(limit, positions)
+    tok_limit = getattr(tokenizer, "model_max_length", None)
+    if isinstance(tok_limit, int) and 0 < tok_limit < 1_000_000:
+        limit = min(limit, tok_limit)
+    return limit
 
 
 def freeze_loaded(model: nn.Module, new_params: set[str]) -> int:
@@ -272,14 +291,15 @@ def finetune(config: FinetuneConfig, *, task: Task | None = None,
         freeze_loaded(model, new_params)
     model.to(config.device).train()
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    encoded = {s: encode(task, tokenizer, r, config.max_length) for s, r in rows.items()}
+    max_length = max_input_length(model, tokenizer, config.max_length)
+    encoded = {s: encode(task, tokenizer, r, max_length) for s, r in rows.items()}
     weights = class_weights(config.class_weights, label_counts(encoded["train"], task.num_labels))
     weights = weights.to(config.device) if weights is not None else None
     optimizer, scheduler = make_optimizer(model, config)
     out = Path(config.out_dir) if config.out_dir else None
     if out:
         out.mkdir(parents=True, exist_ok=True)
-    result = FinetuneResult(config, task.name, {}, surgery=surgery.to_dict(),
+    result = FinetuneResult(config, task.name, {}, surgery=surgery.to_dict(), max_length=max_length,
                             trainable_parameters=sum(p.numel() for p in model.parameters() if p.requires_grad),
                             total_parameters=sum(p.numel() for p in model.parameters()),
                             out_dir=str(out) if out else None)
