@@ -101,6 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     surgery.add_argument("--reinit-last", type=int, default=0)
     surgery.add_argument("--seed", type=int, default=0)
     surgery.add_argument("--out", required=True)
+    surgery.add_argument("--overwrite", action="store_true")
     return parser
 
 
@@ -129,7 +130,8 @@ def _diagnose(args: argparse.Namespace, argv: Sequence[str]) -> int:
 def _surgery(args: argparse.Namespace) -> int:
     from .surgery import surgery_to_dir
 
-    path = surgery_to_dir(args.model, args.out, drop_last=args.drop_last, reinit_last=args.reinit_last, seed=args.seed)
+    path = surgery_to_dir(args.model, args.out, drop_last=args.drop_last, reinit_last=args.reinit_last, seed=args.seed,
+                          overwrite=args.overwrite)
     print(f"wrote {path}")
     return 0
 
