@@ -141,6 +141,8 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--eval-every", type=int, default=400)
     p.add_argument("--valid-windows", type=int, default=1024)
+    p.add_argument("--stop-after", type=int, default=None,
+                   help="stop after N steps (same schedule): for checking that a run reproduces a shipped log")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -195,8 +197,10 @@ def main() -> None:
         log_rows.append(row)
         if step % 50 == 0:
             print(f"step {step} loss {row['train_loss']:.4f} elapsed {row['elapsed_s']}s", flush=True)
-        if not math.isfinite(float(loss)):
+        if not math.isfinite(float(loss.detach())):
             raise SystemExit(f"non-finite loss at step {step}")
+        if args.stop_after is not None and step >= args.stop_after:
+            break
     final = evaluate(model, tokenizer, valid, args.seed)
     model.half().save_pretrained(args.out, safe_serialization=True)
     tokenizer.save_pretrained(args.out)
