@@ -179,7 +179,9 @@ class GradFlowRecorder:
     def __enter__(self) -> "GradFlowRecorder":
         if self._handles:
             raise RecorderError("this recorder is already active; nested use of one recorder is not supported")
-        if getattr(self.model, "is_gradient_checkpointing", False):
+        checkpointing = getattr(type(self.model), "is_activation_checkpointing", None)
+        name = "is_activation_checkpointing" if checkpointing is not None else "is_gradient_checkpointing"
+        if getattr(self.model, name, False):
             raise RecorderError("gradient checkpointing re-runs forward passes and would record twice: "
                                 "call model.gradient_checkpointing_disable() before recording")
         try:
