@@ -88,11 +88,11 @@ def record_corpus(config: RecordConfig, loaded: LoadedModel | None = None) -> Ru
     rank, world = _dist()
     out = Path(config.out)
     texts = config.texts or default_texts()
+    check_corpus_path(texts)  # before anything is created, so a bad path leaves nothing behind
     if rank == 0:
         prepare_output_dir(out, config.overwrite)
     if world > 1:
         torch.distributed.barrier()
-    check_corpus_path(texts)
     loaded = loaded or load_model(config.model, config.device, config.dtype, config.trust_remote_code)
     if config.max_length > loaded.max_positions():
         _discard(out, world)
