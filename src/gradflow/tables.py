@@ -85,7 +85,7 @@ class SequenceWriter:
     always a complete parquet file.
     """
 
-    def __init__(self, path: Path, flush_rows: int = 50_000):
+    def __init__(self, path: Path, flush_rows: int = 10_000):
         self.path = path
         self.partial = path.with_name(f".{path.name}.partial")
         self.flush_rows = flush_rows
