@@ -48,3 +48,37 @@ def test_demo_runs_offline(tmp_path, monkeypatch):
     c = pd.read_csv(alltoken / "channels.csv")
     last = c[(c.role == "context") & (c.layer == 6) & (c.point == "out")]
     assert float(last.grad_norm_mean.iloc[0]) > 0.0
+
+
+def test_report_and_compare_bad_input_exit_2(tmp_path, capsys, tiny_mlm_dir, tiny_corpus):
+    assert main(["report", str(tmp_path / "missing"), "--out", str(tmp_path / "f")]) == 2
+    err = capsys.readouterr().err
+    assert "missing" in err and "Traceback" not in err
+    run = tmp_path / "run"
+    assert main(["record", "--model", str(tiny_mlm_dir), "--texts", str(tiny_corpus), "--out", str(run),
+                 "--max-length", "24", "--quiet"]) == 0
+    # a second run from another tokenizer: compare must refuse per-token comparison
+    from conftest import build_tiny_mlm_dir
+    from transformers import AutoTokenizer
+
+    other = build_tiny_mlm_dir(tmp_path / "other")
+    tok = AutoTokenizer.from_pretrained(other)
+    tok.add_tokens(["gradflowtoken"])
+    tok.save_pretrained(other)
+    from transformers import AutoModelForMaskedLM
+
+    model = AutoModelForMaskedLM.from_pretrained(other)
+    model.resize_token_embeddings(len(tok))
+    model.save_pretrained(other)
+    run2 = tmp_path / "run2"
+    assert main(["record", "--model", str(other), "--texts", str(tiny_corpus), "--out", str(run2),
+                 "--max-length", "24", "--quiet"]) == 0
+    capsys.readouterr()
+    assert main(["compare", str(run), str(run2), "--out", str(tmp_path / "cmp")]) == 2
+    assert "tokenizer" in capsys.readouterr().err
+    # an incomplete run is reported, with the warning in summary.md
+    meta = json.loads((run / "meta.json").read_text())
+    meta["complete"] = False
+    (run / "meta.json").write_text(json.dumps(meta))
+    assert main(["report", str(run), "--out", str(tmp_path / "inc")]) == 0
+    assert "complete" in (tmp_path / "inc" / "summary.md").read_text().lower()
