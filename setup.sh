@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set up gradflow in ./.venv. Installs the CPU build of torch unless an NVIDIA GPU is present (an
-# unpinned `pip install torch` on Linux pulls a multi-GB CUDA build). Safe to re-run.
+# unpinned `pip install torch` on Linux pulls a multi-GB CUDA build). A torch wheel that pip can
+# find locally (its find-links or wheelhouse, e.g. on an offline cluster) is used first. Safe to re-run.
 set -euo pipefail
 cd "$(dirname "$0")"
 PYTHON=${PYTHON:-python3}
@@ -10,7 +11,10 @@ PYTHON=${PYTHON:-python3}
 if ! python -c "import torch" >/dev/null 2>&1; then
   if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
     pip install -q "torch==2.13.0"
+  elif pip install -q --no-index --no-deps "torch==2.13.0" 2>/dev/null; then
+    pip install -q "torch==2.13.0"  # the local wheel is in place: its dependencies from the usual index
   else
+    # no local wheel (pip's find-links / wheelhouse): the CPU build from PyTorch's CPU index
     pip install -q "torch==2.13.0" --index-url "${TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}"
   fi
 fi

@@ -9,9 +9,10 @@ Writes, under ``figures/``:
   sentence of the held-out sample (seeded BERT masking, seed 0);
 - ``diagnostics/<model>/``: logit lens, input shift, anisotropy and last-block transformation
   tables (CSV), figures and meta.json, for gradflow-mini-en and gradflow-mini-en-alltoken on the
-  committed held-out SOTU sample; the mini-en figures are also copied to ``figures/*.png`` for the
-  tutorial (docs/channel-view.md);
-- ``diagnostics/summary.csv``: the headline numbers of both models side by side.
+  committed held-out SOTU sample, and for the zoo models (``zoo-antiberty``, ``zoo-rxnfp``) on
+  their shipped example inputs when they are fetched (``gradflow zoo fetch NAME``); the mini-en
+  figures are also copied to ``figures/*.png`` for the tutorial (docs/channel-view.md);
+- ``diagnostics/summary.csv``: every model's tables side by side.
 """
 
 from __future__ import annotations
@@ -42,11 +43,25 @@ def channel_figures(out: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def plan() -> list[tuple[str, str, str | None, int]]:
+    """(label, model spec, texts (None: the committed sample), max length) of every diagnosed model."""
+    from importlib import resources
+
+    from gradflow import zoo
+
+    runs = [(name, name, None, 128) for name in MODELS]
+    for name in ("antiberty", "rxnfp"):
+        if zoo.zoo_path(name) is not None:
+            runs.append((f"zoo-{name}", f"zoo:{name}", str(resources.files("gradflow") / "zoo_inputs" / f"{name}.txt"),
+                         256))
+    return runs
+
+
 def diagnostics(out: Path, limit: int | None) -> pd.DataFrame:
     rows = []
-    for name in MODELS:
+    for name, spec, texts, max_length in plan():
         target = out / "diagnostics" / name
-        tables = diagnose_corpus(load_model(name), None, target, limit=limit,
+        tables = diagnose_corpus(load_model(spec), texts, target, max_length=max_length, limit=limit,
                                  command=f"python analyses/make_channel_figures.py --limit {limit}")
         plot_diagnostics(tables, target, ("pdf", "png"))
         for table_name, table in tables.items():

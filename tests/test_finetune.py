@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import random
 
 import pandas as pd
@@ -141,6 +142,34 @@ def test_sequence_task_with_surgery_and_seeds(tiny_mlm_dir):
     assert again.train_loss == result.train_loss  # same seed, same run
     other = finetune(_config(tiny_mlm_dir, drop_last=1, seed=1, steps=2), task=SEQ_TASK, data=_splits(rows))
     assert other.train_loss[0] != result.train_loss[0]
+
+
+def test_float16_checkpoint_trains_in_float32(tiny_mlm_dir, tmp_path):
+    """The embedded models ship float16: fine-tuning must keep float32 master weights."""
+    import shutil
+
+    from transformers import AutoModelForMaskedLM
+
+    half = tmp_path / "half"
+    shutil.copytree(tiny_mlm_dir, half)
+    AutoModelForMaskedLM.from_pretrained(tiny_mlm_dir).half().save_pretrained(half)
+    from gradflow.finetune.train import load_task_model
+
+    model, _, _ = load_task_model(str(half), TOKEN_TASK, seed=0)
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
+    result = finetune(_config(half, steps=4, eval_every=4), task=TOKEN_TASK, data=_splits(_token_rows(32)))
+    assert all(math.isfinite(v) for v in result.train_loss)
+
+
+def test_bfloat16_autocast_matches_float32_closely(tiny_mlm_dir):
+    rows = _splits(_token_rows(48))
+    exact = finetune(_config(tiny_mlm_dir, steps=20), task=TOKEN_TASK, data=rows)
+    mixed = finetune(_config(tiny_mlm_dir, steps=20, autocast="bfloat16"), task=TOKEN_TASK, data=rows)
+    assert mixed.train_loss != exact.train_loss  # the option does change the arithmetic
+    assert mixed.train_loss[0] == pytest.approx(exact.train_loss[0], rel=0.02)
+    assert sum(mixed.train_loss[-5:]) < 0.6 * sum(mixed.train_loss[:5])  # and still learns
+    with pytest.raises(GradflowError, match="autocast"):
+        _config(tiny_mlm_dir, autocast="float16")
 
 
 def test_head_only_trains_new_parameters_only(tiny_mlm_dir):

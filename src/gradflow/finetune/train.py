@@ -50,6 +50,8 @@ class FinetuneConfig:
     ``warmup``: fraction of ``steps`` with a linearly rising learning rate (then linear decay to 0).
     ``class_weights``: ``None``, ``"balanced"`` or one weight per label (training loss only).
     ``train_limit`` / ``eval_limit``: use a seeded sample of that many examples (quick runs).
+    ``autocast``: ``None`` (float32) or ``"bfloat16"``: mixed precision for the forward passes
+    (weights, optimiser state and the loss stay float32).
     """
 
     model: str
@@ -75,6 +77,7 @@ class FinetuneConfig:
     train_limit: int | None = None
     eval_limit: int | None = None
     device: str = "cpu"
+    autocast: str | None = None
     progress: bool = True
     save_model: bool = False
 
@@ -88,6 +91,15 @@ class FinetuneConfig:
                                 "Use head_only with drop_last only.")
         if isinstance(self.class_weights, list):
             self.class_weights = tuple(self.class_weights)
+        if self.autocast not in (None, "bfloat16"):
+            raise GradflowError(f"autocast must be None or 'bfloat16', got {self.autocast!r}")
+
+
+def autocast_context(config: FinetuneConfig) -> contextlib.AbstractContextManager:
+    """The forward-pass precision context of ``config`` (a no-op for float32)."""
+    if config.autocast is None:
+        return contextlib.nullcontext()
+    return torch.autocast(torch.device(config.device).type, dtype=torch.bfloat16)
 
 
 @dataclass
@@ -152,8 +164,10 @@ def load_task_model(model_spec: str, task: Task, seed: int) -> tuple[nn.Module, 
     torch.manual_seed(seed)
     with _quiet_transformers():
         try:
+            # float32 master weights whatever the checkpoint's storage dtype (the embedded models ship
+            # float16, which transformers 5 would otherwise keep: AdamW on float16 weights loses updates)
             model, info = cls.from_pretrained(path, num_labels=task.num_labels, id2label=dict(enumerate(task.labels)),
-                                              label2id=task.label2id, output_loading_info=True)
+                                              label2id=task.label2id, output_loading_info=True, dtype=torch.float32)
         except (OSError, ValueError) as err:
             raise GradflowError(f"could not load {model_spec!r} for {task.kind} classification: {err}") from None
     tokenizer = AutoTokenizer.from_pretrained(path)
@@ -310,7 +324,8 @@ def finetune(config: FinetuneConfig, *, task: Task | None = None,
     for step in bar:
         idx = next(batches)
         batch = {k: v.to(config.device) for k, v in collate([encoded["train"][i] for i in idx], pad_id).items()}
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        with autocast_context(config):
+            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
         loss = task_loss(logits, batch["labels"], weights)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -325,14 +340,19 @@ def finetune(config: FinetuneConfig, *, task: Task | None = None,
         if step % config.eval_every == 0 or step == config.steps:
             result.history.append(EvalRecord(step, "train", {"loss": sum(running) / len(running)}))
             running = []
-            metrics = evaluate(model, task, rows[config.eval_split], encoded[config.eval_split], pad_id,
-                               config.eval_batch_size, config.device)
+            with autocast_context(config):
+                metrics = evaluate(model, task, rows[config.eval_split], encoded[config.eval_split], pad_id,
+                                   config.eval_batch_size, config.device)
             result.history.append(EvalRecord(step, config.eval_split, metrics))
             _write_history(result, out)
     for split in config.final_splits:
         last = [r for r in result.history if r.step == config.steps and r.split == split]
-        result.final[split] = last[0].metrics if last else evaluate(
-            model, task, rows[split], encoded[split], pad_id, config.eval_batch_size, config.device)
+        if last:
+            result.final[split] = last[0].metrics
+            continue
+        with autocast_context(config):
+            result.final[split] = evaluate(model, task, rows[split], encoded[split], pad_id,
+                                           config.eval_batch_size, config.device)
     result.seconds = time.perf_counter() - start
     _write_outputs(result, out, model, tokenizer)
     return result
@@ -376,6 +396,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--class-weights", default=None, help="'balanced' or comma-separated weights")
     parser.add_argument("--head-only", action="store_true")
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--autocast", choices=["bfloat16"], default=None,
+                        help="mixed-precision forward passes (fast on GPUs and on CPUs with AVX512-BF16)")
     parser.add_argument("--save-model", action="store_true")
     parser.add_argument("--no-progress", dest="progress", action="store_false")
     args = vars(parser.parse_args(argv))

@@ -1,0 +1,135 @@
+"""Run a grid of fine-tuning runs (resumable, in parallel processes) and summarise it over seeds.
+
+Shared by the seed experiments (``seed000_last_block.py``, ...). Each run is one
+``gradflow.finetune.FinetuneConfig`` written to ``<out>/runs/<run_id>/`` (``eval.csv``,
+``result.json``); a run whose ``result.json`` exists is skipped, so an interrupted experiment
+resumes where it stopped. Workers are separate processes with one torch thread each (on a 2-core
+machine two one-thread runs beat one two-thread run for these small models).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+
+@dataclass(frozen=True)
+class GridRun:
+    """One fine-tuning run: its id (directory name), the grid factors it stands for, its config."""
+
+    run_id: str
+    factors: dict
+    config: dict
+
+
+def _run_one(run: GridRun, out: Path, threads: int) -> tuple[str, float]:
+    import torch
+
+    torch.set_num_threads(threads)
+    from gradflow.finetune.train import FinetuneConfig, finetune
+
+    run_dir = out / "runs" / run.run_id
+    start = time.perf_counter()
+    result = finetune(FinetuneConfig(**run.config, out_dir=str(run_dir), progress=False))
+    (run_dir / "factors.json").write_text(json.dumps(run.factors, indent=2) + "\n")
+    return run.run_id, result.seconds if result.seconds else time.perf_counter() - start
+
+
+def run_grid(runs: list[GridRun], out: Path, workers: int = 2, threads: int = 1) -> list[str]:
+    """Run every run not yet done under ``out/runs``; return the ids run now (printing progress)."""
+    todo = [r for r in runs if not (out / "runs" / r.run_id / "result.json").exists()]
+    print(f"{len(runs) - len(todo)} of {len(runs)} runs already done; {len(todo)} to run with {workers} workers",
+          flush=True)
+    if not todo:
+        return []
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    start = time.perf_counter()
+    done = []
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        futures = {pool.submit(_run_one, r, out, threads): r for r in todo}
+        for i, fut in enumerate(as_completed(futures), 1):
+            run_id, seconds = fut.result()
+            done.append(run_id)
+            print(f"[{i}/{len(todo)}] {run_id}: {seconds:.0f} s (elapsed {time.perf_counter() - start:.0f} s)",
+                  flush=True)
+    return done
+
+
+def collect(out: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(curves, finals) of every finished run under ``out/runs``, with its factors as columns.
+
+    curves: one row per (run, step, split, metric) from ``eval.csv``;
+    finals: one row per (run, split, metric) from ``result.json``'s final metrics.
+    """
+    curves, finals = [], []
+    for result_path in sorted((out / "runs").glob("*/result.json")):
+        run_dir = result_path.parent
+        factors = json.loads((run_dir / "factors.json").read_text())
+        frame = pd.read_csv(run_dir / "eval.csv")
+        for k, v in factors.items():
+            frame[k] = v
+        frame["run_id"] = run_dir.name
+        curves.append(frame)
+        result = json.loads(result_path.read_text())
+        for split, metrics in result["final"].items():
+            for metric, value in metrics.items():
+                finals.append({**factors, "run_id": run_dir.name, "split": split, "metric": metric, "value": value,
+                               "seconds": result["seconds"]})
+    if not curves:
+        raise SystemExit(f"no finished runs under {out / 'runs'}")
+    return pd.concat(curves, ignore_index=True), pd.DataFrame(finals)
+
+
+def mean_ci(values: np.ndarray, level: float = 0.95) -> tuple[float, float, float, int]:
+    """Mean and a Student-t confidence interval over independent runs (seeds): (mean, lo, hi, n)."""
+    values = np.asarray(values, dtype=float)
+    values = values[np.isfinite(values)]
+    n = len(values)
+    if n == 0:
+        return math.nan, math.nan, math.nan, 0
+    mean = float(values.mean())
+    if n == 1:
+        return mean, math.nan, math.nan, 1
+    half = float(stats.t.ppf(0.5 + level / 2, n - 1) * values.std(ddof=1) / math.sqrt(n))
+    return mean, mean - half, mean + half, n
+
+
+def summarise(frame: pd.DataFrame, by: list[str], value: str = "value") -> pd.DataFrame:
+    """Mean and 95% t-interval of ``value`` over the rows of each ``by`` group (seeds)."""
+    rows = []
+    for key, group in frame.groupby(by, sort=True):
+        key = key if isinstance(key, tuple) else (key,)
+        mean, lo, hi, n = mean_ci(group[value].to_numpy())
+        rows.append({**dict(zip(by, key)), "mean": mean, "ci_low": lo, "ci_high": hi, "n": n})
+    return pd.DataFrame(rows)
+
+
+def paired_differences(frame: pd.DataFrame, by: list[str], arm: str, baseline: str, pair_on: str = "seed"
+                       ) -> pd.DataFrame:
+    """Per ``by`` group: every arm minus ``baseline``, paired on ``pair_on``; mean and 95% t-interval."""
+    rows = []
+    for key, group in frame.groupby(by, sort=True):
+        key = key if isinstance(key, tuple) else (key,)
+        base = group[group[arm] == baseline].set_index(pair_on)["value"]
+        for other, sub in group[group[arm] != baseline].groupby(arm):
+            diff = (sub.set_index(pair_on)["value"] - base).dropna()
+            mean, lo, hi, n = mean_ci(diff.to_numpy())
+            rows.append({**dict(zip(by, key)), arm: other, "baseline": baseline, "mean_difference": mean,
+                         "ci_low": lo, "ci_high": hi, "n_pairs": n})
+    return pd.DataFrame(rows)
+
+
+def write_plan(runs: list[GridRun], out: Path, extra: dict) -> None:
+    """``out/plan.json``: every run's factors and config, and how the experiment was called."""
+    out.mkdir(parents=True, exist_ok=True)
+    plan = {**extra, "runs": [asdict(r) for r in runs]}
+    (out / "plan.json").write_text(json.dumps(plan, indent=2, default=str) + "\n")

@@ -1,0 +1,166 @@
+"""Seed 000: does dropping or re-initialising the last block help fine-tuning?
+
+For each embedded model (``gradflow-mini-en`` and its all-token twin ``gradflow-mini-en-alltoken``),
+each token task (``brown-pos``: accuracy; ``brown-propn``: entity F1), each of three encoder
+variants (``full``; ``drop1``: last block removed; ``reinit1``: last block re-initialised with the
+architecture's own init), three learning rates spanning 30x and three seeds, fine-tune and
+evaluate on the validation split every ``--eval-every`` steps, then on validation and test.
+
+Outputs under ``--out`` (default ``figures/finetune/seed000``):
+- ``runs/<run_id>/``: each run's ``eval.csv``, ``result.json``, ``factors.json`` (resumable);
+- ``curves.csv``: validation metric vs step, mean and 95% t-interval over seeds;
+- ``finals.csv``: final validation and test metric per (model, task, variant, lr), mean and CI;
+- ``differences.csv``: variant minus ``full``, paired by seed, mean and 95% t-interval;
+- ``best_lr.csv``: per (model, task, variant) the learning rate with the best mean validation
+  score, and its test score (the fair comparison: each variant at its own best learning rate);
+- ``curves.{pdf,png}``, ``finals.{pdf,png}``; ``meta.json``.
+
+CPU budget (the issue's: at most 30 minutes per model on 2 cores): the runs are short, so they
+use seeded subsets (``--steps`` x ``--batch-size`` training sentences, ``--eval-limit`` validation
+and test sentences) and bfloat16 autocast. Usage::
+
+    python analyses/finetune/seed000_last_block.py                  # run (resumes) and summarise
+    python analyses/finetune/seed000_last_block.py --summarise-only
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import platform
+import shlex
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from grid import GridRun, collect, paired_differences, run_grid, summarise, write_plan  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+MODELS = ("gradflow-mini-en", "gradflow-mini-en-alltoken")
+TASKS = {"brown-pos": "accuracy", "brown-propn": "entity_f1"}
+VARIANTS = {"full": {}, "drop1": {"drop_last": 1}, "reinit1": {"reinit_last": 1}}
+LRS = (1e-4, 5e-4, 3e-3)
+SEEDS = (0, 1, 2)
+
+
+def plan(args: argparse.Namespace) -> list[GridRun]:
+    runs = []
+    for model, task, (variant, surgery), lr, seed in itertools.product(
+            args.models, args.tasks, VARIANTS.items(), args.lrs, args.seeds):
+        config = dict(model=model, task=task, lr=lr, steps=args.steps, batch_size=args.batch_size,
+                      eval_every=args.eval_every, eval_limit=args.eval_limit, seed=seed, warmup=0.1,
+                      max_length=128, autocast=args.autocast, data_root=args.data_root, **surgery)
+        factors = dict(model=model, task=task, variant=variant, lr=lr, seed=seed)
+        runs.append(GridRun(f"{model}__{task}__{variant}__lr{lr:g}__s{seed}", factors, config))
+    return runs
+
+
+def summarise_experiment(out: Path) -> dict[str, pd.DataFrame]:
+    curves, finals = collect(out)
+    curves = curves[(curves.metric == curves.task.map(TASKS)) & (curves.split == "validation")]
+    finals = finals[finals.metric == finals.task.map(TASKS)]
+    keys = ["model", "task", "variant", "lr"]
+    tables = {
+        "curves": summarise(curves, keys + ["step"]),
+        "finals": summarise(finals, keys + ["split"]),
+        "differences": paired_differences(finals, ["model", "task", "lr", "split"], "variant", "full"),
+    }
+    valid = tables["finals"][tables["finals"].split == "validation"]
+    best = valid.loc[valid.groupby(["model", "task", "variant"])["mean"].idxmax(), ["model", "task", "variant", "lr"]]
+    test = tables["finals"][tables["finals"].split == "test"]
+    tables["best_lr"] = best.merge(test, on=keys).drop(columns="split")
+    for name, table in tables.items():
+        table.to_csv(out / f"{name}.csv", index=False, float_format="%.6g")
+    return tables
+
+
+def draw(tables: dict[str, pd.DataFrame], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from gradflow.figures import save_figure
+    from gradflow.figures.style import gradflow_style
+
+    colours = {"full": "#4477AA", "drop1": "#EE6677", "reinit1": "#228833"}
+    curves = tables["curves"]
+    models, tasks = sorted(curves.model.unique()), list(TASKS)
+    lrs = sorted(curves.lr.unique())
+    with gradflow_style("double"):
+        fig, axes = plt.subplots(len(models) * len(tasks), len(lrs), figsize=(7.0, 1.5 * len(models) * len(tasks)),
+                                 sharex=True, squeeze=False)
+        for row, (model, task) in enumerate(itertools.product(models, tasks)):
+            for col, lr in enumerate(lrs):
+                ax = axes[row, col]
+                for variant, colour in colours.items():
+                    sub = curves[(curves.model == model) & (curves.task == task) & (curves.lr == lr)
+                                 & (curves.variant == variant)].sort_values("step")
+                    if sub.empty:
+                        continue
+                    ax.plot(sub.step, sub["mean"], color=colour, label=variant)
+                    ax.fill_between(sub.step, sub.ci_low, sub.ci_high, color=colour, alpha=0.2, lw=0)
+                if row == 0:
+                    ax.set_title(f"lr {lr:g}")
+                if col == 0:
+                    ax.set_ylabel(f"{model.replace('gradflow-', '')}\n{task} {TASKS[task]}")
+                if row == len(models) * len(tasks) - 1:
+                    ax.set_xlabel("step")
+        axes[0, -1].legend(loc="lower right", frameon=False)
+        save_figure(fig, out / "curves")
+        plt.close(fig)
+
+        best = tables["best_lr"]
+        fig, axes = plt.subplots(1, len(tasks), figsize=(7.0, 2.2), squeeze=False)
+        width = 0.25
+        for col, task in enumerate(tasks):
+            ax = axes[0, col]
+            for i, (variant, colour) in enumerate(colours.items()):
+                sub = best[(best.task == task) & (best.variant == variant)].set_index("model").reindex(models)
+                x = [m + (i - 1) * width for m in range(len(models))]
+                err = [sub["mean"] - sub.ci_low, sub.ci_high - sub["mean"]]
+                ax.bar(x, sub["mean"], width, color=colour, label=variant, yerr=err, capsize=2)
+            ax.set_xticks(range(len(models)), [m.replace("gradflow-", "") for m in models])
+            ax.set_ylabel(f"test {TASKS[task]} (best lr)")
+            ax.set_title(task)
+            low = best[best.task == task].ci_low.min()
+            ax.set_ylim(max(0.0, low - 0.05), min(1.0, best[best.task == task].ci_high.max() + 0.02))
+        axes[0, 0].legend(loc="lower left", frameon=False)
+        save_figure(fig, out / "finals")
+        plt.close(fig)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", type=Path, default=ROOT / "figures" / "finetune" / "seed000")
+    parser.add_argument("--data-root", default=str(ROOT / "data" / "tasks"))
+    parser.add_argument("--models", nargs="+", default=list(MODELS))
+    parser.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
+    parser.add_argument("--lrs", nargs="+", type=float, default=list(LRS))
+    parser.add_argument("--seeds", nargs="+", type=int, default=list(SEEDS))
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--eval-every", type=int, default=50)
+    parser.add_argument("--eval-limit", type=int, default=1000)
+    parser.add_argument("--autocast", default="bfloat16")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--summarise-only", action="store_true")
+    args = parser.parse_args()
+    runs = plan(args)
+    if not args.summarise_only:
+        import torch
+
+        write_plan(runs, args.out, {"command": "python analyses/finetune/seed000_last_block.py "
+                                    + shlex.join(sys.argv[1:]), "torch": torch.__version__,
+                                    "python": platform.python_version()})
+        run_grid(runs, args.out, workers=args.workers)
+    tables = summarise_experiment(args.out)
+    draw(tables, args.out)
+    print(json.dumps(tables["best_lr"].to_dict(orient="records"), indent=1))
+
+
+if __name__ == "__main__":
+    main()
