@@ -50,14 +50,15 @@ def _dataset(tokenizer):
     return [tokenizer(line, truncation=True, max_length=32) for line in SAMPLE_LINES * 4]
 
 
-def _train(tiny_mlm_dir, tmp_path, steps=3, every=2, accumulation=1, max_grad_norm=1.0):
+def _train(tiny_mlm_dir, tmp_path, steps=3, every=2, accumulation=1, max_grad_norm=1.0, logging_steps=None):
     torch.manual_seed(0)
     tokenizer = AutoTokenizer.from_pretrained(tiny_mlm_dir)
     model = BertForMaskedLM.from_pretrained(tiny_mlm_dir, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     args = TrainingArguments(output_dir=str(tmp_path / "run"), max_steps=steps, per_device_train_batch_size=4,
                              gradient_accumulation_steps=accumulation, learning_rate=1e-3, report_to=[],
                              max_grad_norm=max_grad_norm,
-                             use_cpu=True, save_strategy="no", logging_strategy="no", disable_tqdm=True,
+                             use_cpu=True, save_strategy="no", disable_tqdm=True,
+                             logging_strategy="steps" if logging_steps else "no", logging_steps=logging_steps or 500,
                              dataloader_num_workers=0, seed=0)
     collator = DataCollatorForLanguageModeling(tokenizer, mlm_probability=0.3)
     trainer = Trainer(model=model, args=args, train_dataset=_dataset(tokenizer), data_collator=collator,
@@ -152,6 +153,14 @@ def test_csv_and_trainer_log(trained):
     logged = [h for h in trainer.state.log_history if "gradflow/blocks.1/grad_norm" in h]
     assert [h["step"] for h in logged] == [1, 2]
     assert "gradflow/blocks.1/grad_norm/masked" in logged[0]
+
+
+def test_trainer_keeps_its_own_loss_log_on_logged_steps(tiny_mlm_dir, tmp_path):
+    """Our trainer.log() must not swallow the Trainer's loss entry of the same step."""
+    *_, trainer = _train(tiny_mlm_dir, tmp_path, steps=4, every=2, logging_steps=2)
+    loss_steps = [h["step"] for h in trainer.state.log_history if "loss" in h]
+    assert loss_steps == [2, 4]
+    assert [h["step"] for h in trainer.state.log_history if "gradflow/blocks.1/grad_norm" in h] == [1, 2, 4]
 
 
 def test_gradient_accumulation_sums_micro_batches(tiny_mlm_dir, tmp_path):

@@ -233,7 +233,13 @@ class GradFlowCallback(TrainerCallback):
         if self._record is not None:
             rows += self._role_rows(self._record)
         self._record, self._grad_rows, self._active_step = None, [], None
+        # trainer.log() clears control.should_log (CallbackHandler.on_log): keep the Trainer's own
+        # pending log of this step (its loss) from being dropped.
+        pending_log = control.should_log
         self._emit(rows, state)
+        control.should_log = control.should_log or pending_log
+        if self.trainer is not None:
+            self.trainer.control.should_log = self.trainer.control.should_log or pending_log
 
     def on_train_end(self, args, state, control, **kwargs):
         self._finish_capture()

@@ -5,6 +5,7 @@ tagging) and sequence classification, with optional class weights, block surgery
 re-initialise the last k blocks) and head-only training. See :mod:`gradflow.finetune.train`.
 """
 
+from .continued import continue_mlm
 from .data import Encoded, class_weights, collate, encode, encode_texts, encode_tokens, label_counts
 from .tasks import (BUILTIN_TASKS, Task, TaskError, accuracy, entity_scores, load_split, load_task, score)
 from .train import (EvalRecord, FinetuneConfig, FinetuneResult, evaluate, finetune, load_task_model,
@@ -12,6 +13,6 @@ from .train import (EvalRecord, FinetuneConfig, FinetuneResult, evaluate, finetu
 
 __all__ = [
     "BUILTIN_TASKS", "Encoded", "EvalRecord", "FinetuneConfig", "FinetuneResult", "Task", "TaskError", "accuracy",
-    "class_weights", "collate", "encode", "encode_texts", "encode_tokens", "entity_scores", "evaluate", "finetune",
-    "label_counts", "load_split", "load_task", "load_task_model", "score", "task_loss",
+    "class_weights", "collate", "continue_mlm", "encode", "encode_texts", "encode_tokens", "entity_scores", "evaluate",
+    "finetune", "label_counts", "load_split", "load_task", "load_task_model", "score", "task_loss",
 ]
