@@ -39,7 +39,8 @@ def main() -> int:
         command = [sys.executable, str(ROOT / "analyses" / "pretrain" / "pretrain.py"), "--corpus", args.corpus,
                    "--tokenizer", str(shipped), "--out", str(out), "--stop-after", str(args.steps)]
         for key in ("loss", "steps", "batch_size", "lr", "warmup", "seed", "threads", "eval_every", "valid_windows",
-                    "dropout", "position_init", "arch", "vocab_size"):
+                    "dropout", "position_init", "position_scale", "arch", "short_fraction", "short_length",
+                    "vocab_size"):
             if key in recipe:
                 command += [f"--{key.replace('_', '-')}", str(recipe[key])]
         subprocess.run(command, check=True, cwd=ROOT, stdout=subprocess.DEVNULL)
