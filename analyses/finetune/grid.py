@@ -31,7 +31,7 @@ class GridRun:
     config: dict
 
 
-def _run_one(run: GridRun, out: Path, threads: int) -> tuple[str, float]:
+def run_one(run: GridRun, out: Path, threads: int) -> tuple[str, float]:
     import torch
 
     torch.set_num_threads(threads)
@@ -55,7 +55,7 @@ def run_grid(runs: list[GridRun], out: Path, workers: int = 2, threads: int = 1)
     start = time.perf_counter()
     done = []
     with ProcessPoolExecutor(max_workers=workers) as pool:
-        futures = {pool.submit(_run_one, r, out, threads): r for r in todo}
+        futures = {pool.submit(run_one, r, out, threads): r for r in todo}
         for i, fut in enumerate(as_completed(futures), 1):
             run_id, seconds = fut.result()
             done.append(run_id)
@@ -128,8 +128,21 @@ def paired_differences(frame: pd.DataFrame, by: list[str], arm: str, baseline: s
     return pd.DataFrame(rows)
 
 
-def write_plan(runs: list[GridRun], out: Path, extra: dict) -> None:
-    """``out/plan.json``: every run's factors and config, and how the experiment was called."""
+def write_plan(runs: list[GridRun], out: Path, extra: dict | None = None) -> None:
+    """``out/plan.json``: how the experiment was called (command line, versions), ``extra``, and
+    every run's factors and config."""
+    import platform
+    import shlex
+    import sys
+
+    import torch
+
     out.mkdir(parents=True, exist_ok=True)
-    plan = {**extra, "runs": [asdict(r) for r in runs]}
+    script = Path(sys.argv[0]).resolve()
+    try:
+        script = script.relative_to(Path(__file__).resolve().parents[2])
+    except ValueError:
+        pass
+    plan = {"command": f"python {script} " + shlex.join(sys.argv[1:]), "torch": torch.__version__,
+            "python": platform.python_version(), **(extra or {}), "runs": [asdict(r) for r in runs]}
     (out / "plan.json").write_text(json.dumps(plan, indent=2, default=str) + "\n")

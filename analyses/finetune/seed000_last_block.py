@@ -30,8 +30,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import platform
-import shlex
 import sys
 from pathlib import Path
 
@@ -155,11 +153,7 @@ def main() -> None:
     args = parser.parse_args()
     runs = plan(args)
     if not args.summarise_only:
-        import torch
-
-        write_plan(runs, args.out, {"command": "python analyses/finetune/seed000_last_block.py "
-                                    + shlex.join(sys.argv[1:]), "torch": torch.__version__,
-                                    "python": platform.python_version()})
+        write_plan(runs, args.out)
         run_grid(runs, args.out, workers=args.workers)
     tables = summarise_experiment(args.out)
     draw(tables, args.out)

@@ -70,8 +70,6 @@ import itertools
 import json
 import math
 import os
-import platform
-import shlex
 import shutil
 import sys
 import time
@@ -82,7 +80,7 @@ import numpy as np
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from grid import GridRun, _run_one, collect, paired_differences, run_grid, summarise, write_plan  # noqa: E402
+from grid import GridRun, run_one, collect, paired_differences, run_grid, summarise, write_plan  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 MODELS = ("gradflow-mini-en", "gradflow-mini-en-alltoken")
@@ -142,7 +140,7 @@ def run_continued(models: list[str], seeds: list[int], mlm: dict, work: Path, ou
         start = time.perf_counter()
         with ProcessPoolExecutor(max_workers=workers) as pool:
             futures = [pool.submit(_continue_one, m, s, mlm, mlm_dir(work, m, s)) for m, s in todo]
-            futures += [pool.submit(_run_one, r, out, 1) for r in extra]
+            futures += [pool.submit(run_one, r, out, 1) for r in extra]
             for i, fut in enumerate(as_completed(futures), 1):
                 name, seconds = fut.result()
                 print(f"[stage 1: {i}/{len(futures)}] {name}: {seconds:.0f} s "
@@ -405,12 +403,7 @@ def main() -> None:
                lr=args.mlm_lr, log_every=args.mlm_log_every, bf16=args.autocast == "bfloat16", warmup=0.1,
                weight_decay=0.01, mlm_probability=0.15, max_length=128)
     if not args.summarise_only:
-        import torch
-
-        write_plan(runs, args.out, {"command": "python analyses/finetune/seed001_continued_mlm.py "
-                                    + shlex.join(sys.argv[1:]), "torch": torch.__version__,
-                                    "python": platform.python_version(), "continued_mlm": mlm,
-                                    "work": str(args.work)})
+        write_plan(runs, args.out, {"continued_mlm": mlm, "work": str(args.work)})
         # stage 1: continued MLM, with the base-model arms filling idle workers; stage 2: the rest
         run_continued(args.models, args.seeds, mlm, args.work, args.out, args.workers,
                       [r for r in runs if r.factors["pretrain"] == "base"])
