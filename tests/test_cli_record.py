@@ -185,7 +185,10 @@ def test_sigint_subprocess_leaves_loadable_partial_run(tmp_path, tiny_mlm_dir):
     out = tmp_path / "sig"
     proc = subprocess.Popen([sys.executable, "-m", "gradflow", "record", "--model", str(tiny_mlm_dir), "--texts",
                              str(texts), "--out", str(out), "--max-length", "24", "--quiet"],
-                            env=ENV, stderr=subprocess.PIPE, text=True)
+                            env=ENV, stderr=subprocess.PIPE, text=True,
+                            # a shell's background job ignores SIGINT and children inherit that (then
+                            # Python installs no KeyboardInterrupt handler): give the child the default
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     import time
 
     deadline = time.time() + 600  # generous: a loaded CI machine may take long to import torch
