@@ -89,7 +89,7 @@ def draw(tables: dict[str, pd.DataFrame], out: Path) -> None:
 
     colours = {"full": "#4477AA", "drop1": "#EE6677", "reinit1": "#228833"}
     curves = tables["curves"]
-    models, tasks = sorted(curves.model.unique()), list(TASKS)
+    models, tasks = sorted(curves.model.unique()), [t for t in TASKS if t in set(curves.task)]
     lrs = sorted(curves.lr.unique())
     with gradflow_style("double"):
         fig, axes = plt.subplots(len(models) * len(tasks), len(lrs), figsize=(7.0, 1.5 * len(models) * len(tasks)),
@@ -127,8 +127,9 @@ def draw(tables: dict[str, pd.DataFrame], out: Path) -> None:
             ax.set_xticks(range(len(models)), [m.replace("gradflow-", "") for m in models])
             ax.set_ylabel(f"test {TASKS[task]} (best lr)")
             ax.set_title(task)
-            low = best[best.task == task].ci_low.min()
-            ax.set_ylim(max(0.0, low - 0.05), min(1.0, best[best.task == task].ci_high.max() + 0.02))
+            rows = best[best.task == task]
+            low, high = rows.ci_low.fillna(rows["mean"]).min(), rows.ci_high.fillna(rows["mean"]).max()
+            ax.set_ylim(max(0.0, low - 0.02), min(1.0, high + 0.01))
         axes[0, 0].legend(loc="lower left", frameon=False)
         save_figure(fig, out / "finals")
         plt.close(fig)
