@@ -46,6 +46,10 @@ def run_one(run: GridRun, out: Path, threads: int) -> tuple[str, float]:
 
 def run_grid(runs: list[GridRun], out: Path, workers: int = 2, threads: int = 1) -> list[str]:
     """Run every run not yet done under ``out/runs``; return the ids run now (printing progress)."""
+    stale = [r.run_id for r in runs if _saved_config_differs(r, out)]
+    if stale:
+        raise SystemExit(f"{len(stale)} finished runs under {out / 'runs'} were made with another config "
+                         f"(e.g. {stale[0]}): delete them or pass another --out")
     todo = [r for r in runs if not (out / "runs" / r.run_id / "result.json").exists()]
     print(f"{len(runs) - len(todo)} of {len(runs)} runs already done; {len(todo)} to run with {workers} workers",
           flush=True)
@@ -62,6 +66,15 @@ def run_grid(runs: list[GridRun], out: Path, workers: int = 2, threads: int = 1)
             print(f"[{i}/{len(todo)}] {run_id}: {seconds:.0f} s (elapsed {time.perf_counter() - start:.0f} s)",
                   flush=True)
     return done
+
+
+def _saved_config_differs(run: GridRun, out: Path) -> bool:
+    """Whether ``run`` has a finished result whose recorded config differs from ``run.config``."""
+    path = out / "runs" / run.run_id / "result.json"
+    if not path.exists():
+        return False
+    saved = json.loads(path.read_text()).get("config", {})
+    return any(k in saved and saved[k] != v for k, v in run.config.items())
 
 
 def collect(out: Path) -> tuple[pd.DataFrame, pd.DataFrame]:

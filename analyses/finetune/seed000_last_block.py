@@ -13,13 +13,19 @@ Outputs under ``--out`` (default ``figures/finetune/seed000``):
 - ``differences.csv``: variant minus ``full``, paired by seed, mean and 95% t-interval;
 - ``best_lr.csv``: per (model, task, variant) the learning rate with the best mean validation
   score, and its test score (the fair comparison: each variant at its own best learning rate);
-- ``curves.{pdf,png}``, ``finals.{pdf,png}``; ``meta.json``.
+- ``differences_best_lr.csv``: each variant at its own best learning rate minus ``full`` at its
+  own, test split, paired by seed (the seeds share data order, subsets and head initialisation);
+- ``curves.{pdf,png}``: validation metric vs step per model, task and learning rate (mean, 95%
+  band); ``finals.{pdf,png}``: test metric at each variant's best learning rate (top) and the
+  paired difference to ``full`` at every learning rate and at the best ones (bottom);
+  ``plan.json`` (every run's config, the command).
 
 CPU budget (the issue's: at most 30 minutes per model on 2 cores): 54 runs per model, so each run
-is short: 250 steps of 16 sentences (4,000 of a seeded 8,000-sentence training subset), evaluation
+is short: 150 steps of 16 sentences (2,400 of a seeded 8,000-sentence training subset), evaluation
 every 50 steps on a seeded 500-sentence validation subset, final scores on 500 validation and 500
 test sentences (seeded subsets, the same for every run of a seed), bfloat16 autocast, two
-one-thread workers. Usage::
+one-thread workers. (A first slice at 250 steps took about 100 s a run, 45 minutes per model: over
+budget, so the grid runs 150.) Usage::
 
     python analyses/finetune/seed000_last_block.py                  # run (resumes) and summarise
     python analyses/finetune/seed000_last_block.py --summarise-only
@@ -73,6 +79,9 @@ def summarise_experiment(out: Path) -> dict[str, pd.DataFrame]:
     best = valid.loc[valid.groupby(["model", "task", "variant"])["mean"].idxmax(), ["model", "task", "variant", "lr"]]
     test = tables["finals"][tables["finals"].split == "test"]
     tables["best_lr"] = best.merge(test, on=keys).drop(columns="split")
+    at_best = finals[finals.split == "test"].merge(best, on=keys)
+    tables["differences_best_lr"] = paired_differences(at_best, ["model", "task", "split"], "variant", "full").merge(
+        best.rename(columns={"lr": "lr_variant"}), on=["model", "task", "variant"], how="left")
     for name, table in tables.items():
         table.to_csv(out / f"{name}.csv", index=False, float_format="%.6g")
     return tables
@@ -114,23 +123,44 @@ def draw(tables: dict[str, pd.DataFrame], out: Path) -> None:
         save_figure(fig, out / "curves")
         plt.close(fig)
 
-        best = tables["best_lr"]
-        fig, axes = plt.subplots(1, len(tasks), figsize=(7.0, 2.2), squeeze=False)
-        width = 0.25
+        best, diff, diff_best = tables["best_lr"], tables["differences"], tables["differences_best_lr"]
+        fig, axes = plt.subplots(2, len(tasks), figsize=(7.0, 4.2), squeeze=False)
+        offsets = {"full": -0.2, "drop1": 0.0, "reinit1": 0.2}
         for col, task in enumerate(tasks):
             ax = axes[0, col]
-            for i, (variant, colour) in enumerate(colours.items()):
+            for variant, colour in colours.items():
                 sub = best[(best.task == task) & (best.variant == variant)].set_index("model").reindex(models)
-                x = [m + (i - 1) * width for m in range(len(models))]
+                x = [m + offsets[variant] for m in range(len(models))]
                 err = [sub["mean"] - sub.ci_low, sub.ci_high - sub["mean"]]
-                ax.bar(x, sub["mean"], width, color=colour, label=variant, yerr=err, capsize=2)
+                ax.errorbar(x, sub["mean"], yerr=err, fmt="o", ms=4, capsize=2, color=colour, label=variant)
             ax.set_xticks(range(len(models)), [m.replace("gradflow-", "") for m in models])
-            ax.set_ylabel(f"test {TASKS[task]} (best lr)")
+            ax.set_xlim(-0.5, len(models) - 0.5)
+            ax.set_ylabel(f"test {TASKS[task]}\n(each at its best lr)")
             ax.set_title(task)
-            rows = best[best.task == task]
-            low, high = rows.ci_low.fillna(rows["mean"]).min(), rows.ci_high.fillna(rows["mean"]).max()
-            ax.set_ylim(max(0.0, low - 0.02), min(1.0, high + 0.01))
-        axes[0, 0].legend(loc="lower left", frameon=False)
+
+            ax = axes[1, col]
+            ax.axhline(0.0, color="#777777", lw=0.6)
+            labels = [f"lr {lr:g}" for lr in lrs] + ["best lr"]
+            for i, model in enumerate(models):
+                for variant in ("drop1", "reinit1"):
+                    rows = diff[(diff.task == task) & (diff.model == model) & (diff.variant == variant)
+                                & (diff.split == "test")].set_index("lr").reindex(lrs)
+                    rows_best = diff_best[(diff_best.task == task) & (diff_best.model == model)
+                                          & (diff_best.variant == variant)]
+                    y = list(rows.mean_difference) + list(rows_best.mean_difference[:1])
+                    lo = list(rows.ci_low) + list(rows_best.ci_low[:1])
+                    hi = list(rows.ci_high) + list(rows_best.ci_high[:1])
+                    x = [j + (i - 0.5) * 0.36 + (offsets[variant] - 0.1) * 0.6 for j in range(len(y))]
+                    err = [[a - b for a, b in zip(y, lo)], [b - a for a, b in zip(y, hi)]]
+                    ax.errorbar(x, y, yerr=err, fmt="o" if i == 0 else "s", ms=3.5, capsize=2,
+                                color=colours[variant], mfc=colours[variant] if i == 0 else "white",
+                                label=f"{variant}, {model.replace('gradflow-', '')}")
+            ax.set_xticks(range(len(labels)), labels)
+            ax.set_ylabel(f"minus full (test {TASKS[task]},\npaired by seed)")
+        handles, names = axes[0, 0].get_legend_handles_labels()
+        fig.legend(handles, names, loc="outside upper center", ncol=3, frameon=False)
+        handles, names = axes[1, 0].get_legend_handles_labels()
+        axes[1, -1].legend(handles, names, loc="lower left", frameon=False, fontsize="small", ncol=2)
         save_figure(fig, out / "finals")
         plt.close(fig)
 
@@ -143,7 +173,7 @@ def main() -> None:
     parser.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
     parser.add_argument("--lrs", nargs="+", type=float, default=list(LRS))
     parser.add_argument("--seeds", nargs="+", type=int, default=list(SEEDS))
-    parser.add_argument("--steps", type=int, default=250)
+    parser.add_argument("--steps", type=int, default=150)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--eval-every", type=int, default=50)
     parser.add_argument("--eval-limit", type=int, default=500)

@@ -1,0 +1,82 @@
+"""The seed experiments' shared statistics and bookkeeping (analyses/finetune/grid.py)."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "analyses" / "finetune"))
+from grid import GridRun, collect, mean_ci, paired_differences, run_grid, summarise  # noqa: E402
+
+
+def test_mean_ci_is_the_student_t_interval():
+    values = np.array([0.90, 0.92, 0.97])
+    mean, lo, hi, n = mean_ci(values)
+    # t_{0.975, 2} = 4.302653, sd = 0.036055513, sqrt(3) = 1.7320508
+    half = 4.302653 * 0.036055513 / 1.7320508
+    assert n == 3
+    assert mean == pytest.approx(0.93, abs=1e-12)
+    assert lo == pytest.approx(0.93 - half, abs=1e-6)
+    assert hi == pytest.approx(0.93 + half, abs=1e-6)
+
+
+def test_mean_ci_single_value_and_nan():
+    assert mean_ci(np.array([0.5]))[1:] == (pytest.approx(math.nan, nan_ok=True),) * 2 + (1,)
+    mean, lo, hi, n = mean_ci(np.array([np.nan, 1.0, 3.0]))
+    assert (mean, n) == (2.0, 2)
+
+
+def test_paired_differences_pair_by_seed():
+    frame = pd.DataFrame({
+        "task": ["t"] * 6,
+        "variant": ["full", "full", "full", "drop1", "drop1", "drop1"],
+        "seed": [0, 1, 2, 2, 0, 1],  # shuffled: pairing must follow the seed, not the row order
+        "value": [0.90, 0.80, 0.70, 0.72, 0.91, 0.83],
+    })
+    out = paired_differences(frame, ["task"], "variant", "full")
+    assert len(out) == 1
+    row = out.iloc[0]
+    diffs = np.array([0.01, 0.03, 0.02])
+    assert row.mean_difference == pytest.approx(diffs.mean(), abs=1e-12)
+    assert row.n_pairs == 3
+    assert row.ci_low == pytest.approx(mean_ci(diffs)[1], abs=1e-12)
+    assert row.variant == "drop1" and row.baseline == "full"
+
+
+def test_summarise_groups():
+    frame = pd.DataFrame({"a": ["x", "x", "y"], "value": [1.0, 3.0, 5.0]})
+    out = summarise(frame, ["a"]).set_index("a")
+    assert out.loc["x", "mean"] == 2.0 and out.loc["x", "n"] == 2
+    assert out.loc["y", "n"] == 1 and math.isnan(out.loc["y", "ci_low"])
+
+
+def _finished(out: Path, run: GridRun, config: dict, accuracy: float) -> None:
+    run_dir = out / "runs" / run.run_id
+    run_dir.mkdir(parents=True)
+    (run_dir / "result.json").write_text(json.dumps({"config": config, "seconds": 1.5,
+                                                      "final": {"test": {"accuracy": accuracy}}}))
+    (run_dir / "factors.json").write_text(json.dumps(run.factors))
+    pd.DataFrame({"step": [10], "split": ["validation"], "metric": ["accuracy"], "value": [accuracy]}).to_csv(
+        run_dir / "eval.csv", index=False)
+
+
+def test_finished_runs_are_collected_and_skipped(tmp_path):
+    run = GridRun("r0", {"model": "m", "seed": 0}, {"lr": 1e-3, "steps": 10})
+    _finished(tmp_path, run, {"lr": 1e-3, "steps": 10, "device": "cpu"}, 0.75)
+    assert run_grid([run], tmp_path) == []  # nothing to do: no worker is started
+    curves, finals = collect(tmp_path)
+    assert finals.value.tolist() == [0.75] and finals.seed.tolist() == [0]
+    assert curves.run_id.tolist() == ["r0"]
+
+
+def test_a_finished_run_with_another_config_is_refused(tmp_path):
+    run = GridRun("r0", {"model": "m", "seed": 0}, {"lr": 1e-3, "steps": 150})
+    _finished(tmp_path, run, {"lr": 1e-3, "steps": 250}, 0.75)
+    with pytest.raises(SystemExit, match="another config"):
+        run_grid([run], tmp_path)
