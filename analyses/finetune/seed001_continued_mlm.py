@@ -49,15 +49,15 @@ size 16 costs about 0.40 core-seconds, a head-only step (forward only through th
 encoder) 0.15, an evaluated sentence about 0.007 (estimated from the head-only step), a
 continued-MLM step at batch size 32 about 1.26 (the MLM head scores all 8192 vocabulary entries
 at every position), a logged one (per-role recorder) 0.2 more, loading a model and tokenizing
-the 44k training sentences about 5. Defaults: fine-tuning exactly as seed 000 (250 steps of 16
+the 44k training sentences about 5. Defaults: fine-tuning exactly as seed 000 (150 steps of 16
 sentences from a seeded ``--train-limit`` 8000-sentence subset, validation every 50 steps and
 test on seeded ``--eval-limit`` 500-sentence subsets, the same for every run of a seed; so the
-``full`` arm has the config of seed 000's ``full`` variant at lr 5e-4): about 125 core-seconds a full run
-and 61 a head-only run, 6 x 186 = 1110 per model; continued MLM 500 steps of 32 sentences (16k
-sentences, about a third of the training split), logged every 50 steps: about 640 core-seconds
-a run, 3 x 640 = 1920 per model; about 3030 core-seconds in all, 25-26 minutes with the default
-two one-thread workers, per model (the base-model arms run alongside the continued-MLM runs, so
-an odd number of those leaves no worker idle). Usage::
+``full`` arm has the config of seed 000's ``full`` variant at lr 5e-4): about 60 core-seconds a
+full run (measured in seed 000) and 30 a head-only run, 6 x 90 = 540 per model; continued MLM
+250 steps of 32 sentences (8k sentences, about a fifth of the training split), logged every 50
+steps: about 330 core-seconds a run, 3 x 330 = 990 per model; about 1530 core-seconds in all,
+13 minutes with the default two one-thread workers, per model (the base-model arms run
+alongside the continued-MLM runs, so an odd number of those leaves no worker idle). Usage::
 
     python analyses/finetune/seed001_continued_mlm.py                  # run (resumes) and summarise
     python analyses/finetune/seed001_continued_mlm.py --summarise-only
