@@ -111,12 +111,18 @@ def draw(tables: dict[str, pd.DataFrame], out: Path) -> None:
                                  & (curves.variant == variant)].sort_values("step")
                     if sub.empty:
                         continue
-                    ax.plot(sub.step, sub["mean"], color=colour, label=variant)
-                    ax.fill_between(sub.step, sub.ci_low, sub.ci_high, color=colour, alpha=0.2, lw=0)
+                    ax.plot(sub.step, sub["mean"], color=colour, label=variant, marker="o", ms=2.5)
+                    # scores live in [0, 1]: a 3-seed t-interval can overshoot, so clip the band
+                    ax.fill_between(sub.step, sub.ci_low.clip(0, 1), sub.ci_high.clip(0, 1), color=colour,
+                                    alpha=0.2, lw=0)
+                panel = curves[(curves.model == model) & (curves.task == task) & (curves.lr == lr)]
+                if len(panel) and (panel["mean"] == 0).all():
+                    ax.text(0.5, 0.75, "score 0 at every step\nin every run", transform=ax.transAxes,
+                            ha="center", va="center", fontsize="small", color="#555555")
                 if row == 0:
                     ax.set_title(f"lr {lr:g}")
                 if col == 0:
-                    ax.set_ylabel(f"{model.replace('gradflow-', '')}\n{task} {TASKS[task]}")
+                    ax.set_ylabel(f"{model.replace('gradflow-', '')}\n{task} {TASKS[task].replace('_', ' ')}")
                 if row == len(models) * len(tasks) - 1:
                     ax.set_xlabel("step")
         axes[0, -1].legend(loc="lower right", frameon=False)
@@ -135,7 +141,7 @@ def draw(tables: dict[str, pd.DataFrame], out: Path) -> None:
                 ax.errorbar(x, sub["mean"], yerr=err, fmt="o", ms=4, capsize=2, color=colour, label=variant)
             ax.set_xticks(range(len(models)), [m.replace("gradflow-", "") for m in models])
             ax.set_xlim(-0.5, len(models) - 0.5)
-            ax.set_ylabel(f"test {TASKS[task]}\n(each at its best lr)")
+            ax.set_ylabel(f"test {TASKS[task].replace('_', ' ')}\n(each at its best lr)")
             ax.set_title(task)
 
             ax = axes[1, col]
@@ -156,7 +162,7 @@ def draw(tables: dict[str, pd.DataFrame], out: Path) -> None:
                                 color=colours[variant], mfc=colours[variant] if i == 0 else "white",
                                 label=f"{variant}, {model.replace('gradflow-', '')}")
             ax.set_xticks(range(len(labels)), labels)
-            ax.set_ylabel(f"minus full (test {TASKS[task]},\npaired by seed)")
+            ax.set_ylabel(f"minus full (test {TASKS[task].replace('_', ' ')},\npaired by seed)")
         handles, names = axes[0, 0].get_legend_handles_labels()
         fig.legend(handles, names, loc="outside upper center", ncol=3, frameon=False)
         handles, names = axes[1, 0].get_legend_handles_labels()
