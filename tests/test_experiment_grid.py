@@ -80,3 +80,24 @@ def test_a_finished_run_with_another_config_is_refused(tmp_path):
     _finished(tmp_path, run, {"lr": 1e-3, "steps": 250}, 0.75)
     with pytest.raises(SystemExit, match="another config"):
         run_grid([run], tmp_path)
+
+
+def test_model_contrast_is_a_difference_of_paired_differences():
+    from seed000_last_block import model_contrast
+
+    rows = []
+    scores = {  # (model, variant) -> score per seed 0, 1, 2
+        ("gradflow-mini-en", "full"): [0.60, 0.70, 0.65], ("gradflow-mini-en", "drop1"): [0.62, 0.71, 0.69],
+        ("gradflow-mini-en-alltoken", "full"): [0.50, 0.55, 0.52],
+        ("gradflow-mini-en-alltoken", "drop1"): [0.49, 0.56, 0.50],
+    }
+    for (model, variant), values in scores.items():
+        for seed, value in enumerate(values):
+            rows.append({"model": model, "task": "t", "variant": variant, "seed": seed, "value": value})
+    out = model_contrast(pd.DataFrame(rows))
+    expected = np.array([0.02 - (-0.01), 0.01 - 0.01, 0.04 - (-0.02)])
+    mean, lo, hi, n = mean_ci(expected)
+    row = out.iloc[0]
+    assert (row.task, row.variant, row.n_pairs) == ("t", "drop1", 3)
+    assert row.difference_of_differences == pytest.approx(mean, abs=1e-12)
+    assert (row.ci_low, row.ci_high) == (pytest.approx(lo, abs=1e-12), pytest.approx(hi, abs=1e-12))

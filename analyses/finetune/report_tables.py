@@ -44,6 +44,13 @@ def seed000(path: Path) -> str:
         cells += [interval(d.loc[v].mean_difference, d.loc[v].ci_low, d.loc[v].ci_high, signed=True)
                   for v in ("drop1", "reinit1")]
         lines.append(f"| {short(model)} | {task} ({metric.get(task, '')}) | " + " | ".join(cells) + " |")
+    contrast = path / "model_contrast.csv"
+    if contrast.exists():
+        table = pd.read_csv(contrast)
+        lines += ["", "| task | (variant - full) on mini-en minus the same on the twin |", "|---|---|"]
+        for r in table.itertuples(index=False):
+            lines.append(f"| {r.task}, {r.variant} | "
+                         f"{interval(r.difference_of_differences, r.ci_low, r.ci_high, signed=True)} |")
     n = int(diff.n_pairs.min())
     lines.append("")
     lines.append(f"Test score at each variant's best validation learning rate (`@ lr`); differences paired by "

@@ -11,6 +11,9 @@ Outputs under ``--out`` (default ``figures/finetune/seed000``):
 - ``curves.csv``: validation metric vs step, mean and 95% t-interval over seeds;
 - ``finals.csv``: final validation and test metric per (model, task, variant, lr), mean and CI;
 - ``differences.csv``: variant minus ``full``, paired by seed, mean and 95% t-interval;
+- ``model_contrast.csv``: the controlled comparison: the variant's effect (minus ``full``, each at
+  its best learning rate) on ``gradflow-mini-en`` minus its effect on the all-token twin, paired
+  by seed; the claim predicts a positive value;
 - ``best_lr.csv``: per (model, task, variant) the learning rate with the best mean validation
   score, and its test score (the fair comparison: each variant at its own best learning rate);
 - ``differences_best_lr.csv``: each variant at its own best learning rate minus ``full`` at its
@@ -82,9 +85,30 @@ def summarise_experiment(out: Path) -> dict[str, pd.DataFrame]:
     at_best = finals[finals.split == "test"].merge(best, on=keys)
     tables["differences_best_lr"] = paired_differences(at_best, ["model", "task", "split"], "variant", "full").merge(
         best.rename(columns={"lr": "lr_variant"}), on=["model", "task", "variant"], how="left")
+    tables["model_contrast"] = model_contrast(at_best)
     for name, table in tables.items():
         table.to_csv(out / f"{name}.csv", index=False, float_format="%.6g")
     return tables
+
+
+def model_contrast(at_best: pd.DataFrame, treated: str = MODELS[0], control: str = MODELS[1]) -> pd.DataFrame:
+    """The controlled comparison: (variant - full) on ``treated`` minus (variant - full) on ``control``,
+    each variant at its own best learning rate, paired by seed (the two models' runs of one seed
+    share data order and subsets), per task: mean and 95% t-interval."""
+    from grid import mean_ci
+
+    rows = []
+    if not {treated, control} <= set(at_best.model):
+        return pd.DataFrame(rows)
+    for task, sub in at_best.groupby("task", sort=True):
+        score = sub.set_index(["model", "variant", "seed"])["value"]
+        for variant in sorted(set(sub.variant) - {"full"}):
+            effect = {m: (score.loc[m, variant] - score.loc[m, "full"]) for m in (treated, control)}
+            diff = (effect[treated] - effect[control]).dropna()
+            mean, lo, hi, n = mean_ci(diff.to_numpy())
+            rows.append({"task": task, "variant": variant, "treated": treated, "control": control,
+                         "difference_of_differences": mean, "ci_low": lo, "ci_high": hi, "n_pairs": n})
+    return pd.DataFrame(rows)
 
 
 def draw(tables: dict[str, pd.DataFrame], out: Path) -> None:
