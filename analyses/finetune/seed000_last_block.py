@@ -101,7 +101,7 @@ def model_contrast(at_best: pd.DataFrame, treated: str = MODELS[0], control: str
     if not {treated, control} <= set(at_best.model):
         return pd.DataFrame(rows)
     for task, sub in at_best.groupby("task", sort=True):
-        score = sub.set_index(["model", "variant", "seed"])["value"]
+        score = sub.set_index(["model", "variant", "seed"])["value"].sort_index()
         for variant in sorted(set(sub.variant) - {"full"}):
             effect = {m: (score.loc[m, variant] - score.loc[m, "full"]) for m in (treated, control)}
             diff = (effect[treated] - effect[control]).dropna()
