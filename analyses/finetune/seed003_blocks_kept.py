@@ -144,7 +144,8 @@ def draw(tables: dict[str, pd.DataFrame], out: Path) -> None:
             sub = best[best.model == model].sort_values("blocks_kept")
             label = model.replace("gradflow-", "")
             ax.plot(sub.blocks_kept, sub["mean"], marker="o", ms=3, color=colour, label=label)
-            ax.fill_between(sub.blocks_kept, sub.ci_low, sub.ci_high, color=colour, alpha=0.2, lw=0)
+            ax.fill_between(sub.blocks_kept, sub.ci_low.clip(0, 1), sub.ci_high.clip(0, 1), color=colour,
+                            alpha=0.2, lw=0)
         ax.set_xlabel("encoder blocks kept (bottom-up)")
         ax.set_ylabel(f"test {METRIC} (best lr)")
         ax.set_title(TASK)
@@ -163,6 +164,10 @@ def draw(tables: dict[str, pd.DataFrame], out: Path) -> None:
             err = [sub.mean_difference - sub.ci_low, sub.ci_high - sub.mean_difference]
             ax.errorbar(x, sub.mean_difference, yerr=err, fmt="o", ms=3, capsize=2, color=colour,
                         label=model.replace("gradflow-", ""))
+        depth = int(best.blocks_kept.max())
+        ax.plot([depth], [0.0], marker="o", ms=4, mfc="white", color="#777777", ls="none")
+        ax.annotate("baseline", (depth, 0.0), textcoords="offset points", xytext=(0, 5), ha="center",
+                    fontsize="small", color="#555555")
         ax.set_xlabel("encoder blocks kept (bottom-up)")
         ax.set_ylabel("test accuracy minus all blocks\n(each at its best lr, paired by seed)")
         ax.set_title("difference to all blocks kept")
