@@ -45,7 +45,7 @@ def seed000(path: Path) -> str:
                   for v in ("drop1", "reinit1")]
         lines.append(f"| {short(model)} | {task} ({metric.get(task, '')}) | " + " | ".join(cells) + " |")
     contrast = path / "model_contrast.csv"
-    if contrast.exists():
+    if contrast.exists() and contrast.stat().st_size > 1:  # empty when the two embedded models were not both run
         table = pd.read_csv(contrast)
         lines += ["", "| task | (variant - full) on mini-en minus the same on the twin |", "|---|---|"]
         for r in table.itertuples(index=False):

@@ -32,7 +32,8 @@ subsets) about 1.4 in a running worker (4 more for a worker's first run). With t
 steps of 32 examples from a seeded ``--train-limit`` 4800-example subset, i.e. one pass;
 validation at steps 75 and 150 and test on ``--eval-limit`` 500 examples each) a run costs about
 22 core-seconds for k = 1 to 100 for k = 6, 60 on average over k: about 3300 core-seconds, 27-28
-minutes with the default two one-thread workers, per model. The validation and test subsets are
+minutes with the default two one-thread workers, per model (measured: 3283 and 3198
+core-seconds, 20.7 a run at k = 1 to 99.0 at k = 6; 27 minutes per model). The validation and test subsets are
 seeded by the run's seed: the runs of one seed share them (so paired differences compare like
 with like), different seeds draw different halves of the 1007-example splits. Usage::
 
@@ -62,13 +63,21 @@ COLOURS = {"gradflow-mini-en": "#4477AA", "gradflow-mini-en-alltoken": "#EE6677"
 
 
 def num_blocks(model: str) -> int:
-    """``num_hidden_layers`` of a model spec (embedded name, ``zoo:NAME`` or directory)."""
+    """Encoder depth of a model spec (embedded name, ``zoo:NAME``, directory or hub name), from its config."""
+    from transformers import AutoConfig
+
     from gradflow.models import resolve_model_path
 
-    path, local = resolve_model_path(model)
-    if not local:
-        raise SystemExit(f"{model}: pass an embedded model or a local directory")
-    return int(json.loads((Path(path) / "config.json").read_text())["num_hidden_layers"])
+    path, _ = resolve_model_path(model)
+    try:
+        config = AutoConfig.from_pretrained(path, trust_remote_code=False)
+    except (OSError, ValueError) as err:
+        raise SystemExit(f"{model}: cannot read its config ({str(err).splitlines()[0]}); "
+                         "pass an embedded model, zoo:NAME, a saved directory or a reachable hub name") from None
+    depth = getattr(config, "num_hidden_layers", None) or getattr(config, "n_layers", None)
+    if not depth:
+        raise SystemExit(f"{model}: its config names no depth (num_hidden_layers or n_layers)")
+    return int(depth)
 
 
 def plan(args: argparse.Namespace) -> list[GridRun]:
