@@ -45,7 +45,7 @@ from pathlib import Path
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from grid import GridRun, collect, paired_differences, run_grid, summarise, write_plan  # noqa: E402
+from grid import GridRun, collect, mean_ci, paired_differences, run_grid, summarise, write_plan  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 MODELS = ("gradflow-mini-en", "gradflow-mini-en-alltoken")
@@ -95,8 +95,6 @@ def model_contrast(at_best: pd.DataFrame, treated: str = MODELS[0], control: str
     """The controlled comparison: (variant - full) on ``treated`` minus (variant - full) on ``control``,
     each variant at its own best learning rate, paired by seed (the two models' runs of one seed
     share data order and subsets), per task: mean and 95% t-interval."""
-    from grid import mean_ci
-
     rows = []
     if not {treated, control} <= set(at_best.model):
         return pd.DataFrame(rows)
