@@ -46,11 +46,7 @@ def run_one(run: GridRun, out: Path, threads: int) -> tuple[str, float]:
 
 def run_grid(runs: list[GridRun], out: Path, workers: int = 2, threads: int = 1) -> list[str]:
     """Run every run not yet done under ``out/runs``; return the ids run now (printing progress)."""
-    stale = [r.run_id for r in runs if _saved_config_differs(r, out)]
-    if stale:
-        raise SystemExit(f"{len(stale)} finished runs under {out / 'runs'} were made with another config "
-                         f"(e.g. {stale[0]}): delete them or pass another --out")
-    todo = [r for r in runs if not (out / "runs" / r.run_id / "result.json").exists()]
+    todo = pending(runs, out)
     print(f"{len(runs) - len(todo)} of {len(runs)} runs already done; {len(todo)} to run with {workers} workers",
           flush=True)
     if not todo:
@@ -66,6 +62,16 @@ def run_grid(runs: list[GridRun], out: Path, workers: int = 2, threads: int = 1)
             print(f"[{i}/{len(todo)}] {run_id}: {seconds:.0f} s (elapsed {time.perf_counter() - start:.0f} s)",
                   flush=True)
     return done
+
+
+def pending(runs: list[GridRun], out: Path) -> list[GridRun]:
+    """The runs without a finished result under ``out/runs``; exits if a finished one was made with
+    another config (a changed default would otherwise mix two experiments in one table)."""
+    stale = [r.run_id for r in runs if _saved_config_differs(r, out)]
+    if stale:
+        raise SystemExit(f"{len(stale)} finished runs under {out / 'runs'} were made with another config "
+                         f"(e.g. {stale[0]}): delete them or pass another --out")
+    return [r for r in runs if not (out / "runs" / r.run_id / "result.json").exists()]
 
 
 def _saved_config_differs(run: GridRun, out: Path) -> bool:

@@ -80,7 +80,7 @@ import numpy as np
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from grid import GridRun, run_one, collect, paired_differences, run_grid, summarise, write_plan  # noqa: E402
+from grid import GridRun, collect, paired_differences, pending, run_grid, run_one, summarise, write_plan  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 MODELS = ("gradflow-mini-en", "gradflow-mini-en-alltoken")
@@ -132,7 +132,7 @@ def run_continued(models: list[str], seeds: list[int], mlm: dict, work: Path, ou
     todo = [(m, s) for m, s in itertools.product(models, seeds)
             if not (mlm_dir(work, m, s) / "continued.json").exists()
             or not (mlm_dir(work, m, s) / "model" / "config.json").exists()]
-    extra = [r for r in base_runs if not (out / "runs" / r.run_id / "result.json").exists()]
+    extra = pending(list(base_runs), out)
     print(f"continued MLM: {len(models) * len(seeds) - len(todo)} done, {len(todo)} to run "
           f"(with {len(extra)} fine-tuning runs that do not need them)", flush=True)
     if todo or extra:
