@@ -23,8 +23,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from gradflow.channel_view import write_channel_view
-from gradflow.diagnostics import diagnose_corpus, plot_diagnostics
+from gradflow.figures.channel_view import write_channel_view
+from gradflow.figures.diagnostics import plot_diagnostics
+from gradflow.runs.diagnose import diagnose_corpus
 from gradflow.models import load_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,7 +48,7 @@ def plan() -> list[tuple[str, str, str | None, int]]:
     """(label, model spec, texts (None: the committed sample), max length) of every diagnosed model."""
     from importlib import resources
 
-    from gradflow import zoo
+    from gradflow.models import zoo
 
     runs = [(name, name, None, 128) for name in MODELS]
     for name in ("antiberty", "rxnfp"):

@@ -22,8 +22,8 @@ import shlex
 import sys
 from pathlib import Path
 
-from gradflow.report import write_comparison, write_report
-from gradflow.run import RecordConfig, record_corpus
+from gradflow.figures.report import write_comparison, write_report
+from gradflow.runs.record import RecordConfig, record_corpus
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -35,7 +35,7 @@ def runs(limit: int | None) -> list[tuple[str, dict]]:
         ("mini-en-alltoken_mlm", dict(model="gradflow-mini-en-alltoken", loss="mlm")),
         ("mini-en_mlm_mask40", dict(model="gradflow-mini-en", loss="mlm", mask_rate=0.4)),
     ]
-    from gradflow import zoo
+    from gradflow.models import zoo
 
     for name in ("antiberty", "rxnfp"):
         if zoo.zoo_path(name) is not None:

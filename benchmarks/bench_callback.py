@@ -29,7 +29,7 @@ from types import SimpleNamespace
 import torch
 from transformers import BertConfig, BertForMaskedLM, Trainer, TrainerCallback, TrainingArguments
 
-from gradflow.callback import GradFlowCallback
+from gradflow.interventions.callback import GradFlowCallback
 
 MODES = ("off", "norms", "full")
 SPECIAL = (0, 100, 101, 102, 103)

@@ -41,7 +41,7 @@ def main() -> None:
     p.add_argument("--model", default="gradflow-mini-en")
     p.add_argument("--sequences", type=int, default=200, help="windows in the small corpus (10x in the large)")
     args = p.parse_args()
-    from gradflow.run import default_texts
+    from gradflow.runs.record import default_texts
 
     sample = Path(default_texts()).read_text(encoding="utf-8")
     with tempfile.TemporaryDirectory() as tmp:

@@ -28,7 +28,7 @@ import torch
 from transformers import BertConfig, BertForMaskedLM
 
 from gradflow import BertMasking, GradFlowRecorder, RecorderConfig, mlm_loss
-from gradflow.masking import MaskedBatch, TokenizerInfo, mask_sequence
+from gradflow.inputs.masking import MaskedBatch, TokenizerInfo, mask_sequence
 
 MODES = ("bare", "norms", "full", "record-norms", "record-full")
 

@@ -12,7 +12,7 @@ import torch  # noqa: E402
 
 from gradflow import GradFlowRecorder, RecorderConfig  # noqa: E402
 from gradflow.adapters import adapter_for, block_modules  # noqa: E402
-from gradflow.attribution import (AttributionError, MLMObjective, attribute_channels, block_taps,  # noqa: E402
+from gradflow.hooks.attribution import (AttributionError, MLMObjective, attribute_channels, block_taps,  # noqa: E402
                                   chosen_labels, gradient_x_activation, integrated_gradients, site_hooks)
 from gradflow.errors import GradflowError  # noqa: E402
 from gradflow.losses import cross_entropy  # noqa: E402
@@ -170,7 +170,7 @@ def loaded(tiny_mlm_dir):
 
 
 def test_channel_view_grad_norm_files_and_zero_column(loaded, tmp_path):
-    from gradflow.channel_view import TABLE_COLUMNS, write_channel_view
+    from gradflow.figures.channel_view import TABLE_COLUMNS, write_channel_view
 
     paths = write_channel_view(loaded, SENTENCE, tmp_path / "cv", mask_positions=[3, 5], formats=("png",))
     assert [p.name for p in paths] == ["channel_view.png", "channel_view.csv"]
@@ -187,7 +187,7 @@ def test_channel_view_grad_norm_files_and_zero_column(loaded, tmp_path):
 
 
 def test_channel_view_attribution_default_masking(loaded, tmp_path):
-    from gradflow.channel_view import channel_batch, write_channel_view
+    from gradflow.figures.channel_view import channel_batch, write_channel_view
 
     batch = channel_batch(loaded, SENTENCE)
     assert bool((batch.roles <= Role.KEPT).any())
@@ -202,7 +202,7 @@ def test_channel_view_attribution_default_masking(loaded, tmp_path):
 def test_channel_view_plot_marks_zeros_and_roles(loaded):
     import matplotlib.pyplot as plt
 
-    from gradflow.channel_view import channel_batch, channel_table, plot_channel_view
+    from gradflow.figures.channel_view import channel_batch, channel_table, plot_channel_view
 
     table = channel_table(loaded, channel_batch(loaded, SENTENCE, [2]), "grad_norm")
     drawn = plot_channel_view(table)
@@ -223,7 +223,7 @@ def test_channel_view_plot_marks_zeros_and_roles(loaded):
     ({"text": SENTENCE, "quantity": "nonsense"}, "unknown quantity"),
 ])
 def test_channel_view_errors(loaded, tmp_path, kwargs, match):
-    from gradflow.channel_view import ChannelViewError, write_channel_view
+    from gradflow.figures.channel_view import ChannelViewError, write_channel_view
 
     with pytest.raises(ChannelViewError, match=match):
         write_channel_view(loaded, out_dir=tmp_path, formats=("png",), **kwargs)

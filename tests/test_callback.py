@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from conftest import SAMPLE_LINES
-from gradflow.callback import CSV_COLUMNS, GradFlowCallback, _param_groups, mlm_roles
-from gradflow.masking import MaskedBatch
-from gradflow.recorder import GradFlowRecorder
+from gradflow.interventions.callback import CSV_COLUMNS, GradFlowCallback, _param_groups, mlm_roles
+from gradflow.inputs.masking import MaskedBatch
+from gradflow.hooks.recorder import GradFlowRecorder
 from gradflow.roles import Role
 
 pytest.importorskip("accelerate", reason="transformers.Trainer needs accelerate")

@@ -112,9 +112,10 @@ def _state_bytes(obj, seen: set[int] | None = None) -> int:
 
 def test_diagnostics_state_is_bounded_over_a_long_corpus(tiny_mlm_dir, tiny_corpus):
     """Streaming: once the reservoirs are full, 10x more batches leave the accumulated state the same size."""
-    from gradflow.corpus import CorpusCounts, batches, iter_windows, read_documents
-    from gradflow.diagnostics import Diagnostics, collect_states
-    from gradflow.masking import BertMasking, mask_batch
+    from gradflow.inputs.corpus import CorpusCounts, batches, iter_windows, read_documents
+    from gradflow.hooks.states import collect_states
+    from gradflow.runs.diagnose import Diagnostics
+    from gradflow.inputs.masking import BertMasking, mask_batch
     from gradflow.models import load_model
 
     loaded = load_model(str(tiny_mlm_dir))

@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from gradflow.cli import main
-from gradflow.tables import CHANNEL_COLUMNS, SUBLAYER_COLUMNS
+from gradflow.runs.schema import CHANNEL_COLUMNS, SUBLAYER_COLUMNS
 
 ENV = {**os.environ, "PYTHONWARNINGS": "ignore", "TOKENIZERS_PARALLELISM": "false"}
 
@@ -141,7 +141,7 @@ def test_unsupported_architecture_and_missing_head(tmp_path, capsys, tiny_corpus
 
 
 def test_nonfinite_batches_are_counted_not_averaged(tmp_path, tiny_mlm_dir, tiny_corpus, monkeypatch):
-    import gradflow.run as run_module
+    import gradflow.runs.record as run_module
 
     calls = {"n": 0}
     real = run_module.record_is_finite
@@ -158,7 +158,7 @@ def test_nonfinite_batches_are_counted_not_averaged(tmp_path, tiny_mlm_dir, tiny
 
 
 def test_crash_mid_run_flushes_partial_results(tmp_path, tiny_mlm_dir, tiny_corpus, monkeypatch):
-    import gradflow.run as run_module
+    import gradflow.runs.record as run_module
 
     calls = {"n": 0}
     real = run_module.sequence_rows

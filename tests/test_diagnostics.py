@@ -15,11 +15,15 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 from gradflow.adapters import adapter_for  # noqa: E402
-from gradflow.diagnostics import (FIGURES, TABLE_COLUMNS, AnisotropyAccumulator, Diagnostics,  # noqa: E402
-                                  DiagnosticsError, LogitLens, Reservoir, RunningMoments, collect_states,
-                                  diagnose_corpus, frechet_distance, mean_pairwise_cosine, plot_diagnostics,
-                                  probe_auroc)
-from gradflow.masking import MaskedBatch  # noqa: E402
+from gradflow.analysis.logit_lens import LogitLens  # noqa: E402
+from gradflow.analysis.representations import (AnisotropyAccumulator, Reservoir, RunningMoments,  # noqa: E402
+                                               frechet_distance, mean_pairwise_cosine, probe_auroc)
+from gradflow.errors import DiagnosticsError  # noqa: E402
+from gradflow.figures.diagnostics import FIGURES, plot_diagnostics  # noqa: E402
+from gradflow.hooks.states import collect_states  # noqa: E402
+from gradflow.runs.diagnose import Diagnostics, diagnose_corpus  # noqa: E402
+from gradflow.runs.schema import DIAGNOSTIC_COLUMNS as TABLE_COLUMNS  # noqa: E402
+from gradflow.inputs.masking import MaskedBatch  # noqa: E402
 from gradflow.roles import Role  # noqa: E402
 from tiny import tiny_batch, tiny_model  # noqa: E402
 
@@ -126,7 +130,7 @@ def test_anisotropy_accumulator_per_role_vs_brute_force():
     batch = tiny_batch()
     gen = torch.Generator().manual_seed(0)
     hidden = [torch.randn(*batch.roles.shape, 16, generator=gen) + 0.5 for _ in range(2)]
-    from gradflow.diagnostics import SiteStates
+    from gradflow.hooks.states import SiteStates
 
     acc = AnisotropyAccumulator()
     acc.add(SiteStates(hidden, []), batch)

@@ -12,9 +12,9 @@ import torch
 
 from conftest import SAMPLE_LINES
 from gradflow.errors import GradflowError
-from gradflow.finetune import (FinetuneConfig, Task, TaskError, accuracy, class_weights, encode_tokens,
+from gradflow.interventions.finetune import (FinetuneConfig, Task, TaskError, accuracy, class_weights, encode_tokens,
                                entity_scores, finetune, label_counts, load_split, load_task, task_loss)
-from gradflow.finetune.data import IGNORE
+from gradflow.interventions.finetune.data import IGNORE
 
 WORDS = sorted(set(" ".join(SAMPLE_LINES).lower().replace(".", "").split()))
 FUNCTION_WORDS = {"the", "of", "and", "a", "by", "with", "that", "this"}
@@ -153,7 +153,7 @@ def test_float16_checkpoint_trains_in_float32(tiny_mlm_dir, tmp_path):
     half = tmp_path / "half"
     shutil.copytree(tiny_mlm_dir, half)
     AutoModelForMaskedLM.from_pretrained(tiny_mlm_dir).half().save_pretrained(half)
-    from gradflow.finetune.train import load_task_model
+    from gradflow.interventions.finetune.train import load_task_model
 
     model, _, _ = load_task_model(str(half), TOKEN_TASK, seed=0)
     assert {p.dtype for p in model.parameters()} == {torch.float32}
@@ -215,7 +215,7 @@ def test_task_directory(tmp_path, tiny_mlm_dir):
 
 def test_builtin_task_files_when_fetched():
     """The fetched tasks (git-ignored data/tasks) parse and fit their task.json; skipped when absent."""
-    from gradflow.finetune.tasks import BUILTIN_TASKS, default_data_root
+    from gradflow.interventions.finetune.tasks import BUILTIN_TASKS, default_data_root
 
     root = default_data_root()
     if not (root / "brown-pos" / "task.json").exists():

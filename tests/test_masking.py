@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from gradflow.masking import BertMasking, ExplicitMasking, TokenizerInfo, mask_sequence
+from gradflow.inputs.masking import BertMasking, ExplicitMasking, TokenizerInfo, mask_sequence
 from gradflow.roles import Role
 
 INFO = TokenizerInfo(mask_token_id=4, vocab_size=100, special_ids=(0, 1, 2, 3, 4), pad_token_id=0)
@@ -67,7 +67,7 @@ def test_same_seed_same_roles_and_index_dependence():
 def test_padding_never_selected_in_batches(tiny_mlm_dir):
     from transformers import AutoTokenizer
 
-    from gradflow.masking import mask_batch
+    from gradflow.inputs.masking import mask_batch
 
     tok = AutoTokenizer.from_pretrained(tiny_mlm_dir)
     texts = ["the nation", "the progress of public credit is witnessed by a considerable rise of american stock"]

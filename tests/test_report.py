@@ -1,4 +1,4 @@
-"""gradflow.report: figures and summary.md written, incomplete-run warnings, comparison checks."""
+"""gradflow.figures.report: figures and summary.md written, incomplete-run warnings, comparison checks."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import matplotlib as mpl  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
-from gradflow import report  # noqa: E402
+from gradflow.figures import report  # noqa: E402
 from gradflow.analysis import RunError  # noqa: E402
 from gradflow.figures import plots  # noqa: E402
 from synthetic_runs import write_run  # noqa: E402

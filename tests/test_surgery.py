@@ -12,7 +12,7 @@ from transformers import AutoModelForMaskedLM
 from gradflow.adapters import adapter_for, block_modules
 from gradflow.errors import GradflowError, OutputDirError
 from gradflow.models import load_model
-from gradflow.surgery import (SURGERY_FILE, SurgeryError, SurgeryPlan, apply_surgery, drop_last_blocks,
+from gradflow.interventions.surgery import (SURGERY_FILE, SurgeryError, SurgeryPlan, apply_surgery, drop_last_blocks,
                               freeze_embeddings, freeze_encoder, freeze_first_blocks, reinit_last_blocks,
                               surgery_to_dir, unshare_albert)
 from tiny import FAMILIES, tiny_batch, tiny_model

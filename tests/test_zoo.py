@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from gradflow import BertMasking, GradFlowRecorder, Role, mask_batch
-from gradflow.zoo import (
+from gradflow.models.zoo import (
     RESIDUE_REGEX, SMILES_REGEX, ZOO, ZooError, _mlm_state_dict, build_tokenizer, example_inputs, reference_pieces,
     resolve, zoo_list, zoo_path,
 )

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from transformers import AutoConfig, AutoModelForMaskedLM
 
-from gradflow.masking import MaskedBatch
+from gradflow.inputs.masking import MaskedBatch
 from gradflow.roles import Role
 
 VOCAB = 64

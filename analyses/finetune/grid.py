@@ -1,7 +1,7 @@
 """Run a grid of fine-tuning runs (resumable, in parallel processes) and summarise it over seeds.
 
 Shared by the seed experiments (``seed000_last_block.py``, ...). Each run is one
-``gradflow.finetune.FinetuneConfig`` written to ``<out>/runs/<run_id>/`` (``eval.csv``,
+``gradflow.interventions.finetune.FinetuneConfig`` written to ``<out>/runs/<run_id>/`` (``eval.csv``,
 ``result.json``); a run whose ``result.json`` exists is skipped, so an interrupted experiment
 resumes where it stopped. Workers are separate processes with one torch thread each (on a 2-core
 machine two one-thread runs beat one two-thread run for these small models).
@@ -35,7 +35,7 @@ def run_one(run: GridRun, out: Path, threads: int) -> tuple[str, float]:
     import torch
 
     torch.set_num_threads(threads)
-    from gradflow.finetune.train import FinetuneConfig, finetune
+    from gradflow.interventions.finetune.train import FinetuneConfig, finetune
 
     run_dir = out / "runs" / run.run_id
     start = time.perf_counter()

@@ -6,7 +6,7 @@ and one task (``--task``, default ``brown-pos``), four arms, three seeds each:
 - ``head_only``: fine-tune only the new head (``FinetuneConfig(head_only=True)``, ``--lr-head``);
 - ``full``: fine-tune everything (``--lr-full``);
 - ``cmlm_head_only`` / ``cmlm_full``: first continue MLM pretraining on the task's training text
-  (:func:`gradflow.finetune.continue_mlm`; a token task's sentences are their tokens joined by
+  (:func:`gradflow.interventions.finetune.continue_mlm`; a token task's sentences are their tokens joined by
   spaces, a sequence task's its texts; the whole training split, of which ``--mlm-steps`` x
   ``--mlm-batch-size`` sentences are drawn), then fine-tune as above. Seed ``s`` of a ``cmlm`` arm
   starts from the continued model of seed ``s`` (continued with seed ``s``), so every arm pairs by
@@ -101,7 +101,7 @@ def mlm_dir(work: Path, model: str, seed: int) -> Path:
 
 def task_texts(task_name: str, data_root: str) -> list[str]:
     """The training split as plain text: a token task's tokens joined by spaces, a sequence task's texts."""
-    from gradflow.finetune import load_split, load_task
+    from gradflow.interventions.finetune import load_split, load_task
 
     task = load_task(task_name, data_root)
     rows = load_split(task, "train")
@@ -112,7 +112,7 @@ def _continue_one(model: str, seed: int, args: dict, out_dir: Path) -> tuple[str
     import torch
 
     torch.set_num_threads(1)
-    from gradflow.finetune import continue_mlm
+    from gradflow.interventions.finetune import continue_mlm
 
     start = time.perf_counter()
     continue_mlm(model, task_texts(args["task"], args["data_root"]), out_dir, steps=args["steps"],
@@ -230,7 +230,7 @@ def summarise_mlm(out: Path) -> dict[str, pd.DataFrame]:
 
 
 def summarise_experiment(out: Path, data_root: str) -> dict[str, pd.DataFrame]:
-    from gradflow.finetune import load_task
+    from gradflow.interventions.finetune import load_task
 
     curves, finals = collect(out)
     metrics = {task: load_task(task, data_root).metric for task in finals.task.unique()}

@@ -76,9 +76,9 @@ def main() -> None:
     ship(root / "build", dest)
     table = curves(dest, root / "figures")
     draw(table, root / "figures")
-    from gradflow.evaluation import mlm_accuracy
+    from gradflow.runs.evaluation import mlm_accuracy
     from gradflow.models import load_model
-    from gradflow.run import default_texts
+    from gradflow.runs.record import default_texts
 
     results = {}
     for name in NAMES:

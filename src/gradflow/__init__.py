@@ -3,13 +3,13 @@
 The public API, re-exported from the modules that define it.
 """
 
-from .adapters import Adapter, SublayerSpec, adapter_for, register_adapter, supported_model_types
-from .losses import all_positions_loss, mlm_loss
-from .errors import GradflowError
-from .masking import BertMasking, ExplicitMasking, MaskedBatch, TokenizerInfo, mask_batch
-from .models import LoadedModel, load_model
-from .recorder import BatchRecord, GradFlowRecorder, RecorderConfig, RecorderError
-from .roles import ALL_ROLES, LOSS_ROLES, TOKEN_ROLES, Role
+from gradflow.adapters import Adapter, SublayerSpec, adapter_for, register_adapter, supported_model_types
+from gradflow.errors import GradflowError
+from gradflow.hooks.recorder import BatchRecord, GradFlowRecorder, RecorderConfig, RecorderError
+from gradflow.inputs.masking import BertMasking, ExplicitMasking, MaskedBatch, TokenizerInfo, mask_batch
+from gradflow.losses import all_positions_loss, mlm_loss
+from gradflow.models import LoadedModel, load_model
+from gradflow.roles import ALL_ROLES, LOSS_ROLES, TOKEN_ROLES, Role
 
 __version__ = "0.1.0"
 

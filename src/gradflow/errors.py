@@ -1,8 +1,43 @@
-"""Errors that gradflow reports to users as one clear paragraph (the CLI exits with code 2)."""
+"""One exception tree: every error gradflow reports to a user derives from :class:`GradflowError`.
+
+The CLI prints such an error as one paragraph and exits with code 2 (no traceback). Subclasses
+that replace a standard exception callers may already catch also derive from it (``ValueError``
+for bad arguments, ``RuntimeError`` for recording state).
+
+::
+
+    GradflowError
+    ├── UsageError (ValueError)          a bad option or argument value
+    ├── MaskingError (ValueError)        a masking policy or explicit positions that cannot be used
+    ├── UnsupportedArchitectureError (ValueError)
+    ├── CorpusError                      a corpus that cannot be read
+    ├── ModelLoadError                   a model that cannot be loaded
+    ├── OutputDirError                   an output directory that cannot be used
+    ├── RunError                         a run directory that is missing, malformed or not comparable
+    ├── RecorderError (RuntimeError)     a recording that cannot be made
+    ├── AttributionError                 an attribution request that cannot be served
+    ├── DiagnosticsError                 diagnostics that cannot run on this model or input
+    ├── ChannelViewError                 a sentence or mask positions that cannot be shown
+    ├── SurgeryError                     a surgery request that cannot be carried out
+    ├── TaskError                        a fine-tuning task or its data that cannot be read
+    └── ZooError                         a zoo model unknown, not fetched, or not convertible
+"""
 
 
 class GradflowError(Exception):
     """Bad input or an impossible request: the message says what was wrong and what to do."""
+
+
+class UsageError(GradflowError, ValueError):
+    """An option or argument has a value outside its range or meaning."""
+
+
+class MaskingError(GradflowError, ValueError):
+    """A masking policy, tokenizer or explicit position list that masking cannot use."""
+
+
+class UnsupportedArchitectureError(GradflowError, ValueError):
+    """The model's ``config.model_type`` has no registered adapter."""
 
 
 class CorpusError(GradflowError):
@@ -15,3 +50,35 @@ class ModelLoadError(GradflowError):
 
 class OutputDirError(GradflowError):
     """The output directory cannot be used (exists and is not empty without --overwrite)."""
+
+
+class RunError(GradflowError):
+    """A run directory is missing, incomplete on disk, malformed, or not comparable to another."""
+
+
+class RecorderError(GradflowError, RuntimeError):
+    """A recording could not be made (with what to do about it)."""
+
+
+class AttributionError(GradflowError):
+    """An attribution request that cannot be served (no chosen loss position, bad positions)."""
+
+
+class DiagnosticsError(GradflowError):
+    """Diagnostics cannot run on this model or input (with what to do about it)."""
+
+
+class ChannelViewError(GradflowError):
+    """The sentence or mask positions cannot be shown (too long, out of range, special token)."""
+
+
+class SurgeryError(GradflowError):
+    """A surgery request that cannot be carried out on this model (with what to do instead)."""
+
+
+class TaskError(GradflowError):
+    """A task or its data could not be found or read."""
+
+
+class ZooError(GradflowError):
+    """A zoo model is unknown, not fetched, or its wheel could not be downloaded or converted."""

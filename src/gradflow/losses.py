@@ -19,8 +19,8 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
-from .masking import MaskedBatch
-from .roles import Role
+from gradflow.inputs.masking import MaskedBatch
+from gradflow.roles import Role
 
 LossFn = Callable[[torch.Tensor, MaskedBatch], torch.Tensor]
 REDUCTIONS = ("batch", "sequence")

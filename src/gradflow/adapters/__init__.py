@@ -12,17 +12,15 @@ from __future__ import annotations
 
 from torch import nn
 
-from .albert import ALBERT
-from .base import SUBLAYER_NAMES, Adapter, SublayerSpec, block_modules, get_module
-from .bert import BERT
-from .others import DEBERTA_V2, DISTILBERT, ESM, MODERNBERT, MPNET
-from .prenorm import MEGATRON_BERT, ROBERTA_PRELAYERNORM, XLM_ROBERTA_XL
+from gradflow.adapters.albert import ALBERT
+from gradflow.adapters.base import SUBLAYER_NAMES, Adapter, SublayerSpec, block_modules, get_module
+from gradflow.adapters.bert import BERT
+from gradflow.adapters.others import DEBERTA_V2, DISTILBERT, ESM, MODERNBERT, MPNET
+from gradflow.adapters.prenorm import MEGATRON_BERT, ROBERTA_PRELAYERNORM, XLM_ROBERTA_XL
+from gradflow.errors import UnsupportedArchitectureError
 
 _REGISTRY: dict[str, Adapter] = {}
 
-
-class UnsupportedArchitectureError(ValueError):
-    """The model's ``config.model_type`` has no registered adapter."""
 
 
 def register_adapter(adapter: Adapter, *, replace: bool = False) -> None:

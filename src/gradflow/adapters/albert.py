@@ -8,7 +8,7 @@ and a group applies its ``inner_group_num`` layers in turn.
 
 from torch import nn
 
-from .base import Adapter, SublayerSpec
+from gradflow.adapters.base import Adapter, SublayerSpec
 
 
 def albert_blocks(base: nn.Module) -> list[nn.Module]:

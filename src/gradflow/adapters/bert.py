@@ -1,6 +1,6 @@
 """BERT and the families that share its module layout (post-LN)."""
 
-from .base import Adapter, SublayerSpec
+from gradflow.adapters.base import Adapter, SublayerSpec
 
 BERT_SUBLAYERS = {
     "attn.q": SublayerSpec("attention.self.query"),

@@ -1,6 +1,6 @@
 """Families with their own module layout: DistilBERT, DeBERTa-v2/v3, ModernBERT, ESM, MPNet."""
 
-from .base import Adapter, SublayerSpec
+from gradflow.adapters.base import Adapter, SublayerSpec
 
 DISTILBERT = Adapter(
     family="distilbert",

@@ -1,6 +1,6 @@
 """Pre-LN variants of the BERT layout: RoBERTa-PreLayerNorm, Megatron-BERT, XLM-RoBERTa-XL."""
 
-from .base import Adapter, SublayerSpec
+from gradflow.adapters.base import Adapter, SublayerSpec
 
 _ATTN = {
     "attn.q": SublayerSpec("attention.self.query"),

@@ -5,11 +5,30 @@ Plot functions draw inside :func:`gradflow_style` (rcParams are restored afterwa
 return the artists they drew. :func:`save_figure` writes a vector PDF and a 300-dpi PNG.
 """
 
-from .plots import (INCOMPLETE_BANNER, PLOT_ROLES, add_banner, comparison_last_block, comparison_profiles,
-                    comparison_ratios, depth_profile, distribution_ranges, last_block_bars, ratio_heatmap,
-                    save_figure, sublayer_heatmap)
-from .style import (ROLE_COLORS, STYLE_PATH, WIDTHS, figure_size, gradflow_style, role_color, role_label,
-                    run_style)
+from gradflow.figures.plots import (
+                    INCOMPLETE_BANNER,
+                    PLOT_ROLES,
+                    add_banner,
+                    comparison_last_block,
+                    comparison_profiles,
+                    comparison_ratios,
+                    depth_profile,
+                    distribution_ranges,
+                    last_block_bars,
+                    ratio_heatmap,
+                    save_figure,
+                    sublayer_heatmap,
+)
+from gradflow.figures.style import (
+                    ROLE_COLORS,
+                    STYLE_PATH,
+                    WIDTHS,
+                    figure_size,
+                    gradflow_style,
+                    role_color,
+                    role_label,
+                    run_style,
+)
 
 __all__ = [
     "INCOMPLETE_BANNER", "PLOT_ROLES", "ROLE_COLORS", "STYLE_PATH", "WIDTHS", "add_banner", "comparison_last_block",

@@ -23,13 +23,28 @@ from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch, Rectangle
-from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter, NullLocator
 from matplotlib.text import Text
+from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter, NullLocator
 from matplotlib.transforms import ScaledTranslation
 
-from ..analysis import SUBLAYER_ORDER
-from .style import (ROLE_COLORS, RUN_HATCHES, WARNING_COLOR, ZERO_COLOR, diverging_cmap, figure_size, figure_width,
-                    gradflow_style, lighten, role_color, role_label, run_style, sequential_cmap, shade, styled)
+from gradflow.analysis import SUBLAYER_ORDER
+from gradflow.figures.style import (
+    ROLE_COLORS,
+    RUN_HATCHES,
+    WARNING_COLOR,
+    ZERO_COLOR,
+    diverging_cmap,
+    figure_size,
+    figure_width,
+    gradflow_style,
+    lighten,
+    role_color,
+    role_label,
+    run_style,
+    sequential_cmap,
+    shade,
+    styled,
+)
 
 PLOT_ROLES: tuple[str, ...] = ("masked", "random", "kept", "context", "special")
 """Roles drawn by default (``pad`` carries no signal; pass ``roles=`` to add it or ``loss``)."""

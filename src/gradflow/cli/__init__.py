@@ -1,0 +1,5 @@
+"""The ``gradflow`` command line: one module per command group; each parses, calls the library, prints."""
+
+from gradflow.cli.main import build_parser, main
+
+__all__ = ["build_parser", "main"]

@@ -1,0 +1,387 @@
+"""Reports: every figure of a run (or a comparison of runs) plus a Markdown summary with provenance.
+
+:func:`write_report` and :func:`write_comparison` raise :class:`gradflow.analysis.RunError` for a
+missing or malformed run directory and for runs that cannot be compared (different tokenizers).
+Runs with ``complete = false`` get a warning banner on every figure and at the top of
+``summary.md``. The metric tables behind the figures are written as CSV next to them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import matplotlib.pyplot as plt
+import pandas as pd
+from matplotlib.artist import Artist
+
+from gradflow.analysis import (
+    Comparison,
+    Run,
+    RunError,
+    channel_quantiles,
+    compare_runs,
+    last_block_deficit,
+    layer_tests,
+    load_run,
+    role_profile,
+    role_ratios,
+    sublayer_shares,
+)
+from gradflow.figures import plots
+from gradflow.figures.style import gradflow_style
+
+INCOMPLETE_NOTE = ("**Warning: incomplete run.** `meta.json` has `complete: false`: the run stopped before "
+                   "the end of its corpus, so these numbers come from partial data and may change. Finish or "
+                   "resume the run before citing them.")
+
+
+# ----------------------------------------------------------------------------------------------
+# Formatting helpers
+# ----------------------------------------------------------------------------------------------
+
+def _num(x: Any, digits: int = 3) -> str:
+    """A number with ``digits`` significant digits; blanks for NaN."""
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return str(x)
+    if math.isnan(v):
+        return "–"
+    if v == 0:
+        return "0"
+    if abs(v) < 1e-3 or abs(v) >= 1e5:
+        return f"{v:.{digits - 1}e}"
+    return f"{v:.{digits}g}"
+
+
+def _ci(value: Any, low: Any, high: Any) -> str:
+    """``value [low, high]``."""
+    return f"{_num(value)} [{_num(low)}, {_num(high)}]"
+
+
+def _pval(p: Any) -> str:
+    """A p-value: scientific below 0.001."""
+    v = float(p)
+    if math.isnan(v):
+        return "–"
+    return f"{v:.1e}" if v < 1e-3 else f"{v:.3f}"
+
+
+def _cell(value: Any) -> str:
+    """A Markdown table cell: pipes escaped, newlines flattened."""
+    return str(value).replace("|", "\\|").replace("\n", " ")
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
+    """Lines of a Markdown table."""
+    lines = ["| " + " | ".join(_cell(h) for h in header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
+    return lines
+
+
+def _compact(value: Any) -> str:
+    """Dicts and lists as compact JSON, everything else as text."""
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, sort_keys=True, separators=(", ", ": "))
+    return str(value)
+
+
+def _provenance(run: Run) -> list[str]:
+    """Markdown provenance table of one run's meta.json."""
+    meta = run.meta
+    tok = meta.get("tokenizer", {})
+    rows = [("run directory", f"`{run.path}`"), ("model", meta.get("model")), ("family", meta.get("family")),
+            ("blocks", meta.get("num_layers")), ("tokenizer", tok.get("name_or_path")),
+            ("vocabulary size", tok.get("vocab_size")), ("tokenizer hash", f"`{tok.get('hash')}`"),
+            ("loss", meta.get("loss")), ("masking", f"`{_compact(meta.get('masking'))}`"),
+            ("seed", meta.get("seed")), ("complete", meta.get("complete")),
+            ("counts", f"`{_compact(meta.get('counts'))}`"),
+            ("versions", f"`{_compact(meta.get('versions'))}`"), ("command", f"`{meta.get('command')}`")]
+    extra = sorted(k for k in meta if k not in {"model", "family", "num_layers", "tokenizer", "loss", "masking",
+                                                "seed", "complete", "counts", "versions", "command"})
+    rows += [(k, f"`{_compact(meta[k])}`") for k in extra]
+    return _table(("key", "value"), rows)
+
+
+# ----------------------------------------------------------------------------------------------
+# Figures
+# ----------------------------------------------------------------------------------------------
+
+def _render(draw: Callable[[], list[Artist]], stem: Path, formats: Sequence[str], banner: str | None,
+            width: str | float) -> list[Path]:
+    """Draw one figure, add the banner if any, save it in every format and close it."""
+    with gradflow_style(width):
+        artists = draw()
+        fig = _figure_of(artists)
+        try:
+            if banner:
+                plots.add_banner(fig, banner)
+            return plots.save_figure(fig, stem, formats)
+        finally:
+            plt.close(fig)
+
+
+def _figure_of(artists: list[Artist]) -> plt.Figure:
+    """The (root) figure the artists were drawn on."""
+    for artist in artists:
+        fig = getattr(artist, "figure", None)
+        if fig is not None:
+            return getattr(fig, "figure", None) or fig  # a SubFigure's .figure is its root figure
+    raise RuntimeError("a plot function drew nothing")
+
+
+def _incomplete_banner(labels: Sequence[str]) -> str:
+    """Banner text naming the incomplete runs."""
+    return f"INCOMPLETE RUN ({', '.join(labels)}): partial data, not for publication"
+
+
+# ----------------------------------------------------------------------------------------------
+# Single run
+# ----------------------------------------------------------------------------------------------
+
+def write_report(run_dir: str | Path, out_dir: str | Path, formats: Sequence[str] = ("pdf", "png"),
+                 width: str | float = "single", n_resamples: int = 2000, seed: int = 0) -> list[Path]:
+    """Write every single-run figure, the metric tables (CSV) and ``summary.md``; return the paths.
+
+    Raises :class:`RunError` when ``run_dir`` is missing or malformed.
+    """
+    run = load_run(run_dir)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    profile = role_profile(run, n_resamples=n_resamples, seed=seed)
+    ratios = role_ratios(run, n_resamples=n_resamples, seed=seed)
+    tests = layer_tests(run)
+    shares = sublayer_shares(run)
+    deficit = last_block_deficit(run)
+    quantiles = channel_quantiles(run)
+    banner = None if run.complete else plots.INCOMPLETE_BANNER
+    written: list[Path] = []
+    figures: dict[str, Callable[[], list[Artist]]] = {
+        "depth_profile": lambda: plots.depth_profile(profile, width=width),
+        "ratio_heatmap": lambda: plots.ratio_heatmap(ratios, width=width),
+        "last_block": lambda: plots.last_block_bars(deficit, width=width),
+        "distributions": lambda: plots.distribution_ranges(quantiles, width=width),
+        "context_coverage": lambda: plots.sublayer_heatmap(shares, "coverage", width=width),
+        "context_share": lambda: plots.sublayer_heatmap(shares, "share", width=width),
+    }
+    for name, draw in figures.items():
+        if name == "last_block" and deficit.empty:
+            continue
+        written += _render(draw, out / name, formats, banner, width)
+    tables = {"role_profile": profile, "role_ratios": ratios, "layer_tests": tests, "sublayer_shares": shares,
+              "last_block": deficit, "channel_quantiles": quantiles}
+    written += _write_tables(out / "tables", tables)
+    summary = out / "summary.md"
+    summary.write_text(_summary(run, ratios, tests, deficit, list(figures), formats, n_resamples, seed),
+                       encoding="utf-8")
+    return [summary, *written]
+
+
+def _write_tables(folder: Path, tables: dict[str, pd.DataFrame]) -> list[Path]:
+    """Write each table as CSV; return the paths."""
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name, frame in tables.items():
+        path = folder / f"{name}.csv"
+        frame.to_csv(path, index=False)
+        paths.append(path)
+    return paths
+
+
+def _summary(run: Run, ratios: pd.DataFrame, tests: pd.DataFrame, deficit: pd.DataFrame, figures: list[str],
+             formats: Sequence[str], n_resamples: int, seed: int) -> str:
+    """The Markdown summary of one run."""
+    lines = [f"# gradflow report: {run.meta.get('model')}", ""]
+    if not run.complete:
+        lines += [f"> {INCOMPLETE_NOTE}", ""]
+    lines += _headline(run, ratios, deficit) + [""]
+    lines += ["## Context vs loss positions, per layer", "",
+              "Mean gradient norm of a role over the pooled loss-position mean (masked + random + kept, "
+              "weighted by position count), at each block output; 95% percentile bootstrap CIs over "
+              f"sequences ({n_resamples} resamples, seed {seed}). Rank test: Mann-Whitney U on per-sequence "
+              "mean norms, context vs masked, "
+              "Holm-corrected across layers; effect size = rank-biserial correlation (< 0: context smaller).", ""]
+    lines += _layer_table(ratios, tests) + [""]
+    if not deficit.empty:
+        layer = int(deficit["layer"].iloc[0])
+        lines += [f"## Last block (layer {layer}): context share of the weight-gradient signal", "",
+                  "Share of the summed per-position gradient magnitude of each sublayer's weight that comes "
+                  "from context channels, and coverage (fraction of context positions sending non-zero signal), "
+                  "against the mean of the earlier blocks.", ""]
+        lines += _deficit_table(deficit) + [""]
+    lines += _figure_list(figures, formats) + [""]
+    lines += ["## Provenance", ""] + _provenance(run) + [""]
+    return "\n".join(lines)
+
+
+def _headline(run: Run, ratios: pd.DataFrame, deficit: pd.DataFrame) -> list[str]:
+    """Bullet points of the headline numbers."""
+    ctx = ratios[ratios["role"] == "context"].sort_values("layer")
+    lines = ["## Headline", ""]
+    if len(ctx):
+        first, last = ctx.iloc[0], ctx.iloc[-1]
+        lines.append(f"- Context / loss gradient-norm ratio: {_ci(first['ratio'], first['ci_low'], first['ci_high'])} "
+                     f"at layer {int(first['layer'])} ({first['site']}), "
+                     f"{_ci(last['ratio'], last['ci_low'], last['ci_high'])} at layer {int(last['layer'])} "
+                     f"({last['site']}).")
+    if not deficit.empty:
+        zero = deficit.loc[deficit["exact_zero"], "sublayer"].tolist()
+        lines.append(f"- Last block: {len(zero)} of {len(deficit)} sublayers get exactly zero context signal"
+                     + (f" ({', '.join(zero)})." if zero else "."))
+        rest = deficit[~deficit["exact_zero"]]
+        if len(rest):
+            lines.append("- Last-block sublayers that still learn from context: " + ", ".join(
+                f"{s} {_num(r)}× the earlier mean" for s, r in zip(rest["sublayer"], rest["ratio_to_earlier"])) + ".")
+    lines.append(f"- Loss: `{run.meta.get('loss')}`; {run.num_layers} blocks; "
+                 f"{run.sequences['sequence_index'].nunique()} sequences.")
+    return lines
+
+
+def _layer_table(ratios: pd.DataFrame, tests: pd.DataFrame) -> list[str]:
+    """Per-layer table: context and masked ratios with CIs, rank test."""
+    by_role = {role: ratios[ratios["role"] == role].set_index("layer") for role in ("context", "masked")}
+    test = tests.set_index("layer") if len(tests) else pd.DataFrame()
+    sites = ratios.drop_duplicates("layer").set_index("layer")["site"]
+
+    def ratio_cell(role: str, layer: int) -> str:
+        frame = by_role[role]
+        if layer not in frame.index:
+            return "–"
+        row = frame.loc[layer]
+        return _ci(row["ratio"], row["ci_low"], row["ci_high"])
+
+    rows = []
+    for layer in sorted(ratios["layer"].unique()):
+        effect, p = ("–", "–")
+        if layer in test.index:
+            effect, p = _num(test.loc[layer, "rank_biserial"]), _pval(test.loc[layer, "p_holm"])
+        rows.append((int(layer), sites[layer], ratio_cell("context", layer), ratio_cell("masked", layer), effect, p))
+    return _table(("layer", "site", "context / loss [95% CI]", "masked / loss [95% CI]", "rank-biserial",
+                   "p (Holm)"), rows)
+
+
+def _deficit_table(deficit: pd.DataFrame) -> list[str]:
+    """Last-block sublayer table."""
+    rows = [(r.sublayer, _num(r.share), f"{_num(r.earlier_mean)} [{_num(r.earlier_min)}, {_num(r.earlier_max)}]",
+             _num(r.ratio_to_earlier), _num(r.coverage), _num(r.earlier_coverage_mean))
+            for r in deficit.itertuples()]
+    return _table(("sublayer", "context share", "earlier blocks: mean [min, max]", "ratio to earlier",
+                   "coverage", "earlier coverage"), rows)
+
+
+def _figure_list(figures: list[str], formats: Sequence[str]) -> list[str]:
+    """Links to the figures (PNG inline when written)."""
+    lines = ["## Figures", ""]
+    for name in figures:
+        if "png" in formats:
+            lines += [f"![{name}]({name}.png)", ""]
+        else:
+            lines.append(f"- [{name}]({name}.{formats[0]})")
+    return lines
+
+
+# ----------------------------------------------------------------------------------------------
+# Comparison
+# ----------------------------------------------------------------------------------------------
+
+def write_comparison(run_dirs: Sequence[str | Path], labels: Sequence[str] | None, out_dir: str | Path,
+                     formats: Sequence[str] = ("pdf", "png"), width: str | float = "double", baseline: int = 0,
+                     n_resamples: int = 2000, seed: int = 0) -> list[Path]:
+    """Write the comparison figures, tables and ``summary.md`` for several runs; return the paths.
+
+    ``labels`` default to the run directory names; the first run is the baseline of the
+    differences unless ``baseline`` says otherwise. Raises :class:`RunError` for a missing or
+    malformed run directory and when the runs come from different tokenizers.
+    """
+    if len(run_dirs) < 2:
+        raise RunError(f"A comparison needs at least two run directories, got {len(run_dirs)}; use "
+                       "write_report for a single run.")
+    runs = [load_run(d) for d in run_dirs]
+    comp = compare_runs(runs, labels, baseline=baseline, n_resamples=n_resamples, seed=seed)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    incomplete = [lab for lab, run in zip(comp.labels, runs) if not run.complete]
+    banner = _incomplete_banner(incomplete) if incomplete else None
+    figures: dict[str, Callable[[], list[Artist]]] = {
+        "compare_profiles": lambda: plots.comparison_profiles(comp.profiles, comp.labels, width=width),
+        "compare_ratios": lambda: plots.comparison_ratios(comp, width=width),
+        "compare_last_block": lambda: plots.comparison_last_block(comp, width=width),
+    }
+    written: list[Path] = []
+    for name, draw in figures.items():
+        if name == "compare_last_block" and comp.last_block.empty:
+            continue
+        written += _render(draw, out / name, formats, banner, width)
+    written += _write_tables(out / "tables", {
+        "profiles": comp.profiles, "ratios": comp.ratios, "ratio_differences": comp.ratio_differences,
+        "shares": comp.shares, "last_block": comp.last_block, "layer_tests": comp.tests})
+    summary = out / "summary.md"
+    summary.write_text(_comparison_summary(runs, comp, incomplete, list(figures), formats, n_resamples, seed),
+                       encoding="utf-8")
+    return [summary, *written]
+
+
+def _comparison_summary(runs: Sequence[Run], comp: Comparison, incomplete: list[str], figures: list[str],
+                        formats: Sequence[str], n_resamples: int, seed: int) -> str:
+    """The Markdown summary of a comparison."""
+    lines = ["# gradflow comparison: " + ", ".join(comp.labels), ""]
+    if incomplete:
+        lines += [f"> **Warning: incomplete run(s): {', '.join(incomplete)}.** Their `meta.json` has "
+                  "`complete: false`: the numbers come from partial data and may change. Finish or resume "
+                  "those runs before citing the comparison.", ""]
+    lines += ["## Runs", ""]
+    lines += _table(("label", "model", "loss", "masking", "blocks", "sequences", "complete"), [
+        (lab, r.meta.get("model"), r.meta.get("loss"), f"`{_compact(r.meta.get('masking'))}`", r.num_layers,
+         r.sequences["sequence_index"].nunique(), r.complete) for lab, r in zip(comp.labels, runs)]) + [""]
+    lines += [f"## Context / loss gradient-norm ratio, per layer (baseline: {comp.baseline})", "",
+              f"Ratio [95% bootstrap CI over sequences; {n_resamples} resamples, seed {seed}] per run; "
+              "differences are run − baseline with a bootstrap CI of the difference (paired when both runs "
+              "measured the same sequences).", ""]
+    lines += _comparison_ratio_table(comp) + [""]
+    if not comp.last_block.empty:
+        lines += ["## Last block: context share per sublayer", ""]
+        lines += _comparison_last_table(comp) + [""]
+    lines += _figure_list(figures, formats) + [""]
+    lines += ["## Provenance", ""]
+    for lab, run in zip(comp.labels, runs):
+        lines += [f"### {lab}", ""] + _provenance(run) + [""]
+    return "\n".join(lines)
+
+
+def _comparison_ratio_table(comp: Comparison) -> list[str]:
+    """Per layer: every run's context ratio and each non-baseline run's difference."""
+    ratios = comp.ratios[comp.ratios["role"] == "context"]
+    diffs = comp.ratio_differences[comp.ratio_differences["role"] == "context"]
+    others = [lab for lab in comp.labels if lab != comp.baseline]
+    header = ["layer", *comp.labels, *[f"{lab} − {comp.baseline}" for lab in others]]
+    rows = []
+    for layer in sorted(ratios["layer"].unique()):
+        row: list[Any] = [int(layer)]
+        for lab in comp.labels:
+            r = ratios[(ratios["label"] == lab) & (ratios["layer"] == layer)]
+            row.append(_ci(*r[["ratio", "ci_low", "ci_high"]].iloc[0]) if len(r) else "–")
+        for lab in others:
+            d = diffs[(diffs["label"] == lab) & (diffs["layer"] == layer)]
+            row.append(_ci(*d[["difference", "ci_low", "ci_high"]].iloc[0]) if len(d) else "–")
+        rows.append(row)
+    return _table(header, rows)
+
+
+def _comparison_last_table(comp: Comparison) -> list[str]:
+    """Per last-block sublayer: each run's context share (and its ratio to the earlier blocks)."""
+    last = comp.last_block
+    rows = []
+    for sub in dict.fromkeys(last["sublayer"]):
+        row: list[Any] = [sub]
+        for lab in comp.labels:
+            r = last[(last["label"] == lab) & (last["sublayer"] == sub)]
+            row.append(f"{_num(r['share'].iloc[0])} ({_num(r['ratio_to_earlier'].iloc[0])}×)" if len(r) else "–")
+        rows.append(row)
+    return _table(["sublayer", *[f"{lab}: share (× earlier)" for lab in comp.labels]], rows)
+
+
+__all__ = ["INCOMPLETE_NOTE", "write_comparison", "write_report"]

@@ -1,0 +1,1 @@
+"""Interventions on models: surgery, fine-tuning, continued MLM and the Trainer callback."""

@@ -1,0 +1,326 @@
+"""A ``transformers.TrainerCallback`` that logs where the gradient goes while a model trains.
+
+Every ``every`` optimizer steps (and at step 1) it logs, per parameter group (``embeddings``, each
+block, ``other`` = heads, final norms, pooler):
+
+- ``grad_norm`` (role ``all``): L2 norm of the group's gradient for that step, **before**
+  clipping, summed over gradient-accumulation micro-batches (read by post-accumulate-grad hooks
+  installed for that step only; exact, nothing is recomputed);
+- ``drift`` (role ``all``): ``||W - W0|| / ||W0||`` over the group's parameters after the step's
+  update, ``W0`` being the weights at ``on_train_begin`` (a copy kept on the parameters' device);
+
+and, when the batch carries MLM labels (a ``*ForMaskedLM`` model and labels shaped like
+``input_ids``), per depth and position role (masked, random, kept, context, special, pad;
+:mod:`gradflow.roles`), from :class:`gradflow.hooks.recorder.GradFlowRecorder` in capture mode around
+that step's first micro-batch:
+
+- ``grad_norm`` (per role): ``sqrt(sum over the block's standard sublayers of ||G_r||^2)``, the
+  norm of role r's contribution to the block's weight gradient (exact per-role split);
+- ``hidden_grad_mean`` / ``n_positions``: mean norm of the loss gradient w.r.t. the block's output
+  hidden state over the positions of role r, and their number.
+
+Roles come from the batch: labels != -100 are selected (masked if the input is the tokenizer's
+mask token, kept if it equals the label, else random: a random replacement that happens to
+draw the original token counts as kept); unselected positions are special (the
+tokenizer's special ids), pad (attention mask 0) or context. Without a tokenizer (argument or
+the Trainer's ``processing_class``) random replacements count as masked and specials as context.
+
+Rows go to ``gradflow_callback.csv`` (``step, group, role, quantity, value``) in the run's
+``output_dir`` (only on the main process) and, when attached with :meth:`GradFlowCallback.attach`,
+to ``trainer.log`` (so every reporting integration gets them), else to ``state.log_history``.
+
+Step numbering: ``step`` s is the optimizer step that takes ``global_step`` from s-1 to s; its
+gradients were computed with the weights after step s-1, its drift after step s.
+ALBERT's shared layer is one group (``blocks.0-11``): its weight gradient is the sum over depths;
+the per-role rows are per depth. With fp16 mixed precision (a gradient scaler), ``grad_norm``
+includes the loss scale; bf16 and fp32 are exact. Under DDP, the hooks see this process's
+gradient before the all-reduce.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import warnings
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+from transformers import TrainerCallback
+
+from gradflow.adapters import adapter_for, block_modules, get_module
+from gradflow.hooks.recorder import BatchRecord, GradFlowRecorder, RecorderConfig, RecorderError
+from gradflow.roles import Role
+
+CSV_NAME = "gradflow_callback.csv"
+CSV_COLUMNS = ("step", "group", "role", "quantity", "value")
+
+
+@dataclass
+class _Group:
+    """A named set of parameters (deduplicated across groups: tied weights count once)."""
+
+    name: str
+    params: list[nn.Parameter]
+    initial: list[torch.Tensor] | None = None
+
+
+def mlm_roles(input_ids: torch.Tensor, labels: torch.Tensor, attention_mask: torch.Tensor | None = None,
+              mask_token_id: int | None = None, special_ids: tuple[int, ...] = ()) -> torch.Tensor:
+    """(B, T) int8 role codes of an MLM batch (see the module docstring)."""
+    selected = labels != -100
+    roles = torch.full(input_ids.shape, int(Role.CONTEXT), dtype=torch.int8, device=input_ids.device)
+    if special_ids:
+        special = torch.isin(input_ids, torch.tensor(special_ids, device=input_ids.device))
+        roles[special & ~selected] = Role.SPECIAL
+    if attention_mask is not None:
+        roles[(attention_mask == 0) & ~selected] = Role.PAD
+    kept = selected & (input_ids == labels)
+    masked = selected & ~kept
+    if mask_token_id is not None:
+        roles[masked & (input_ids != mask_token_id)] = Role.RANDOM
+        masked = masked & (input_ids == mask_token_id)
+    roles[masked] = Role.MASKED
+    roles[kept] = Role.KEPT
+    return roles
+
+
+class GradFlowCallback(TrainerCallback):
+    """Per-block gradient norms (per role for MLM batches) and weight drift, every ``every`` steps.
+
+    ``roles``: ``"auto"`` (per-role rows for MLM batches), ``"off"``; ``sublayers``: the per-role
+    weight-gradient split (``False`` keeps only the cheaper hidden-state rows); ``csv_path``:
+    default ``output_dir/gradflow_callback.csv``; ``tokenizer``: for mask and special ids
+    (default: the Trainer's ``processing_class``).
+    """
+
+    def __init__(self, every: int = 50, *, roles: str = "auto", sublayers: bool = True, drift: bool = True,
+                 csv_path: str | Path | None = None, tokenizer=None, log_first_step: bool = True):
+        if every < 1:
+            raise ValueError(f"every must be >= 1, got {every}")
+        if roles not in ("auto", "off"):
+            raise ValueError(f"roles must be 'auto' or 'off', got {roles!r}")
+        self.every = every
+        self.roles = roles
+        self.sublayers = sublayers
+        self.drift = drift
+        self.csv_path = Path(csv_path) if csv_path is not None else None
+        self.tokenizer = tokenizer
+        self.log_first_step = log_first_step
+        self.trainer = None
+        self.rows: list[dict] = []  # every row logged in this process (also written to the CSV)
+        self._groups: list[_Group] = []
+        self._hooks: list = []
+        self._sq: dict[int, torch.Tensor] = {}
+        self._grad_rows: list[dict] = []
+        self._recorder: GradFlowRecorder | None = None
+        self._capture: AbstractContextManager | None = None
+        self._record: BatchRecord | None = None
+        self._active_step: int | None = None
+        self._write = True
+
+    @classmethod
+    def attach(cls, trainer, every: int = 50, **kwargs) -> "GradFlowCallback":
+        """Create a callback, add it to ``trainer`` and log its scalars through ``trainer.log``."""
+        callback = cls(every, **kwargs)
+        callback.trainer = trainer
+        trainer.add_callback(callback)
+        return callback
+
+    # ------------------------------------------------------------------ set-up
+    def on_train_begin(self, args, state, control, model=None, processing_class=None, **kwargs):
+        self.tokenizer = self.tokenizer if self.tokenizer is not None else processing_class
+        self._groups = _param_groups(model)
+        if self.drift:
+            for group in self._groups:
+                group.initial = [p.detach().clone() for p in group.params]
+        self._write = bool(state.is_world_process_zero)
+        if self.csv_path is None:
+            self.csv_path = Path(args.output_dir) / CSV_NAME
+        if self._write:
+            self.csv_path.parent.mkdir(parents=True, exist_ok=True)
+            if not self.csv_path.exists() or self.csv_path.stat().st_size == 0:
+                with self.csv_path.open("w", newline="") as fh:
+                    csv.writer(fh).writerow(CSV_COLUMNS)
+
+    def _is_logged(self, step: int) -> bool:
+        return step % self.every == 0 or (self.log_first_step and step == 1)
+
+    # ------------------------------------------------------------------ arm and disarm
+    def on_step_begin(self, args, state, control, model=None, **kwargs):
+        step = state.global_step + 1
+        if not self._is_logged(step):
+            return
+        self._active_step = step
+        self._sq = {}
+        for group in self._groups:
+            for p in group.params:
+                if p.requires_grad:
+                    self._hooks.append(p.register_post_accumulate_grad_hook(self._grad_hook))
+        if self.roles == "auto" and _is_mlm_model(model):
+            self._arm_recorder(model)
+
+    def _grad_hook(self, param: torch.Tensor) -> None:
+        if param.grad is not None:
+            self._sq[id(param)] = param.grad.detach().float().pow(2).sum()
+
+    def _arm_recorder(self, model: nn.Module) -> None:
+        try:
+            with warnings.catch_warnings():  # transformers 5 deprecates is_gradient_checkpointing (read by the recorder)
+                warnings.simplefilter("ignore", FutureWarning)
+                self._recorder = GradFlowRecorder(model, RecorderConfig(sublayers=self.sublayers)).__enter__()
+        except RecorderError as err:
+            warnings.warn(f"GradFlowCallback: no per-role rows this step: {err}", stacklevel=2)
+            self._recorder = None
+            return
+        self._hooks.append(model.register_forward_pre_hook(self._start_capture, with_kwargs=True))
+
+    def _start_capture(self, module, args, kwargs):
+        """On the first forward of the logged step: derive roles and start capturing."""
+        if self._capture is not None or self._record is not None or self._recorder is None:
+            return None
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        labels = kwargs.get("labels")
+        if ids is None or labels is None or labels.shape != ids.shape:
+            return None
+        tok = self.tokenizer
+        mask_id = getattr(tok, "mask_token_id", None) if tok is not None else None
+        specials = tuple(getattr(tok, "all_special_ids", ())) if tok is not None else ()
+        roles = mlm_roles(ids, labels, kwargs.get("attention_mask"), mask_id, specials)
+        self._capture = self._recorder.capture(roles)
+        self._capture.__enter__()
+        return None
+
+    def _finish_capture(self) -> None:
+        """After the first micro-batch's backward: keep its record and remove the recorder."""
+        if self._capture is not None:
+            self._capture.__exit__(None, None, None)
+            self._capture = None
+            try:
+                self._record = self._recorder.result()
+            except RecorderError as err:
+                warnings.warn(f"GradFlowCallback: no per-role rows this step: {err}", stacklevel=2)
+        if self._recorder is not None:
+            self._recorder.__exit__(None, None, None)
+            self._recorder = None
+
+    def on_substep_end(self, args, state, control, **kwargs):
+        if self._active_step is not None:
+            self._finish_capture()
+
+    def on_pre_optimizer_step(self, args, state, control, **kwargs):
+        if self._active_step is None:
+            return
+        self._finish_capture()
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks = []
+        self._grad_rows = [self._row(g.name, "all", "grad_norm", self._group_grad_norm(g)) for g in self._groups]
+
+    def _group_grad_norm(self, group: _Group) -> float:
+        parts = [self._sq[id(p)] for p in group.params if id(p) in self._sq]
+        return math.sqrt(float(torch.stack(parts).sum())) if parts else 0.0
+
+    # ------------------------------------------------------------------ logging
+    def on_step_end(self, args, state, control, **kwargs):
+        if self._active_step is None:
+            return
+        rows = list(self._grad_rows)
+        if self.drift:
+            rows += [self._row(g.name, "all", "drift", _drift(g)) for g in self._groups]
+        if self._record is not None:
+            rows += self._role_rows(self._record)
+        self._record, self._grad_rows, self._active_step = None, [], None
+        # trainer.log() clears control.should_log (CallbackHandler.on_log): keep the Trainer's own
+        # pending log of this step (its loss) from being dropped.
+        pending_log = control.should_log
+        self._emit(rows, state)
+        control.should_log = control.should_log or pending_log
+        if self.trainer is not None:
+            self.trainer.control.should_log = self.trainer.control.should_log or pending_log
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self._finish_capture()
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks = []
+
+    def _row(self, group: str, role: str, quantity: str, value: float) -> dict:
+        return {"step": self._active_step, "group": group, "role": role, "quantity": quantity, "value": value}
+
+    def _role_rows(self, record: BatchRecord) -> list[dict]:
+        rows = []
+        if self.sublayers and record.sublayers:
+            frame = record.sublayer_frame()
+            frame = frame.assign(sq=frame["contribution_norm"] ** 2).groupby(["layer", "role"], sort=True)["sq"].sum()
+            for (layer, role), sq in frame.items():
+                rows.append(self._row(f"blocks.{layer - 1}", role, "grad_norm", math.sqrt(float(sq))))
+        sites = record.site_frame()
+        sites = sites[sites["point"] == "out"]
+        for site in sites.itertuples(index=False):
+            group = "embeddings" if site.layer == 0 else f"blocks.{site.layer - 1}"
+            rows.append(self._row(group, site.role, "hidden_grad_mean", site.grad_norm_mean))
+            rows.append(self._row(group, site.role, "n_positions", float(site.n_positions)))
+        return rows
+
+    def _emit(self, rows: list[dict], state) -> None:
+        self.rows.extend(rows)
+        if self._write and self.csv_path is not None:
+            with self.csv_path.open("a", newline="") as fh:
+                writer = csv.writer(fh)
+                writer.writerows([[r[c] for c in CSV_COLUMNS] for r in rows])
+        scalars = {_scalar_name(r): r["value"] for r in rows if r["quantity"] != "n_positions"}
+        if self.trainer is not None:
+            self.trainer.log(scalars)
+        else:
+            state.log_history.append({**scalars, "step": state.global_step})
+
+
+# ---------------------------------------------------------------------------------------- helpers
+def _scalar_name(row: dict) -> str:
+    role = "" if row["role"] == "all" else f"/{row['role']}"
+    return f"gradflow/{row['group']}/{row['quantity']}{role}"
+
+
+def _is_mlm_model(model: nn.Module | None) -> bool:
+    return model is not None and "MaskedLM" in type(model).__name__
+
+
+def _param_groups(model: nn.Module) -> list[_Group]:
+    """``embeddings``, one group per distinct block module (in call order), then ``other``."""
+    adapter = adapter_for(model)
+    base = model.base_model
+    seen: set[int] = set()
+
+    def take(module: nn.Module) -> list[nn.Parameter]:
+        out = [p for p in module.parameters() if id(p) not in seen]
+        seen.update(id(p) for p in out)
+        return out
+
+    groups = [_Group("embeddings", take(get_module(base, adapter.embeddings)))]
+    blocks = block_modules(adapter, base)
+    depths: dict[int, list[int]] = {}
+    for depth, block in enumerate(blocks):
+        depths.setdefault(id(block), []).append(depth)
+    for block in dict.fromkeys(blocks):  # distinct, in call order
+        d = depths[id(block)]
+        name = f"blocks.{d[0]}" if len(d) == 1 else f"blocks.{d[0]}-{d[-1]}"
+        groups.append(_Group(name, take(block)))
+    groups.append(_Group("other", take(model)))
+    return [g for g in groups if g.params]
+
+
+def _drift(group: _Group) -> float:
+    """``||W - W0|| / ||W0||`` over the group's parameters."""
+    if not group.initial:
+        return float("nan")
+    with torch.no_grad():
+        diff = torch.stack([(p.detach().float() - w0.float()).pow(2).sum() for p, w0 in zip(group.params, group.initial)])
+        ref = torch.stack([w0.float().pow(2).sum() for w0 in group.initial])
+        diff, ref = float(diff.sum()), float(ref.sum())
+    return math.sqrt(diff) / math.sqrt(ref) if ref > 0 else float("nan")
+
+
+__all__ = ["CSV_COLUMNS", "CSV_NAME", "GradFlowCallback", "mlm_roles"]

@@ -1,0 +1,425 @@
+"""The fine-tuning loop: a plain AdamW loop with linear warm-up and decay, evaluated every N steps.
+
+``finetune(FinetuneConfig(model="gradflow-mini-en", task="brown-pos", ...))`` loads any
+masked-LM checkpoint (embedded name, ``zoo:NAME``, directory or hub name) into
+``AutoModelForTokenClassification`` / ``AutoModelForSequenceClassification`` (the task head and,
+for sequence tasks of BERT-like models, the pooler are newly initialised from ``seed``), optionally
+applies block surgery (drop or re-initialise the last k blocks) or trains the head only, and
+writes to ``out_dir``:
+
+- ``eval.csv``: tidy ``step, split, metric, value`` rows (train loss since the last evaluation,
+  evaluation loss and the task's metrics), rewritten after every evaluation;
+- ``result.json``: the config, surgery records, parameter counts and final metrics.
+
+``head_only`` freezes every parameter loaded from the checkpoint: only the newly initialised
+parameters (head, and pooler where the checkpoint has none) are trained.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import pandas as pd
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from gradflow.errors import GradflowError
+from gradflow.interventions.finetune.data import (
+    IGNORE,
+    Encoded,
+    class_weights,
+    collate,
+    encode,
+    eval_batches,
+    label_counts,
+    train_batches,
+)
+from gradflow.interventions.finetune.tasks import Task, check_rows, load_split, load_task, score
+from gradflow.interventions.surgery import SurgeryPlan, apply_surgery
+
+EVAL_COLUMNS = ("step", "split", "metric", "value")
+# position ids start after the padding index (RoBERTa-style learned positions)
+_PADDING_OFFSET_POSITIONS = ("roberta", "xlm-roberta", "camembert", "data2vec-text", "roberta-prelayernorm",
+                             "xlm-roberta-xl")
+
+
+@dataclass
+class FinetuneConfig:
+    """Everything a fine-tuning run depends on.
+
+    ``warmup``: fraction of ``steps`` with a linearly rising learning rate (then linear decay to 0).
+    ``class_weights``: ``None``, ``"balanced"`` or one weight per label (training loss only).
+    ``train_limit`` / ``eval_limit``: use a seeded sample of that many examples (quick runs).
+    ``autocast``: ``None`` (float32) or ``"bfloat16"``: mixed precision for the forward passes
+    (weights, optimiser state and the loss stay float32).
+    """
+
+    model: str
+    task: str
+    out_dir: str | None = None
+    data_root: str | None = None
+    lr: float = 5e-5
+    steps: int = 1000
+    batch_size: int = 32
+    eval_batch_size: int = 128
+    warmup: float = 0.1
+    weight_decay: float = 0.01
+    max_grad_norm: float = 1.0
+    max_length: int = 256
+    seed: int = 0
+    eval_every: int = 200
+    eval_split: str = "validation"
+    final_splits: tuple[str, ...] = ("validation", "test")
+    class_weights: str | tuple[float, ...] | None = None
+    drop_last: int = 0
+    reinit_last: int = 0
+    head_only: bool = False
+    train_limit: int | None = None
+    eval_limit: int | None = None
+    device: str = "cpu"
+    autocast: str | None = None
+    progress: bool = True
+    save_model: bool = False
+
+    def __post_init__(self) -> None:
+        if self.steps < 1 or self.batch_size < 1 or self.eval_every < 1:
+            raise GradflowError("steps, batch_size and eval_every must be >= 1")
+        if not 0.0 <= self.warmup < 1.0:
+            raise GradflowError(f"warmup is a fraction of the steps in [0, 1), got {self.warmup}")
+        if self.head_only and self.reinit_last:
+            raise GradflowError("head_only freezes the encoder: a re-initialised, frozen block would stay random. "
+                                "Use head_only with drop_last only.")
+        if isinstance(self.class_weights, list):
+            self.class_weights = tuple(self.class_weights)
+        if self.autocast not in (None, "bfloat16"):
+            raise GradflowError(f"autocast must be None or 'bfloat16', got {self.autocast!r}")
+
+
+def autocast_context(config: FinetuneConfig) -> contextlib.AbstractContextManager:
+    """The forward-pass precision context of ``config`` (a no-op for float32)."""
+    if config.autocast is None:
+        return contextlib.nullcontext()
+    return torch.autocast(torch.device(config.device).type, dtype=torch.bfloat16)
+
+
+@dataclass
+class EvalRecord:
+    """Metrics of one split at one step."""
+
+    step: int
+    split: str
+    metrics: dict[str, float]
+
+
+@dataclass
+class FinetuneResult:
+    """What a run produced. ``final``: split -> metrics after the last step."""
+
+    config: FinetuneConfig
+    task: str
+    final: dict[str, dict[str, float]]
+    history: list[EvalRecord] = field(default_factory=list)
+    train_loss: list[float] = field(default_factory=list)
+    surgery: list[dict] = field(default_factory=list)
+    trainable_parameters: int = 0
+    total_parameters: int = 0
+    seconds: float = 0.0
+    out_dir: str | None = None
+    max_length: int = 0
+
+    def frame(self) -> pd.DataFrame:
+        """The evaluation history as a tidy frame (``step, split, metric, value``)."""
+        rows = [{"step": r.step, "split": r.split, "metric": k, "value": v} for r in self.history
+                for k, v in r.metrics.items()]
+        return pd.DataFrame(rows, columns=list(EVAL_COLUMNS))
+
+    def to_dict(self) -> dict:
+        return {"config": asdict(self.config), "task": self.task, "final": self.final, "surgery": self.surgery,
+                "trainable_parameters": self.trainable_parameters, "total_parameters": self.total_parameters,
+                "seconds": self.seconds, "steps": self.config.steps, "max_length": self.max_length}
+
+
+# ---------------------------------------------------------------------------------------- model
+@contextlib.contextmanager
+def _quiet_transformers() -> Iterator[None]:
+    """Silence transformers' load report (the missing head is expected)."""
+    from transformers.utils import logging as hf_logging
+
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
+
+
+def load_task_model(model_spec: str, task: Task, seed: int) -> tuple[nn.Module, object, set[str]]:
+    """(model with a fresh ``task`` head, tokenizer, names of newly initialised parameters)."""
+    from transformers import AutoModelForSequenceClassification, AutoModelForTokenClassification, AutoTokenizer
+
+    from gradflow.models import resolve_model_path
+
+    path, _ = resolve_model_path(model_spec)
+    cls = AutoModelForTokenClassification if task.kind == "token" else AutoModelForSequenceClassification
+    torch.manual_seed(seed)
+    with _quiet_transformers():
+        try:
+            # float32 master weights whatever the checkpoint's storage dtype (the embedded models ship
+            # float16, which transformers 5 would otherwise keep: AdamW on float16 weights loses updates)
+            model, info = cls.from_pretrained(path, num_labels=task.num_labels, id2label=dict(enumerate(task.labels)),
+                                              label2id=task.label2id, output_loading_info=True, dtype=torch.float32)
+        except (OSError, ValueError) as err:
+            raise GradflowError(f"could not load {model_spec!r} for {task.kind} classification: {err}") from None
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    if task.kind == "token" and getattr(tokenizer, "add_prefix_space", None) is False:
+        tokenizer = AutoTokenizer.from_pretrained(path, add_prefix_space=True)  # BPE + pre-split words
+    return model, tokenizer, set(info.get("missing_keys", ()))
+
+
+def max_input_length(model: nn.Module, tokenizer, requested: int) -> int:
+    """``requested``, capped by the model's learned positions and the tokenizer's own limit."""
+    limit = requested
+    config = model.config
+    positions = getattr(config, "max_position_embeddings", None)
+    if positions and getattr(config, "position_embedding_type", "absolute") == "absolute":
+        if config.model_type in _PADDING_OFFSET_POSITIONS:
+            positions -= (config.pad_token_id or 0) + 1
+        limit = min(limit, positions)
+    tok_limit = getattr(tokenizer, "model_max_length", None)
+    if isinstance(tok_limit, int) and 0 < tok_limit < 1_000_000:
+        limit = min(limit, tok_limit)
+    return limit
+
+
+def freeze_loaded(model: nn.Module, new_params: set[str]) -> int:
+    """Freeze every parameter except the newly initialised ones; return the trainable count."""
+    for name, p in model.named_parameters():
+        p.requires_grad_(name in new_params)
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    if trainable == 0:
+        raise GradflowError("head_only: no newly initialised parameters found to train")
+    return trainable
+
+
+def make_optimizer(model: nn.Module, config: FinetuneConfig) -> tuple[torch.optim.Optimizer, object]:
+    """AdamW (no weight decay on biases and norms) and a linear warm-up / decay schedule."""
+    from transformers import get_linear_schedule_with_warmup
+
+    decay, no_decay = [], []
+    for p in model.parameters():
+        if p.requires_grad:
+            (decay if p.ndim >= 2 else no_decay).append(p)
+    groups = [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    optimizer = torch.optim.AdamW([g for g in groups if g["params"]], lr=config.lr)
+    warmup = int(round(config.warmup * config.steps))
+    return optimizer, get_linear_schedule_with_warmup(optimizer, warmup, config.steps)
+
+
+# ---------------------------------------------------------------------------------------- loss and eval
+def task_loss(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor | None = None) -> torch.Tensor:
+    """Cross-entropy over labelled positions (token) or examples (sequence), optionally class-weighted.
+
+    With weights the mean is weighted: ``sum_i w[y_i] * nll_i / sum_i w[y_i]``.
+    """
+    flat = logits.reshape(-1, logits.shape[-1]).float()
+    return F.cross_entropy(flat, labels.reshape(-1), weight=weights, ignore_index=IGNORE)
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, task: Task, rows: list[dict], examples: list[Encoded], pad_id: int,
+             batch_size: int, device: str) -> dict[str, float]:
+    """Loss (unweighted) and the task's metrics on one split."""
+    was_training = model.training
+    model.eval()
+    preds: list = [None] * len(examples)
+    loss_sum, loss_n = 0.0, 0
+    for idx in eval_batches(examples, batch_size):
+        batch = {k: v.to(device) for k, v in collate([examples[i] for i in idx], pad_id).items()}
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        n = int((batch["labels"] != IGNORE).sum())
+        loss_sum += float(task_loss(logits, batch["labels"])) * n
+        loss_n += n
+        best = logits.argmax(-1).cpu()
+        for row, i in enumerate(idx):
+            if task.kind == "token":
+                mask = batch["labels"][row].cpu() != IGNORE
+                preds[i] = best[row][mask].tolist()
+            else:
+                preds[i] = int(best[row])
+    model.train(was_training)
+    gold, pred = _decode(task, rows, examples, preds)
+    dropped = sum(e.num_words - len(e.words) for e in examples) if task.kind == "token" else 0
+    return {"loss": loss_sum / max(loss_n, 1), **score(task, gold, pred), "dropped_words": float(dropped)}
+
+
+def _decode(task: Task, rows: list[dict], examples: list[Encoded], preds: list) -> tuple[list, list]:
+    """Gold and predicted label names; unseen (truncated) words get the fallback label."""
+    if task.kind == "sequence":
+        return [r["label"] for r in rows], [task.labels[p] for p in preds]
+    gold, pred = [], []
+    for row, ex, p in zip(rows, examples, preds):
+        words = [task.fallback_label()] * len(row["tags"])
+        for w, label_id in zip(ex.words, p):
+            words[w] = task.labels[label_id]
+        gold.append(list(row["tags"]))
+        pred.append(words)
+    return gold, pred
+
+
+# ---------------------------------------------------------------------------------------- data
+def _sample(rows: list[dict], limit: int | None, seed: int) -> list[dict]:
+    if limit is None or limit >= len(rows):
+        return rows
+    keep = sorted(torch.randperm(len(rows), generator=torch.Generator().manual_seed(seed))[:limit].tolist())
+    return [rows[i] for i in keep]
+
+
+def _task_and_data(config: FinetuneConfig, task: Task | None,
+                   data: dict[str, list[dict]] | None) -> tuple[Task, dict[str, list[dict]]]:
+    task = task or load_task(config.task, config.data_root)
+    splits = {"train", config.eval_split, *config.final_splits}
+    if data is None:
+        data = {s: load_split(task, s) for s in splits}
+    for s, rows in data.items():
+        check_rows(task, rows, s)
+    missing = splits - set(data)
+    if missing:
+        raise GradflowError(f"no rows for split(s) {', '.join(sorted(missing))}")
+    out = {"train": _sample(data["train"], config.train_limit, config.seed)}
+    for s in splits - {"train"}:
+        out[s] = _sample(data[s], config.eval_limit, config.seed)
+    return task, out
+
+
+# ---------------------------------------------------------------------------------------- loop
+def finetune(config: FinetuneConfig, *, task: Task | None = None,
+             data: dict[str, list[dict]] | None = None) -> FinetuneResult:
+    """Fine-tune ``config.model`` on ``config.task`` (or on ``task`` with rows ``data``)."""
+    from tqdm.auto import tqdm
+
+    start = time.perf_counter()
+    task, rows = _task_and_data(config, task, data)
+    model, tokenizer, new_params = load_task_model(config.model, task, config.seed)
+    model, surgery = apply_surgery(model, SurgeryPlan(config.drop_last, config.reinit_last, config.seed))
+    if config.head_only:
+        freeze_loaded(model, new_params)
+    model.to(config.device).train()
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    max_length = max_input_length(model, tokenizer, config.max_length)
+    encoded = {s: encode(task, tokenizer, r, max_length) for s, r in rows.items()}
+    weights = class_weights(config.class_weights, label_counts(encoded["train"], task.num_labels))
+    weights = weights.to(config.device) if weights is not None else None
+    optimizer, scheduler = make_optimizer(model, config)
+    out = Path(config.out_dir) if config.out_dir else None
+    if out:
+        out.mkdir(parents=True, exist_ok=True)
+    result = FinetuneResult(config, task.name, {}, surgery=surgery.to_dict(), max_length=max_length,
+                            trainable_parameters=sum(p.numel() for p in model.parameters() if p.requires_grad),
+                            total_parameters=sum(p.numel() for p in model.parameters()),
+                            out_dir=str(out) if out else None)
+    torch.manual_seed(config.seed)
+    batches = train_batches(len(encoded["train"]), config.batch_size, config.seed)
+    running: list[float] = []
+    bar = tqdm(range(1, config.steps + 1), desc=f"finetune {task.name}", disable=not config.progress)
+    for step in bar:
+        idx = next(batches)
+        batch = {k: v.to(config.device) for k, v in collate([encoded["train"][i] for i in idx], pad_id).items()}
+        with autocast_context(config):
+            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        loss = task_loss(logits, batch["labels"], weights)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if config.max_grad_norm > 0:
+            torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], config.max_grad_norm)
+        optimizer.step()
+        scheduler.step()
+        value = float(loss.detach())
+        result.train_loss.append(value)
+        running.append(value)
+        bar.set_postfix(loss=f"{value:.4f}")
+        if step % config.eval_every == 0 or step == config.steps:
+            result.history.append(EvalRecord(step, "train", {"loss": sum(running) / len(running)}))
+            running = []
+            with autocast_context(config):
+                metrics = evaluate(model, task, rows[config.eval_split], encoded[config.eval_split], pad_id,
+                                   config.eval_batch_size, config.device)
+            result.history.append(EvalRecord(step, config.eval_split, metrics))
+            _write_history(result, out)
+    for split in config.final_splits:
+        last = [r for r in result.history if r.step == config.steps and r.split == split]
+        if last:
+            result.final[split] = last[0].metrics
+            continue
+        with autocast_context(config):
+            result.final[split] = evaluate(model, task, rows[split], encoded[split], pad_id,
+                                           config.eval_batch_size, config.device)
+    result.seconds = time.perf_counter() - start
+    _write_outputs(result, out, model, tokenizer)
+    return result
+
+
+def _write_history(result: FinetuneResult, out: Path | None) -> None:
+    if out is not None:
+        result.frame().to_csv(out / "eval.csv", index=False)
+
+
+def _write_outputs(result: FinetuneResult, out: Path | None, model: nn.Module, tokenizer) -> None:
+    if out is None:
+        return
+    _write_history(result, out)
+    (out / "result.json").write_text(json.dumps(result.to_dict(), indent=2, default=_json_default) + "\n")
+    if result.config.save_model:
+        model.save_pretrained(out / "model")
+        tokenizer.save_pretrained(out / "model")
+
+
+def _json_default(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, Path):
+        return str(value)
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+
+
+# ---------------------------------------------------------------------------------------- CLI
+def main(argv: list[str] | None = None) -> int:
+    """``python -m gradflow.interventions.finetune.train --model M --task T --out DIR [options]``."""
+    parser = argparse.ArgumentParser(description="Fine-tune a masked LM on a gradflow task.")
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--task", required=True, help="built-in task name (under --data-root) or a task directory")
+    parser.add_argument("--out", dest="out_dir", required=True)
+    parser.add_argument("--data-root", default=None)
+    for name, kind in (("lr", float), ("steps", int), ("batch-size", int), ("warmup", float), ("seed", int),
+                       ("eval-every", int), ("max-length", int), ("drop-last", int), ("reinit-last", int),
+                       ("train-limit", int), ("eval-limit", int), ("weight-decay", float)):
+        parser.add_argument(f"--{name}", type=kind, default=None)
+    parser.add_argument("--class-weights", default=None, help="'balanced' or comma-separated weights")
+    parser.add_argument("--head-only", action="store_true")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--autocast", choices=["bfloat16"], default=None,
+                        help="mixed-precision forward passes (fast on GPUs and on CPUs with AVX512-BF16)")
+    parser.add_argument("--save-model", action="store_true")
+    parser.add_argument("--no-progress", dest="progress", action="store_false")
+    args = vars(parser.parse_args(argv))
+    weights = args.pop("class_weights")
+    if weights and weights != "balanced":
+        weights = tuple(float(x) for x in weights.split(","))
+    config = FinetuneConfig(**{k: v for k, v in args.items() if v is not None}, class_weights=weights)
+    try:
+        result = finetune(config)
+    except GradflowError as err:
+        parser.exit(2, f"error: {err}\n")
+    print(json.dumps(result.final, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

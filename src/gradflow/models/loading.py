@@ -1,0 +1,139 @@
+"""Loading masked LMs by name or path: embedded models, ``zoo:NAME``, local directories, hub names.
+
+Loading never runs code from a checkpoint: ``trust_remote_code`` is off unless the caller passes
+it explicitly, and weights load through safetensors (or ``torch.load(weights_only=True)``, which
+transformers uses for ``.bin`` files).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from gradflow.adapters import Adapter, UnsupportedArchitectureError, adapter_for
+from gradflow.errors import ModelLoadError
+
+EMBEDDED_MODELS: dict[str, str] = {
+    "gradflow-mini-en": "BERT MLM (6 layers, hidden 256) pretrained on SOTU + Brown with standard 15% MLM",
+    "gradflow-mini-en-alltoken": "its twin trained with the all-token loss (predict the original token everywhere)",
+}
+DEFAULT_MODEL = "gradflow-mini-en"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class LoadedModel:
+    """A model ready for recording: the module (eval mode), its tokenizer and provenance."""
+
+    model: nn.Module
+    tokenizer: object
+    name: str
+    path: str
+    adapter: Adapter
+    config_hash: str
+
+    def max_positions(self) -> int:
+        """Longest input (tokens, special tokens included) the model accepts."""
+        limit = getattr(self.tokenizer, "model_max_length", None)
+        config_limit = getattr(self.model.config, "max_position_embeddings", None)
+        if limit is not None and limit < 1_000_000:
+            return int(min(limit, config_limit)) if config_limit else int(limit)
+        return int(config_limit) if config_limit else 512
+
+    def tokenizer_info(self) -> dict:
+        """Name, vocabulary size and a hash of the vocabulary (for comparing runs per token)."""
+        vocab = self.tokenizer.get_vocab()
+        digest = hashlib.sha256(json.dumps(sorted(vocab.items()), ensure_ascii=False).encode()).hexdigest()[:16]
+        return {"name_or_path": self.path, "vocab_size": len(self.tokenizer), "hash": digest}
+
+
+def embedded_model_dir(name: str) -> Path:
+    """Directory of an embedded model inside the installed package."""
+    return Path(str(resources.files("gradflow") / "models" / name))
+
+
+def resolve_model_path(spec: str) -> tuple[str, bool]:
+    """(path or hub name, is_local) for a model spec; raises ModelLoadError for missing local paths."""
+    if spec in EMBEDDED_MODELS:
+        path = embedded_model_dir(spec)
+        if not (path / "config.json").exists():
+            raise ModelLoadError(f"the embedded model {spec} is missing from this installation ({path}). "
+                                 "Reinstall gradflow from a full checkout (the weights ship in the package).")
+        return str(path), True
+    if spec.startswith("zoo:"):
+        from gradflow.models import zoo
+
+        return str(zoo.resolve(spec[4:])), True
+    p = Path(spec).expanduser()
+    if p.exists():
+        if not (p / "config.json").exists():
+            raise ModelLoadError(f"{spec} exists but has no config.json: pass a directory saved with "
+                                 "save_pretrained (config.json, weights, tokenizer files).")
+        return str(p), True
+    if spec.startswith((".", "/", "~")) or spec.count("/") > 1 or spec.endswith(("/", ".json", ".bin", ".safetensors")):
+        raise ModelLoadError(f"model path {spec} does not exist. Pass an existing directory, an embedded model "
+                             f"({', '.join(EMBEDDED_MODELS)}), zoo:NAME (see `gradflow zoo list`) or a hub name.")
+    return spec, False
+
+
+def load_model(spec: str = DEFAULT_MODEL, device: str = "cpu", dtype: str = "float32",
+               trust_remote_code: bool = False) -> LoadedModel:
+    """Load a ForMaskedLM model and its tokenizer; eval mode, on ``device``, in ``dtype``."""
+    from transformers import AutoConfig, AutoModelForMaskedLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # gradflow shows its own progress; keep stderr for real messages
+
+    if dtype not in DTYPES:
+        raise ModelLoadError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
+    path, local = resolve_model_path(spec)
+    try:
+        config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    except OSError as err:
+        where = "the directory" if local else "the Hugging Face hub (is it reachable? set HF_HUB_OFFLINE=1 to use the local cache only)"
+        raise ModelLoadError(f"could not load a config for {spec!r} from {where}: {err}") from None
+    except ValueError as err:
+        raise ModelLoadError(f"could not read the config of {spec!r}: {err}. If the model needs custom code, "
+                             "review it and pass --trust-remote-code.") from None
+    try:
+        adapter = adapter_for(_Stub(config))
+    except UnsupportedArchitectureError as err:
+        raise ModelLoadError(str(err)) from None
+    try:
+        model, info = AutoModelForMaskedLM.from_pretrained(path, config=config, dtype=DTYPES[dtype],
+                                                           trust_remote_code=trust_remote_code,
+                                                           output_loading_info=True)
+    except ValueError as err:
+        raise ModelLoadError(f"{spec!r} (model_type {config.model_type!r}) has no masked-LM class: {err}") from None
+    except OSError as err:
+        raise ModelLoadError(f"could not load the weights of {spec!r}: {err}") from None
+    head_missing = [k for k in info.get("missing_keys", []) if not k.startswith(model.base_model_prefix + ".")]
+    head_missing = [k for k in head_missing if not k.endswith("decoder.weight")]  # tied to the embeddings
+    if head_missing:
+        raise ModelLoadError(
+            f"{spec!r} has no masked-LM head (missing {', '.join(sorted(head_missing)[:3])}): it looks like a "
+            "bare encoder (e.g. BertModel). gradflow needs a ForMaskedLM checkpoint such as bert-base-uncased "
+            "or roberta-base, whose MLM head was trained with the encoder."
+        )
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as err:
+        raise ModelLoadError(f"could not load the tokenizer of {spec!r}: {err}") from None
+    if tokenizer.mask_token_id is None:
+        raise ModelLoadError(f"the tokenizer of {spec!r} has no mask token: it is not a masked-LM tokenizer.")
+    model.to(device).eval()
+    config_hash = hashlib.sha256(config.to_json_string(use_diff=False).encode()).hexdigest()[:16]
+    return LoadedModel(model, tokenizer, spec, path, adapter, config_hash)
+
+
+class _Stub:
+    """Lets adapter_for() look at a config before the model is built."""
+
+    def __init__(self, config):
+        self.config = config

@@ -1,0 +1,1 @@
+"""Corpus jobs and the run directory: streaming accumulators, schema, files, meta.json."""

@@ -1,0 +1,173 @@
+"""Representation diagnostics of every layer, per position role, streamed over a corpus.
+
+Forward passes only (``torch.no_grad``). Hidden states are taken with forward hooks at the
+recorder's sites (``embeddings.out``, ``blocks.{i}.mid``, ``blocks.{i}.out``) rather than from
+``output_hidden_states``: for pre-LN models the last entry of ``hidden_states`` already includes
+the final LayerNorm, and for factorised embeddings (ALBERT, ELECTRA) the first entry is after the
+projection, so the hooks are what keeps these tables aligned with the gradient recordings.
+
+Tables (one row per layer and role; ``layer`` 0 = embeddings, i + 1 = block i; ``loss`` = pooled
+masked + random + kept):
+
+- ``logit_lens``: the model's own MLM head (after the final norm of pre-LN models) applied to
+  every layer's output; ``top1_original`` is the fraction of positions whose top-1 prediction is
+  the original token, ``mean_log_prob_original`` its mean log-probability (nats).
+- ``input_shift``: how separable the FFN inputs (``blocks.{i}.mid``) of loss and context
+  positions are: cross-validated AUROC of a logistic-regression probe on a seeded uniform sample
+  of at most ``max_per_group`` vectors per group (Hanley-McNeil standard error and 95% interval),
+  and the Frechet distance between the two groups' Gaussians (means and covariances over *all*
+  positions, streamed).
+- ``anisotropy``: mean pairwise cosine of the hidden states of a role, from the running sum of
+  unit vectors: ``(||sum u||^2 - n) / (n (n - 1))``.
+- ``transformation``: per block, relative change ``||h_i - h_{i-1}|| / ||h_{i-1}||`` of each
+  position's hidden state (mean and std); the last block (``last_block`` true) is the one whose
+  context channels get no gradient.
+
+State per layer is bounded (sums, a fixed-size sample, H x H moments), so memory does not grow
+with the corpus.
+"""
+
+from __future__ import annotations
+
+import platform
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import pandas as pd
+import torch
+from torch import nn
+
+from gradflow import __version__
+from gradflow.adapters import Adapter, block_modules
+from gradflow.analysis.logit_lens import LogitLens, LogitLensAccumulator
+from gradflow.analysis.representations import AnisotropyAccumulator, InputShiftAccumulator, TransformationAccumulator
+from gradflow.errors import CorpusError, DiagnosticsError
+from gradflow.hooks.states import SiteStates, collect_states
+from gradflow.inputs.corpus import CorpusCounts, Document, batches, iter_windows, read_documents
+from gradflow.inputs.masking import BertMasking, MaskedBatch, mask_batch
+from gradflow.models import LoadedModel
+from gradflow.roles import TOKEN_ROLES, Role
+from gradflow.runs.schema import DIAGNOSTIC_COLUMNS as TABLE_COLUMNS
+
+# ----------------------------------------------------------------------------------------------
+# All four over a stream of batches
+# ----------------------------------------------------------------------------------------------
+
+class Diagnostics:
+    """The four accumulators of one model; ``add(states, batch)`` per batch, ``tables()`` at the end."""
+
+    def __init__(self, model: nn.Module, adapter: Adapter, max_per_group: int = 2000, seed: int = 0):
+        self.num_blocks = len(block_modules(adapter, model.base_model))
+        self.lens = LogitLens(model, adapter)
+        self.logit_lens = LogitLensAccumulator(self.lens)
+        self.input_shift = InputShiftAccumulator(self.num_blocks, max_per_group, seed)
+        self.anisotropy = AnisotropyAccumulator()
+        self.transformation = TransformationAccumulator(self.num_blocks)
+
+    def add(self, states: SiteStates, batch: MaskedBatch) -> None:
+        """Fold one batch's states into every accumulator (resolves the lens on the first call)."""
+        if self.lens.max_abs_diff is None:
+            if states.logits is None:
+                raise DiagnosticsError("the first batch must come with the model's logits to check the logit lens")
+            self.lens.resolve(states.hidden[-1], states.logits, batch.roles.cpu() != Role.PAD)
+        batch = batch.to("cpu")
+        self.logit_lens.add(states, batch)
+        self.input_shift.add(states, batch)
+        self.anisotropy.add(states, batch)
+        self.transformation.add(states, batch)
+
+    def tables(self) -> dict[str, pd.DataFrame]:
+        """Tidy tables keyed ``logit_lens``, ``input_shift``, ``anisotropy``, ``transformation``."""
+        return {"logit_lens": self.logit_lens.frame(), "input_shift": self.input_shift.frame(),
+                "anisotropy": self.anisotropy.frame(), "transformation": self.transformation.frame()}
+
+
+def _documents(texts: str | Path | Sequence[str] | None) -> tuple[Iterator[Document], str]:
+    if texts is None:
+        from importlib import resources
+
+        texts = str(resources.files("gradflow") / "data" / "sotu_sample.txt")
+    if isinstance(texts, (str, Path)):
+        return read_documents(texts), str(texts)
+    docs = (Document(i, t, "<texts>", i + 1) for i, t in enumerate(texts) if t.strip())
+    return docs, f"<{len(texts)} texts>"
+
+
+def diagnose_corpus(loaded: LoadedModel, texts: str | Path | Sequence[str] | None, out_dir: str | Path,
+                    max_length: int = 128, batch_size: int = 8, limit: int | None = None, seed: int = 0, *,
+                    max_per_group: int = 2000, command: str = "") -> dict[str, pd.DataFrame]:
+    """Stream a corpus through ``loaded`` and write the four diagnostics tables and meta.json.
+
+    ``texts``: a corpus path (see :func:`gradflow.inputs.corpus.read_documents`), a list of strings, or
+    None for the committed SOTU sample. Masking is BERT's (15%, 80/10/10) seeded by ``seed``;
+    ``limit`` stops after that many windows. Writes ``<table>.csv`` for each of
+    :data:`TABLE_COLUMNS` and ``meta.json`` (``complete`` false if interrupted) into ``out_dir``.
+    """
+    start = time.time()
+    if max_length > loaded.max_positions():
+        raise DiagnosticsError(f"max_length {max_length} is longer than the {loaded.max_positions()} positions "
+                               f"{loaded.name} accepts; pass a max_length of {loaded.max_positions()} or less.")
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise DiagnosticsError(f"output path {out} exists and is a file; pass a directory.")
+    documents, source = _documents(texts)
+    policy = BertMasking(seed=seed)
+    diag = Diagnostics(loaded.model, loaded.adapter, max_per_group, seed)
+    counts = CorpusCounts()
+    tokens = {r: 0 for r in TOKEN_ROLES}
+    sequences, complete, error = 0, False, None
+    try:
+        for group in batches(iter_windows(loaded.tokenizer, documents, max_length, counts, limit), batch_size):
+            batch = mask_batch(loaded.tokenizer, policy=policy, indices=[w.sequence_index for w in group],
+                               encodings=[w.encoding for w in group], max_length=max_length)
+            diag.add(collect_states(loaded.model, batch, loaded.adapter, keep_logits=sequences == 0), batch)
+            for code, n in enumerate(torch.bincount(batch.roles.reshape(-1).long(), minlength=len(TOKEN_ROLES))):
+                tokens[TOKEN_ROLES[code]] += int(n)
+            sequences += len(group)
+        complete = True
+    except KeyboardInterrupt:
+        error = "interrupted (SIGINT)"
+        if sequences == 0:
+            raise
+    if complete and sequences == 0:
+        raise CorpusError(f"the corpus {source} has no text to diagnose (no non-blank document with a maskable token).")
+    tables = diag.tables()
+    _write(out, tables, _meta(loaded, diag, source, policy, seed, max_length, batch_size, limit, max_per_group,
+                              counts, sequences, tokens, complete, error, command, start))
+    if error is not None:
+        raise KeyboardInterrupt(error)
+    return tables
+
+
+def _write(out: Path, tables: dict[str, pd.DataFrame], meta: dict) -> None:
+    from gradflow.runs.files import write_csv, write_meta
+
+    out.mkdir(parents=True, exist_ok=True)
+    for name, frame in tables.items():
+        write_csv(frame, out / f"{name}.csv", TABLE_COLUMNS[name])
+    write_meta(out / "meta.json", meta)
+
+
+def _meta(loaded: LoadedModel, diag: Diagnostics, source: str, policy: BertMasking, seed: int, max_length: int,
+          batch_size: int, limit: int | None, max_per_group: int, counts: CorpusCounts, sequences: int,
+          tokens: dict[str, int], complete: bool, error: str | None, command: str, start: float) -> dict:
+    import sklearn
+    import transformers
+
+    return {
+        "complete": complete, "error": error, "model": loaded.name, "model_path": loaded.path,
+        "family": loaded.adapter.family, "model_type": loaded.model.config.model_type,
+        "config_hash": loaded.config_hash, "num_layers": diag.num_blocks, "texts": source,
+        "masking": policy.describe(), "seed": seed, "max_length": max_length, "batch_size": batch_size,
+        "limit": limit, "max_per_group": max_per_group,
+        "logit_lens": {"final_norm": diag.lens.final_path, "max_abs_logit_diff": diag.lens.max_abs_diff},
+        "counts": {"documents": counts.documents, "windows": counts.windows, "sequences": sequences,
+                   "tokens_per_role": tokens},
+        "versions": {"python": platform.python_version(), "torch": torch.__version__,
+                     "transformers": transformers.__version__, "scikit-learn": sklearn.__version__,
+                     "gradflow": __version__},
+        "command": command or " ".join(sys.argv),
+        "wall_s": round(time.time() - start, 2),
+    }
