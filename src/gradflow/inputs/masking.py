@@ -4,6 +4,17 @@ Every draw of a sequence comes from its own random generator, seeded by ``(seed,
 index)`` through NumPy's ``SeedSequence`` (PCG64, identical on every platform). The roles of a
 sequence therefore depend only on the seed, the policy and the sequence's index in the corpus:
 never on batch composition, padding, device or the number of processes.
+
+A token whose id is in the tokenizer's ``all_special_ids`` ([CLS], [SEP], [PAD], [MASK], <s>,
+</s>, <mask>, ...) is never selected and has the role ``special``, also where the text itself
+contains it (a literal "[SEP]"); batch padding (attention mask 0) stays ``pad``. The unknown
+token ([UNK], <unk>) is the exception: it stands for a real word the vocabulary lacks, it is a
+clean channel like any other word, and BERT's own pretraining data masked it (only [CLS] and
+[SEP] were excluded), so it stays maskable wherever it comes from (an out-of-vocabulary
+character or a literal "[UNK]"). The draws run over the positions ``special_tokens_mask`` leaves
+free, as they always did, and a special id then vetoes its position: it changes no other
+position (unless the ``min_selected`` fallback fires), and text without special ids masks
+exactly as before.
 """
 
 from __future__ import annotations
@@ -14,6 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from gradflow.errors import MaskingError
 from gradflow.roles import Role
 
 
@@ -25,23 +37,33 @@ class TokenizerInfo:
     vocab_size: int
     special_ids: tuple[int, ...]
     pad_token_id: int
+    special_tokens: tuple[str, ...] = ()  # the token text of each of special_ids, for messages
+    unk_token_id: int = -1  # maskable although special (see the module docstring); -1: none
 
     @classmethod
     def from_tokenizer(cls, tokenizer) -> "TokenizerInfo":
         """Read the fields from a Hugging Face tokenizer; clear error if it has no mask token."""
         if tokenizer.mask_token_id is None:
-            raise ValueError(
+            raise MaskingError(
                 f"tokenizer {type(tokenizer).__name__} has no mask token: gradflow needs a masked-LM "
                 "tokenizer (one with [MASK] or <mask>). Load the tokenizer that belongs to a "
                 "ForMaskedLM checkpoint."
             )
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else -1
+        special = tuple(sorted(int(i) for i in tokenizer.all_special_ids))
         return cls(
             mask_token_id=int(tokenizer.mask_token_id),
             vocab_size=len(tokenizer),
-            special_ids=tuple(sorted(int(i) for i in tokenizer.all_special_ids)),
+            special_ids=special,
             pad_token_id=int(pad),
+            special_tokens=tuple(str(t) for t in tokenizer.convert_ids_to_tokens(list(special))),
+            unk_token_id=int(tokenizer.unk_token_id) if tokenizer.unk_token_id is not None else -1,
         )
+
+    def token_name(self, token_id: int) -> str:
+        """``'[SEP]' (id 3)`` for a special id; ``id N`` when its text is unknown."""
+        name = dict(zip(self.special_ids, self.special_tokens)).get(token_id)
+        return f"id {token_id}" if name is None else f"{name!r} (id {token_id})"
 
 
 @dataclass(frozen=True)
@@ -64,9 +86,9 @@ class BertMasking:
 
     def __post_init__(self) -> None:
         if not 0.0 < self.rate <= 1.0:
-            raise ValueError(f"mask rate must be in (0, 1], got {self.rate}")
+            raise MaskingError(f"mask rate must be in (0, 1], got {self.rate}")
         if len(self.split) != 3 or any(s < 0 for s in self.split) or abs(sum(self.split) - 1) > 1e-6:
-            raise ValueError(
+            raise MaskingError(
                 f"mask split must be three non-negative fractions (mask, random, kept) summing to 1, "
                 f"got {self.split}"
             )
@@ -83,7 +105,8 @@ class ExplicitMasking:
 
     ``positions[i]`` lists token positions (in the tokenized sequence, special tokens included)
     of sequence ``i``; ``action`` says what happens to their input: ``"mask"``, ``"random"`` or
-    ``"keep"``. ``seed`` only matters for ``"random"``.
+    ``"keep"``. ``seed`` only matters for ``"random"``. A position holding a special id (special-token text in
+    the document included; [UNK] excepted) raises ``MaskingError`` naming position and token.
     """
 
     positions: dict[int, tuple[int, ...]] = field(default_factory=dict)
@@ -92,7 +115,7 @@ class ExplicitMasking:
 
     def __post_init__(self) -> None:
         if self.action not in ("mask", "random", "keep"):
-            raise ValueError(f"explicit masking action must be mask, random or keep, got {self.action!r}")
+            raise MaskingError(f"explicit masking action must be mask, random or keep, got {self.action!r}")
 
     def describe(self) -> dict:
         return {"policy": "explicit", "action": self.action, "seed": self.seed,
@@ -148,31 +171,28 @@ def mask_sequence(
     """Mask one unpadded sequence.
 
     Returns ``(input_ids, labels, roles)`` as lists of length ``len(ids)``; ``special[t]`` marks
-    positions that may never be selected. ``word_ids`` (from a fast tokenizer) groups pieces into
-    words for whole-word selection.
+    positions left out of the draws, and a position holding a special id is vetoed after them.
+    ``word_ids`` (from a fast tokenizer) groups pieces into words for whole-word selection.
     """
-    n = len(ids)
     rng = _generator(policy.seed, index)
-    maskable = np.array([not s for s in special], dtype=bool)
+    drawn = np.array([not s for s in special], dtype=bool)  # the draw set, as before the veto
+    vetoed = special_id_positions(ids, info)
+    maskable = drawn & ~vetoed
     roles = np.where(maskable, Role.CONTEXT, Role.SPECIAL).astype(np.int8)
     if isinstance(policy, ExplicitMasking):
-        chosen = np.zeros(n, dtype=bool)
-        for t in policy.positions.get(index, ()):
-            if not 0 <= t < n:
-                raise ValueError(f"sequence {index}: explicit position {t} is outside 0..{n - 1}")
-            if not maskable[t]:
-                raise ValueError(f"sequence {index}: explicit position {t} is a special token")
-            chosen[t] = True
-        code = {"mask": Role.MASKED, "random": Role.RANDOM, "keep": Role.KEPT}[policy.action]
-        roles[chosen] = code
+        roles[_explicit_positions(ids, maskable, index, policy, info)] = {
+            "mask": Role.MASKED, "random": Role.RANDOM, "keep": Role.KEPT}[policy.action]
     else:
-        units = _selection_units(maskable, word_ids if policy.whole_word else None)
+        units = _selection_units(drawn, word_ids if policy.whole_word else None)
         if units:
+            ok = maskable.tolist() if (vetoed & drawn).any() else None  # eligible: a piece not special
+            eligible = np.array([ok is None or any(ok[t] for t in u) for u in units], dtype=bool)
             draw = rng.random(len(units))
-            picked = draw < policy.rate
-            if picked.sum() < min(policy.min_selected, len(units)):
+            picked = draw < policy.rate  # a picked ineligible unit is vetoed below, after its draws
+            need = min(policy.min_selected, int(eligible.sum()))
+            if (picked & eligible).sum() < need:
                 picked[:] = False
-                picked[rng.choice(len(units), size=min(policy.min_selected, len(units)), replace=False)] = True
+                picked[rng.choice(np.flatnonzero(eligible), size=need, replace=False)] = True
             action = rng.random(len(units))
             p_mask, p_random, _ = policy.split
             for unit, sel, a in zip(units, picked, action):
@@ -184,8 +204,31 @@ def mask_sequence(
     random_pos = np.flatnonzero(roles == Role.RANDOM)
     if random_pos.size:
         inputs[random_pos] = _random_tokens(rng, random_pos.size, info)
-    labels = np.where(roles <= Role.KEPT, np.asarray(ids, dtype=np.int64), -100)
+    original = np.asarray(ids, dtype=np.int64)
+    roles[vetoed] = Role.SPECIAL  # after every draw: the draws of all other positions stay put
+    inputs[vetoed] = original[vetoed]
+    labels = np.where(roles <= Role.KEPT, original, -100)
     return inputs.tolist(), labels.tolist(), roles.tolist()
+
+
+def special_id_positions(ids: Sequence[int], info: TokenizerInfo) -> np.ndarray:
+    """Boolean mask of the positions whose token is a special id other than [UNK], wherever they are."""
+    special = frozenset(info.special_ids) - {info.unk_token_id}
+    return np.array([int(i) in special for i in ids], dtype=bool)
+
+
+def _explicit_positions(ids: Sequence[int], maskable: np.ndarray, index: int, policy: ExplicitMasking,
+                        info: TokenizerInfo) -> np.ndarray:
+    """Boolean mask of the explicit positions of sequence ``index``; raises on out-of-range or special."""
+    chosen = np.zeros(len(ids), dtype=bool)
+    for t in policy.positions.get(index, ()):
+        if not 0 <= t < len(ids):
+            raise MaskingError(f"sequence {index}: explicit position {t} is outside 0..{len(ids) - 1}")
+        if not maskable[t]:
+            raise MaskingError(f"sequence {index}: explicit position {t} is the special token "
+                             f"{info.token_name(int(ids[t]))}, which never carries the loss")
+        chosen[t] = True
+    return chosen
 
 
 def _selection_units(maskable: np.ndarray, word_ids: Sequence[int | None] | None) -> list[list[int]]:
@@ -225,21 +268,25 @@ def mask_batch(
     ``indices`` are the corpus indices of the sequences (default 0..B-1): they, with the policy's
     seed, fix every draw. Each encoding is a dict with ``input_ids``, ``special_tokens_mask`` and
     optionally ``word_ids``. Sequences longer than ``max_length`` raise (window them first:
-    :func:`gradflow.inputs.corpus.windows`).
+    :func:`gradflow.inputs.corpus.document_windows`).
+
+    Every special id, added or in the text ("[SEP]", "[PAD]", "[MASK]"), is ``special`` and never
+    selected; [UNK] stays maskable like the word it stands for (as in BERT's pretraining data);
+    batch padding is ``pad``; random replacements are never special ids (nor [UNK]).
     """
     policy = policy if policy is not None else BertMasking()
     info = TokenizerInfo.from_tokenizer(tokenizer)
     if encodings is None:
         if texts is None:
-            raise ValueError("mask_batch needs texts or encodings")
+            raise MaskingError("mask_batch needs texts or encodings")
         encodings = [encode(tokenizer, text) for text in texts]
     indices = list(range(len(encodings))) if indices is None else list(indices)
     if len(indices) != len(encodings):
-        raise ValueError(f"{len(indices)} indices for {len(encodings)} sequences")
+        raise MaskingError(f"{len(indices)} indices for {len(encodings)} sequences")
     rows = []
     for enc, index in zip(encodings, indices):
         if len(enc["input_ids"]) > max_length:
-            raise ValueError(
+            raise MaskingError(
                 f"sequence {index} has {len(enc['input_ids'])} tokens, more than max_length={max_length}; "
                 "split long documents into windows (gradflow.inputs.corpus.windows) or raise max_length"
             )
