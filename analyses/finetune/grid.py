@@ -21,6 +21,9 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+REPO = Path(__file__).resolve().parents[2]
+PATH_KEYS = ("model", "task", "data_root", "out_dir")  # config keys that may hold a path
+
 
 @dataclass(frozen=True)
 class GridRun:
@@ -75,12 +78,53 @@ def pending(runs: list[GridRun], out: Path) -> list[GridRun]:
 
 
 def _saved_config_differs(run: GridRun, out: Path) -> bool:
-    """Whether ``run`` has a finished result whose recorded config differs from ``run.config``."""
-    path = out / "runs" / run.run_id / "result.json"
+    """Whether ``run`` has a finished result whose recorded config differs from ``run.config``.
+
+    result.json records paths (data_root, a model directory) as ``gradflow.provenance.portable_path``
+    writes them (``data/tasks``, ``./model``, ``gradflow:...``) where the plan may hold absolute
+    ones: both sides are compared as the paths they stand for (see :func:`_as_path`).
+    """
+    run_dir = out / "runs" / run.run_id
+    path = run_dir / "result.json"
     if not path.exists():
         return False
     saved = json.loads(path.read_text()).get("config", {})
-    return any(k in saved and saved[k] != v for k, v in run.config.items())
+    return any(k in saved and _as_path(k, saved[k], run_dir) != _as_path(k, v, run_dir)
+               for k, v in run.config.items())
+
+
+def _as_path(key: str, value, run_dir: Path):
+    """What a config value recorded for ``run_dir`` stands for: for the path keys (model, task,
+    data_root, out_dir) a resolved path (absolute; ``gradflow:`` inside the package; ``.``, ``./``
+    and ``../`` relative to ``run_dir``; any other relative one relative to the repository root),
+    other values unchanged."""
+    if key not in PATH_KEYS or not isinstance(value, str):
+        return value
+    if value.startswith("gradflow:"):
+        import gradflow
+
+        return Path(gradflow.__file__).resolve().parent / value[len("gradflow:"):]
+    if os.path.isabs(value):
+        return Path(value).resolve()
+    if value in (".", "..") or value.startswith(("./", "../")):
+        return (run_dir / value).resolve()
+    return (REPO / value).resolve()  # names (hub, embedded, zoo:NAME) map the same way on both sides
+
+
+def _portable(value, out: Path):
+    """``value`` as provenance records it for an output in ``out``: absolute paths made portable."""
+    from gradflow.provenance import portable_path
+
+    return portable_path(value, out) if isinstance(value, (str, Path)) and os.path.isabs(value) else value
+
+
+def _portable_tree(value, out: Path):
+    """``value`` (JSON-like) with every absolute path in it made portable for an output in ``out``."""
+    if isinstance(value, dict):
+        return {k: _portable_tree(v, out) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_portable_tree(v, out) for v in value]
+    return _portable(value, out)
 
 
 def collect(out: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -149,7 +193,8 @@ def paired_differences(frame: pd.DataFrame, by: list[str], arm: str, baseline: s
 
 def write_plan(runs: list[GridRun], out: Path, extra: dict | None = None) -> None:
     """``out/plan.json``: how the experiment was called (command line, versions), ``extra``, and
-    every run's factors and config."""
+    every run's factors and config; paths in it are portable (``gradflow.provenance.portable_path``),
+    never a machine's absolute path."""
     import platform
     import shlex
     import sys
@@ -159,9 +204,11 @@ def write_plan(runs: list[GridRun], out: Path, extra: dict | None = None) -> Non
     out.mkdir(parents=True, exist_ok=True)
     script = Path(sys.argv[0]).resolve()
     try:
-        script = script.relative_to(Path(__file__).resolve().parents[2])
+        script = script.relative_to(REPO)
     except ValueError:
-        pass
-    plan = {"command": f"python {script} " + shlex.join(sys.argv[1:]), "torch": torch.__version__,
+        script = _portable(str(script), out)
+    args = [_portable(a, out) for a in sys.argv[1:]]
+    plan = {"command": f"python {script} " + shlex.join(args), "torch": torch.__version__,
             "python": platform.python_version(), **(extra or {}), "runs": [asdict(r) for r in runs]}
+    plan = _portable_tree(plan, out)
     (out / "plan.json").write_text(json.dumps(plan, indent=2, default=str) + "\n")
