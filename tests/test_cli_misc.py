@@ -1,4 +1,4 @@
-"""CLI entry points other than record: zoo listing, demo on the embedded models, module entry."""
+"""CLI entry points other than record: zoo listing, demo on the embedded models, finetune, module entry."""
 
 from __future__ import annotations
 
@@ -28,7 +28,38 @@ def test_zoo_model_not_fetched_is_a_clear_error(capsys, tmp_path, monkeypatch):
 
 def test_python_dash_m_entry_point_help():
     proc = subprocess.run([sys.executable, "-m", "gradflow", "--help"], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0 and "record" in proc.stdout and "demo" in proc.stdout
+    assert proc.returncode == 0 and "record" in proc.stdout and "demo" in proc.stdout and "finetune" in proc.stdout
+
+
+def _toy_task(root) -> str:
+    """A sequence task directory: sentences with and without "progress", labelled pos / neg."""
+    from conftest import SAMPLE_LINES
+
+    root.mkdir()
+    (root / "task.json").write_text(json.dumps({"name": "toy", "kind": "sequence", "metric": "accuracy",
+                                                "labels": ["neg", "pos"]}))
+    rows = [{"text": line + (" progress" if i % 2 else ""), "label": "pos" if i % 2 else "neg"}
+            for i, line in enumerate(SAMPLE_LINES * 4)]
+    for split in ("train", "validation", "test"):
+        (root / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(root)
+
+
+def test_finetune_command(tmp_path, capsys, tiny_mlm_dir):
+    out = tmp_path / "ft"
+    code = main(["finetune", "--model", str(tiny_mlm_dir), "--task", _toy_task(tmp_path / "toy"), "--out", str(out),
+                 "--steps", "2", "--batch-size", "4", "--eval-every", "1", "--train-limit", "8", "--eval-limit", "4",
+                 "--max-length", "32", "--lr", "1e-3", "--drop-last", "1", "--no-progress"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    final = json.loads(captured.out)
+    assert set(final) == {"validation", "test"} and "accuracy" in final["test"]
+    config = json.loads((out / "result.json").read_text())["config"]
+    assert (config["steps"], config["lr"], config["drop_last"], config["weight_decay"]) == (2, 1e-3, 1, 0.01)
+    assert main(["finetune", "--model", str(tiny_mlm_dir), "--task", "brown-pos", "--data-root",
+                 str(tmp_path / "no-tasks"), "--out", str(tmp_path / "ft2")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("gradflow: error: no task 'brown-pos'") and "fetch_tasks" in err
 
 
 @pytest.mark.skipif(not all((embedded_model_dir(n) / "model.safetensors").exists() for n in EMBEDDED_MODELS),
@@ -58,8 +89,9 @@ def test_report_and_compare_bad_input_exit_2(tmp_path, capsys, tiny_mlm_dir, tin
     assert main(["record", "--model", str(tiny_mlm_dir), "--texts", str(tiny_corpus), "--out", str(run),
                  "--max-length", "24", "--quiet"]) == 0
     # a second run from another tokenizer: compare must refuse per-token comparison
-    from conftest import build_tiny_mlm_dir
     from transformers import AutoTokenizer
+
+    from conftest import build_tiny_mlm_dir
 
     other = build_tiny_mlm_dir(tmp_path / "other")
     tok = AutoTokenizer.from_pretrained(other)

@@ -1,0 +1,192 @@
+"""Shared options of the ``gradflow`` commands and the validators that check them at the edge.
+
+Numeric options go through :func:`add_number`: the value is converted and range-checked while
+parsing, and a bad one raises :class:`~gradflow.errors.UsageError` naming the option, its accepted
+range and its meaning (``main`` prints it as one line and exits 2). Choices come from the
+registries that define them (:class:`RegistryChoices` imports a heavy one only when it is used).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import math
+import shlex
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+
+from gradflow.errors import UsageError
+from gradflow.models import DEFAULT_MODEL, EMBEDDED_MODELS
+
+FORMATS_DEFAULT = "pdf,png"
+
+
+@dataclass(frozen=True)
+class Bound:
+    """A numeric range: ``low``/``high`` (``None``: unbounded), each end open or closed."""
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+
+    def __contains__(self, value: float) -> bool:
+        if not math.isfinite(value):
+            return False
+        above = self.low is None or (value > self.low if self.low_open else value >= self.low)
+        below = self.high is None or (value < self.high if self.high_open else value <= self.high)
+        return above and below
+
+    def __str__(self) -> str:
+        if self.low is not None and self.high is not None:
+            return f"in {'(' if self.low_open else '['}{_num(self.low)}, {_num(self.high)}{')' if self.high_open else ']'}"
+        if self.low is not None:
+            return f"{'>' if self.low_open else '>='} {_num(self.low)}"
+        if self.high is not None:
+            return f"{'<' if self.high_open else '<='} {_num(self.high)}"
+        return "a finite number"
+
+
+POSITIVE = Bound(0, low_open=True)
+AT_LEAST_ONE = Bound(1)
+NON_NEGATIVE = Bound(0)
+FRACTION = Bound(0, 1, low_open=True)  # (0, 1]
+
+
+def _num(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else str(value)
+
+
+class CheckedAction(argparse.Action):
+    """Store ``check(value)`` (of each value when ``nargs`` makes a list); a bad one raises :class:`UsageError`."""
+
+    def __init__(self, option_strings: list[str], dest: str, check: Callable[[str], object] = str, **kwargs) -> None:
+        super().__init__(option_strings, dest, **kwargs)
+        self.check = check
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: str | Sequence[str] | None, option_string: str | None = None) -> None:
+        checked = [self.check(v) for v in values] if isinstance(values, list) else self.check(values)
+        setattr(namespace, self.dest, checked)
+
+
+def number(flag: str, kind: type, bound: Bound, meaning: str) -> Callable[[str], int | float]:
+    """A check converting ``text`` to ``kind`` in ``bound``; the error names ``flag``, range and meaning."""
+
+    def check(text: str) -> int | float:
+        try:
+            value = kind(text)
+        except (TypeError, ValueError):
+            article = "an integer" if kind is int else "a number"
+            raise UsageError(f"{flag} must be {article} {bound} ({meaning}), got {text!r}") from None
+        if value not in bound:
+            raise UsageError(f"{flag} must be {bound} ({meaning}), got {text}")
+        return value
+
+    return check
+
+
+def add_number(parser: argparse.ArgumentParser, flag: str, kind: type, bound: Bound, meaning: str,
+               default: int | float | None = None, unset: str = "", **kwargs) -> None:
+    """A numeric option checked against ``bound``; its help states the meaning, range and default
+    (``unset`` says what happens when a ``None`` default is left)."""
+    shown = f"; default {default}" if default is not None else (f"; default: {unset}" if unset else "")
+    parser.add_argument(flag, action=CheckedAction, check=number(flag, kind, bound, meaning), default=default,
+                        help=f"{meaning}; {bound}{shown}", **kwargs)
+
+
+class RegistryChoices(Sequence[str]):
+    """The keys of a registry ``module.NAME``, imported on first use (help, an error, a given value)."""
+
+    def __init__(self, module: str, name: str) -> None:
+        self.module, self.name = module, name
+
+    def _keys(self) -> list[str]:
+        return list(getattr(importlib.import_module(self.module), self.name))
+
+    def __getitem__(self, index):  # type: ignore[override]
+        return self._keys()[index]
+
+    def __len__(self) -> int:
+        return len(self._keys())
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._keys())
+
+    def __contains__(self, value: object) -> bool:
+        return value in self._keys()
+
+
+def describe(registry: Mapping[str, object]) -> str:
+    """``"name: what it is; ..."`` from a registry of descriptions or documented functions (``%`` escaped for help)."""
+
+    def text(value: object) -> str:
+        doc = value if isinstance(value, str) else (getattr(value, "__doc__", None) or "")
+        return doc.strip().splitlines()[0].rstrip(".") if doc.strip() else ""
+
+    joined = "; ".join(f"{name}: {text(value)}" if text(value) else name for name, value in registry.items())
+    return joined.replace("%", "%%")
+
+
+def model_help(default: str | None = DEFAULT_MODEL) -> str:
+    """Help of a ``--model`` option: the embedded names from the registry and the other forms."""
+    names = ", ".join(EMBEDDED_MODELS)
+    tail = f" (default {default})" if default else ""
+    return f"embedded model ({names}), zoo:NAME (see `gradflow zoo list`), a local directory or a hub name{tail}"
+
+
+def add_model(parser: argparse.ArgumentParser, required: bool = False) -> None:
+    """``--model``: required, or defaulting to the default embedded model."""
+    default = None if required else DEFAULT_MODEL
+    parser.add_argument("--model", required=required, default=default, help=model_help(default))
+
+
+def add_corpus(parser: argparse.ArgumentParser) -> None:
+    """The corpus options of ``record`` and ``diagnose``: texts, window length, batch, limit, seed."""
+    parser.add_argument("--texts", default=None,
+                        help="UTF-8 text file (one document per line), .jsonl with a 'text' field, a directory of "
+                             ".txt files, or - for stdin (default: the committed SOTU sample)")
+    add_max_length(parser, 128)
+    add_number(parser, "--batch-size", int, AT_LEAST_ONE, "sequences per forward and backward pass", 8)
+    add_limit(parser, "sequences (windows) to read before stopping")
+    add_seed(parser)
+
+
+def add_max_length(parser: argparse.ArgumentParser, default: int) -> None:
+    """``--max-length``: tokens per sequence, special tokens included."""
+    add_number(parser, "--max-length", int, AT_LEAST_ONE, "tokens per sequence, special tokens included", default)
+
+
+def add_limit(parser: argparse.ArgumentParser, meaning: str, flag: str = "--limit", unset: str = "no limit") -> None:
+    """An optional count limit (>= 1; ``unset`` says what happens without it)."""
+    add_number(parser, flag, int, AT_LEAST_ONE, meaning, unset=unset)
+
+
+def add_seed(parser: argparse.ArgumentParser, default: int = 0) -> None:
+    """``--seed``: the random seed (>= 0)."""
+    add_number(parser, "--seed", int, NON_NEGATIVE, "random seed", default)
+
+
+def add_blocks(parser: argparse.ArgumentParser, default: int | None = 0) -> None:
+    """``--drop-last`` / ``--reinit-last``: block surgery on the last k blocks."""
+    add_number(parser, "--drop-last", int, NON_NEGATIVE, "number of last blocks to remove", default)
+    add_number(parser, "--reinit-last", int, NON_NEGATIVE, "number of last blocks to re-initialise", default)
+
+
+def add_figure_output(parser: argparse.ArgumentParser, width: str | None = None) -> None:
+    """``--out`` (required), ``--format`` and, when ``width`` is given, ``--width`` for figure commands."""
+    parser.add_argument("--out", required=True, help="output directory")
+    parser.add_argument("--format", default=FORMATS_DEFAULT, help="comma-separated figure formats (default %(default)s)")
+    if width is not None:
+        parser.add_argument("--width", choices=RegistryChoices("gradflow.figures.style", "WIDTHS"), default=width,
+                            metavar="WIDTH", help="figure width preset: %(choices)s (default %(default)s)")
+
+
+def formats(text: str) -> tuple[str, ...]:
+    """``"pdf,png"`` -> ``("pdf", "png")``."""
+    return tuple(f.strip() for f in text.split(",") if f.strip())
+
+
+def command_line(argv: Sequence[str]) -> str:
+    """The command as typed, for provenance in meta.json."""
+    return "gradflow " + shlex.join(argv)

@@ -1,0 +1,96 @@
+"""``gradflow record`` (one corpus, one model) and ``gradflow demo`` (the embedded models, offline)."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+
+from gradflow.cli.options import (
+    FRACTION,
+    NON_NEGATIVE,
+    CheckedAction,
+    add_corpus,
+    add_limit,
+    add_model,
+    add_number,
+    command_line,
+    describe,
+)
+from gradflow.errors import UsageError
+from gradflow.losses import LOSSES, REDUCTIONS
+from gradflow.models import DTYPES
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    """Register ``record`` and ``demo``."""
+    record = subparsers.add_parser("record", help="record gradient flow over a corpus")
+    _add_record_args(record)
+    record.set_defaults(run=run)
+    demo = subparsers.add_parser("demo", help="record the two embedded models on the committed sample (offline)")
+    demo.add_argument("--out", required=True, help="output directory (one run directory per model)")
+    add_limit(demo, "sequences per run", unset="the whole sample")
+    demo.add_argument("--overwrite", action="store_true", help="replace the run files in a non-empty --out")
+    demo.add_argument("--quiet", action="store_true", help="no progress bar")
+    demo.set_defaults(run=run)
+
+
+def _add_record_args(p: argparse.ArgumentParser) -> None:
+    add_model(p)
+    p.add_argument("--out", required=True, help="output run directory")
+    add_corpus(p)
+    add_number(p, "--mask-rate", float, FRACTION, "the fraction of maskable tokens selected for the loss", 0.15)
+    p.add_argument("--mask-split", action=CheckedAction, check=mask_split, default=(0.8, 0.1, 0.1),
+                   help="mask,random,kept: fractions of the selected tokens replaced by [MASK], by a random token "
+                        "or kept, summing to 1 (default 0.8,0.1,0.1)")
+    p.add_argument("--whole-word", action="store_true", help="select whole words")
+    p.add_argument("--device", default="cpu", help="torch device (default %(default)s)")
+    p.add_argument("--dtype", choices=list(DTYPES), default="float32")
+    p.add_argument("--loss", choices=list(LOSSES), default="mlm",
+                   help=f"{describe(LOSSES)} (default %(default)s)")
+    p.add_argument("--reduction", choices=REDUCTIONS, default="sequence",
+                   help="sequence: each sequence's mean loss, summed (batch-invariant; default); batch: mean over the batch")
+    p.add_argument("--norms-only", action="store_true", help="skip the per-role sublayer split")
+    p.add_argument("--overwrite", action="store_true", help="replace the run files in a non-empty --out")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--trust-remote-code", action="store_true",
+                   help="allow a hub checkpoint to run its own Python code (off by default; review the code first)")
+
+
+def mask_split(text: str) -> tuple[float, float, float]:
+    """``--mask-split``: three non-negative fractions (mask, random, kept) summing to 1."""
+    expected = "three comma-separated non-negative fractions (mask,random,kept) summing to 1"
+    try:
+        parts = tuple(float(x) for x in text.split(","))
+    except ValueError:
+        raise UsageError(f"--mask-split must be {expected}, got {text!r}") from None
+    if len(parts) != 3 or any(p not in NON_NEGATIVE for p in parts) or abs(sum(parts) - 1) > 1e-6:
+        raise UsageError(f"--mask-split must be {expected}, got {text!r}")
+    return parts  # type: ignore[return-value]
+
+
+def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    """Run ``record`` or ``demo``."""
+    return {"record": _record, "demo": _demo}[args.command](args, argv)
+
+
+def _record(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    from gradflow.runs.record import RecordConfig, record_corpus
+
+    config = RecordConfig(
+        out=args.out, model=args.model, texts=args.texts, mask_rate=args.mask_rate, mask_split=args.mask_split,
+        whole_word=args.whole_word, seed=args.seed, max_length=args.max_length, batch_size=args.batch_size,
+        limit=args.limit, device=args.device, dtype=args.dtype, loss=args.loss, reduction=args.reduction,
+        sublayers=not args.norms_only, overwrite=args.overwrite, quiet=args.quiet,
+        trust_remote_code=args.trust_remote_code, command=command_line(argv),
+    )
+    summary = record_corpus(config)
+    if summary.meta:
+        print(f"wrote {summary.out} ({summary.sequences} sequences, {summary.tokens} tokens, {summary.wall_s:.1f} s)")
+    return 0
+
+
+def _demo(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    from gradflow.runs.demo import run_demo
+
+    run_demo(args.out, limit=args.limit, overwrite=args.overwrite, quiet=args.quiet, command=command_line(argv))
+    return 0

@@ -1,0 +1,43 @@
+"""``gradflow report`` (figures and summary.md for one run) and ``gradflow compare`` (across runs)."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+
+from gradflow.cli.options import add_figure_output, formats
+from gradflow.errors import UsageError
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    """Register ``report`` and ``compare``."""
+    report = subparsers.add_parser("report", help="figures and summary.md for one run")
+    report.add_argument("run_dir", help="a run directory written by `gradflow record`")
+    add_figure_output(report, width="single")
+    report.set_defaults(run=run)
+    compare = subparsers.add_parser("compare", help="figures and summary.md across runs")
+    compare.add_argument("run_dirs", nargs="+", help="two or more run directories; the first is the baseline")
+    compare.add_argument("--labels", nargs="+", default=None, help="one label per run (default: directory names)")
+    add_figure_output(compare, width="double")
+    compare.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    """Run ``report`` or ``compare``."""
+    from gradflow.figures.report import write_comparison, write_report
+
+    if args.command == "report":
+        paths = write_report(args.run_dir, args.out, formats=formats(args.format), width=args.width)
+    else:
+        _check_comparable(args.run_dirs)
+        paths = write_comparison(args.run_dirs, args.labels, args.out, formats=formats(args.format),
+                                 width=args.width)
+    print(f"wrote {len(paths)} files to {args.out}")
+    return 0
+
+
+def _check_comparable(run_dirs: Sequence[str]) -> None:
+    """A comparison needs two runs; a single one is what ``gradflow report`` is for."""
+    if len(run_dirs) < 2:
+        raise UsageError(f"gradflow compare needs at least two run directories, got {len(run_dirs)}; for a single "
+                         "run use `gradflow report RUN_DIR --out DIR`.")

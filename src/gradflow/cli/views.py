@@ -1,0 +1,57 @@
+"""``gradflow channels`` (one sentence, tokens x layers) and ``gradflow diagnose`` (per layer and role)."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+
+from gradflow.cli.options import RegistryChoices, add_corpus, add_figure_output, add_model, command_line, formats
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    """Register ``channels`` and ``diagnose``."""
+    channels = subparsers.add_parser("channels", help="tokens x layers channel-view figure for one sentence")
+    add_model(channels)
+    channels.add_argument("--text", required=True, help="the sentence to show")
+    # range-checked against the sentence's length by the library ("out of range ... positions 0..n-1")
+    channels.add_argument("--mask-positions", type=int, nargs="+", default=None,
+                          help="token positions to mask, special tokens included in the count (0 is the first); "
+                               "default: seeded BERT masking")
+    channels.add_argument("--quantity", default="grad_norm", metavar="QUANTITY",
+                          choices=RegistryChoices("gradflow.figures.channel_view", "QUANTITIES"),
+                          help="what each cell shows: %(choices)s (default %(default)s)")
+    add_figure_output(channels)
+    channels.set_defaults(run=run)
+    diagnose = subparsers.add_parser("diagnose", help="representation diagnostics per layer and role over a corpus")
+    add_model(diagnose)
+    add_corpus(diagnose)
+    add_figure_output(diagnose)
+    diagnose.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    """Run ``channels`` or ``diagnose``."""
+    return {"channels": _channels, "diagnose": _diagnose}[args.command](args, argv)
+
+
+def _channels(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    from gradflow.figures.channel_view import write_channel_view
+    from gradflow.models import load_model
+
+    paths = write_channel_view(load_model(args.model), args.text, args.out, mask_positions=args.mask_positions,
+                               quantity=args.quantity, formats=formats(args.format))
+    print(f"wrote {len(paths)} files to {args.out}")
+    return 0
+
+
+def _diagnose(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    from gradflow.figures.diagnostics import plot_diagnostics
+    from gradflow.models import load_model
+    from gradflow.runs.diagnose import diagnose_corpus
+
+    tables = diagnose_corpus(load_model(args.model), args.texts, args.out, max_length=args.max_length,
+                             batch_size=args.batch_size, limit=args.limit, seed=args.seed,
+                             command=command_line(argv))
+    paths = plot_diagnostics(tables, args.out, formats(args.format))
+    print(f"wrote {len(tables)} tables and {len(paths)} figures to {args.out}")
+    return 0
