@@ -11,10 +11,20 @@ from transformers import AutoModelForMaskedLM
 
 from gradflow.adapters import adapter_for, block_modules
 from gradflow.errors import GradflowError, OutputDirError
+from gradflow.interventions.surgery import (
+    SURGERY_FILE,
+    SurgeryError,
+    SurgeryPlan,
+    apply_surgery,
+    drop_last_blocks,
+    freeze_embeddings,
+    freeze_encoder,
+    freeze_first_blocks,
+    reinit_last_blocks,
+    surgery_to_dir,
+    unshare_albert,
+)
 from gradflow.models import load_model
-from gradflow.interventions.surgery import (SURGERY_FILE, SurgeryError, SurgeryPlan, apply_surgery, drop_last_blocks,
-                              freeze_embeddings, freeze_encoder, freeze_first_blocks, reinit_last_blocks,
-                              surgery_to_dir, unshare_albert)
 from tiny import FAMILIES, tiny_batch, tiny_model
 
 MODERNBERT_TYPES = {"layer_types": ["full_attention", "sliding_attention", "sliding_attention"]}
@@ -68,6 +78,9 @@ def test_drop_last_block_round_trip(family, tmp_path):
         assert torch.equal(a, b)
     if family == "modernbert":
         assert len(reloaded.config.layer_types) == 2
+    if family == "esm":  # the contact head keeps the kept layers' attention-map columns
+        assert reloaded.esm.contact_head.regression.in_features == 2 * reloaded.config.num_attention_heads
+        assert "contact head" in record.notes
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -6,21 +6,31 @@ To support a new family, describe it with an :class:`Adapter` and register it::
     register_adapter(Adapter(family="mybert", model_types=("mybert",), embeddings="embeddings",
                              blocks="encoder.layer", mid=("attention", "output"),
                              sublayers={"attn.q": SublayerSpec("attention.self.query"), ...}))
+
+Fields left out take the BERT layout's defaults (``cls`` head, no final norm, ...); see
+:class:`Adapter`.
 """
 
 from __future__ import annotations
 
-from torch import nn
-
 from gradflow.adapters.albert import ALBERT
-from gradflow.adapters.base import SUBLAYER_NAMES, Adapter, SublayerSpec, block_modules, get_module
-from gradflow.adapters.bert import BERT
-from gradflow.adapters.others import DEBERTA_V2, DISTILBERT, ESM, MODERNBERT, MPNET
+from gradflow.adapters.base import (
+    LM_HEAD,
+    SUBLAYER_NAMES,
+    Adapter,
+    HeadSpec,
+    SublayerSpec,
+    block_modules,
+    count_parameters,
+    get_module,
+)
+from gradflow.adapters.bert import BERT, ELECTRA, ROBERTA
+from gradflow.adapters.esm import ESM
+from gradflow.adapters.others import DEBERTA_V2, DISTILBERT, MODERNBERT, MPNET
 from gradflow.adapters.prenorm import MEGATRON_BERT, ROBERTA_PRELAYERNORM, XLM_ROBERTA_XL
 from gradflow.errors import UnsupportedArchitectureError
 
 _REGISTRY: dict[str, Adapter] = {}
-
 
 
 def register_adapter(adapter: Adapter, *, replace: bool = False) -> None:
@@ -37,9 +47,14 @@ def supported_model_types() -> tuple[str, ...]:
     return tuple(sorted(_REGISTRY))
 
 
-def adapter_for(model: nn.Module) -> Adapter:
-    """The adapter of a model, from ``model.config.model_type``."""
-    model_type = getattr(getattr(model, "config", None), "model_type", None)
+def adapter_for(model_or_config: object) -> Adapter:
+    """The adapter of a model or a config, from ``config.model_type``.
+
+    Takes anything with a ``model_type`` (a transformers config) or with a ``config`` that has one
+    (a model), so a config can be checked before its model is built.
+    """
+    config = getattr(model_or_config, "config", model_or_config)
+    model_type = getattr(config, "model_type", None)
     if model_type not in _REGISTRY:
         raise UnsupportedArchitectureError(
             f"gradflow has no adapter for model_type {model_type!r}. Supported: "
@@ -50,11 +65,12 @@ def adapter_for(model: nn.Module) -> Adapter:
     return _REGISTRY[model_type]
 
 
-for _adapter in (BERT, DISTILBERT, ALBERT, DEBERTA_V2, MODERNBERT, ESM, MPNET, ROBERTA_PRELAYERNORM,
-                 MEGATRON_BERT, XLM_ROBERTA_XL):
+for _adapter in (BERT, ROBERTA, ELECTRA, DISTILBERT, ALBERT, DEBERTA_V2, MODERNBERT, ESM, MPNET,
+                 ROBERTA_PRELAYERNORM, MEGATRON_BERT, XLM_ROBERTA_XL):
     register_adapter(_adapter)
 
 __all__ = [
-    "SUBLAYER_NAMES", "Adapter", "SublayerSpec", "UnsupportedArchitectureError", "adapter_for",
-    "block_modules", "get_module", "register_adapter", "supported_model_types",
+    "LM_HEAD", "SUBLAYER_NAMES", "Adapter", "HeadSpec", "SublayerSpec", "UnsupportedArchitectureError",
+    "adapter_for", "block_modules", "count_parameters", "get_module", "register_adapter",
+    "supported_model_types",
 ]

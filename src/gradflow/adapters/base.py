@@ -1,8 +1,10 @@
-"""The adapter: where an architecture keeps its embeddings, blocks, mid points and sublayers.
+"""The adapter: every architecture fact gradflow relies on, for one family.
 
 An adapter is data: dotted module paths relative to the model's base model
-(``model.base_model``), under gradflow's standard names. The recorder, surgery and diagnostics
-read adapters and never branch on ``model_type``.
+(``model.base_model``), under gradflow's standard names, plus a few small functions for the rare
+families that need more than a path (ALBERT's shared layer, ESM's contact head, DeBERTa-v2's head).
+The recorder, surgery, fine-tuning and diagnostics read adapters and never branch on
+``model_type`` or ``family``.
 
 Standard sublayer names: ``attn.q``, ``attn.k``, ``attn.v``, ``attn.out``, ``attn.norm``,
 ``ffn.in``, ``ffn.gate`` (gated FFNs), ``ffn.out``, ``ffn.norm``. A fused projection (one Linear
@@ -12,9 +14,10 @@ i-th of n equal row blocks.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+import torch
 from torch import nn
 
 SUBLAYER_NAMES: tuple[str, ...] = (
@@ -31,6 +34,40 @@ class SublayerSpec:
 
 
 @dataclass(frozen=True)
+class HeadSpec:
+    """The MLM head: modules of the ForMaskedLM model (paths relative to it) applied in turn.
+
+    The chain maps the base model's last hidden state (B, T, H), after the final norm, to logits
+    (B, T, V) exactly as the model's own ``forward`` does. ``call`` (rare) replaces the chain for a
+    head that needs more than the hidden state: ``call(model, hidden) -> logits``.
+    """
+
+    modules: tuple[str, ...] = ("cls",)
+    call: Callable[[nn.Module, torch.Tensor], torch.Tensor] | None = field(default=None, compare=False)
+
+    def function(self, model: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+        """``hidden (..., H) -> logits (..., V)`` for ``model``; LookupError if a module is missing."""
+        if self.call is not None:
+            return lambda hidden: self.call(model, hidden)
+        chain = [get_module(model, path) for path in self.modules]
+
+        def head(hidden: torch.Tensor) -> torch.Tensor:
+            for module in chain:
+                hidden = module(hidden)
+            return hidden
+
+        return head
+
+    def describe(self) -> str:
+        """The chain as text, for messages."""
+        return f"{self.call.__name__}(model, hidden)" if self.call is not None else " -> ".join(self.modules)
+
+
+LM_HEAD = HeadSpec(("lm_head",))
+"""The RoBERTa-style head (``lm_head``), also used by ESM, MPNet and the pre-LN RoBERTa variants."""
+
+
+@dataclass(frozen=True)
 class Adapter:
     """Where one architecture family keeps its parts (paths relative to ``model.base_model``).
 
@@ -39,6 +76,22 @@ class Adapter:
     the attention LayerNorm follows attention (post-LN BERT), "pre" when it feeds Q, K and V.
     ``expand_blocks`` (rare): a function ``(base_model) -> list of block modules in call order``
     for models that apply one module several times (ALBERT); otherwise ``blocks`` is used as is.
+
+    The remaining fields default to the BERT layout:
+
+    - ``head``: the MLM head (default ``cls``, BERT's);
+    - ``final_norm``: path of the norm between the last block and the head (pre-LN families), or None;
+    - ``positions_after_padding``: learned position ids start at ``pad_token_id + 1`` (RoBERTa);
+    - ``per_layer_config``: config attributes holding one entry per block (ModernBERT's
+      ``layer_types``), cut to the kept blocks when blocks are dropped;
+    - ``drop_blocks`` (rare): ``(model, k) -> (parameters removed, note)`` removes the last ``k``
+      depths; default: delete the last ``k`` entries of the ``blocks`` ModuleList;
+    - ``drop_extras`` (rare): ``(model, before, after) -> note`` resizes per-layer modules outside
+      the blocks (ESM's contact head) after blocks were dropped;
+    - ``init_block`` (rare): ``(model, block) -> None`` re-initialises one block in place from the
+      torch RNG; default: the model's own ``_init_weights`` on every submodule;
+    - ``unshare`` (weight-sharing families): ``(model) -> None`` gives every depth its own copy of its
+      block, keeping the outputs; None for families whose blocks are never shared.
     """
 
     family: str
@@ -50,6 +103,14 @@ class Adapter:
     attn_norm: str = "post"
     expand_blocks: Callable[[nn.Module], list[nn.Module]] | None = field(default=None, compare=False)
     notes: str = ""
+    head: HeadSpec = HeadSpec()
+    final_norm: str | None = None
+    positions_after_padding: bool = False
+    per_layer_config: tuple[str, ...] = ()
+    drop_blocks: Callable[[nn.Module, int], tuple[int, str]] | None = field(default=None, compare=False)
+    drop_extras: Callable[[nn.Module, int, int], str] | None = field(default=None, compare=False)
+    init_block: Callable[[nn.Module, nn.Module], None] | None = field(default=None, compare=False)
+    unshare: Callable[[nn.Module], None] | None = field(default=None, compare=False)
 
     def after_mixing(self) -> tuple[str, ...]:
         """Sublayers of a block that see only the channel's own post-attention state.
@@ -60,6 +121,10 @@ class Adapter:
         if self.attn_norm == "post":
             names.append("attn.norm")
         return tuple(n for n in SUBLAYER_NAMES if n in names and n in self.sublayers)
+
+    def position_offset(self, config) -> int:
+        """Learned position embeddings before the first one a token uses (RoBERTa: ``pad_token_id + 1``)."""
+        return (getattr(config, "pad_token_id", None) or 0) + 1 if self.positions_after_padding else 0
 
 
 def get_module(root: nn.Module, path: str) -> nn.Module:
@@ -77,3 +142,15 @@ def block_modules(adapter: Adapter, base: nn.Module) -> list[nn.Module]:
     if adapter.expand_blocks is not None:
         return adapter.expand_blocks(base)
     return list(get_module(base, adapter.blocks))
+
+
+def count_parameters(modules: Iterable[nn.Module]) -> int:
+    """Number of parameter elements in ``modules``, each shared parameter counted once."""
+    seen: set[int] = set()
+    total = 0
+    for module in modules:
+        for p in module.parameters():
+            if id(p) not in seen:
+                seen.add(id(p))
+                total += p.numel()
+    return total

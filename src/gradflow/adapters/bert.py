@@ -1,6 +1,12 @@
-"""BERT and the families that share its module layout (post-LN)."""
+"""BERT and the families that share its module layout (post-LN).
 
-from gradflow.adapters.base import Adapter, SublayerSpec
+They differ only in their MLM head and position ids, so RoBERTa-style models and the ELECTRA
+generator are variants of the BERT adapter (same ``family``, their own ``model_types``).
+"""
+
+from dataclasses import replace
+
+from gradflow.adapters.base import LM_HEAD, Adapter, HeadSpec, SublayerSpec
 
 BERT_SUBLAYERS = {
     "attn.q": SublayerSpec("attention.self.query"),
@@ -15,12 +21,17 @@ BERT_SUBLAYERS = {
 
 BERT = Adapter(
     family="bert",
-    model_types=("bert", "roberta", "xlm-roberta", "camembert", "electra", "ernie", "roformer",
-                 "data2vec-text"),
+    model_types=("bert", "ernie", "roformer"),
     embeddings="embeddings",
     blocks="encoder.layer",
     mid=("attention", "output"),
     sublayers=BERT_SUBLAYERS,
     attn_norm="post",
-    notes="post-LN; ELECTRA means its ForMaskedLM generator",
+    notes="post-LN",
 )
+
+ROBERTA = replace(BERT, model_types=("roberta", "xlm-roberta", "camembert", "data2vec-text"), head=LM_HEAD,
+                  positions_after_padding=True, notes="post-LN; RoBERTa head and padding-offset positions")
+
+ELECTRA = replace(BERT, model_types=("electra",), head=HeadSpec(("generator_predictions", "generator_lm_head")),
+                  notes="post-LN; ELECTRA means its ForMaskedLM generator")

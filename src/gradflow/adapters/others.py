@@ -1,6 +1,19 @@
-"""Families with their own module layout: DistilBERT, DeBERTa-v2/v3, ModernBERT, ESM, MPNet."""
+"""Families with their own module layout: DistilBERT, DeBERTa-v2/v3, ModernBERT, MPNet (ESM: esm.py)."""
 
-from gradflow.adapters.base import Adapter, SublayerSpec
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from gradflow.adapters.base import LM_HEAD, Adapter, HeadSpec, SublayerSpec
+
+
+def deberta_head(model: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+    """DeBERTa-v2's MLM head: ``cls`` (legacy) or ``lm_predictions``, which also reads the word embeddings."""
+    if model.legacy:
+        return model.cls(hidden)
+    return model.lm_predictions(hidden, model.base_model.embeddings.word_embeddings)
+
 
 DISTILBERT = Adapter(
     family="distilbert",
@@ -19,6 +32,7 @@ DISTILBERT = Adapter(
         "ffn.norm": SublayerSpec("output_layer_norm"),
     },
     attn_norm="post",
+    head=HeadSpec(("vocab_transform", "activation", "vocab_layer_norm", "vocab_projector")),
 )
 
 DEBERTA_V2 = Adapter(
@@ -39,7 +53,9 @@ DEBERTA_V2 = Adapter(
     },
     attn_norm="post",
     notes="with share_att_key the Q/K projections also map the relative-position embeddings: "
-          "that share of their weight gradient has role 'relpos'",
+          "that share of their weight gradient has role 'relpos'; encoder.LayerNorm normalises the "
+          "relative-position embeddings and is no final norm",
+    head=HeadSpec((), call=deberta_head),
 )
 
 MODERNBERT = Adapter(
@@ -61,25 +77,9 @@ MODERNBERT = Adapter(
     },
     attn_norm="pre",
     notes="pre-LN, fused QKV and gated FFN split by rows; block 0 has no attention norm (Identity)",
-)
-
-ESM = Adapter(
-    family="esm",
-    model_types=("esm",),
-    embeddings="embeddings",
-    blocks="encoder.layer",
-    mid=("attention", "output"),
-    sublayers={
-        "attn.q": SublayerSpec("attention.self.query"),
-        "attn.k": SublayerSpec("attention.self.key"),
-        "attn.v": SublayerSpec("attention.self.value"),
-        "attn.out": SublayerSpec("attention.output.dense"),
-        "attn.norm": SublayerSpec("attention.LayerNorm"),
-        "ffn.in": SublayerSpec("intermediate.dense"),
-        "ffn.out": SublayerSpec("output.dense"),
-        "ffn.norm": SublayerSpec("LayerNorm"),
-    },
-    attn_norm="pre",
+    head=HeadSpec(("head", "decoder")),
+    final_norm="final_norm",
+    per_layer_config=("layer_types",),
 )
 
 MPNET = Adapter(
@@ -99,4 +99,5 @@ MPNET = Adapter(
         "ffn.norm": SublayerSpec("output.LayerNorm"),
     },
     attn_norm="post",
+    head=LM_HEAD,
 )

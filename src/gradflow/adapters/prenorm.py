@@ -1,6 +1,9 @@
-"""Pre-LN variants of the BERT layout: RoBERTa-PreLayerNorm, Megatron-BERT, XLM-RoBERTa-XL."""
+"""Pre-LN variants of the BERT layout: RoBERTa-PreLayerNorm, Megatron-BERT, XLM-RoBERTa-XL.
 
-from gradflow.adapters.base import Adapter, SublayerSpec
+Each has a final norm between the last block and the MLM head.
+"""
+
+from gradflow.adapters.base import LM_HEAD, Adapter, SublayerSpec
 
 _ATTN = {
     "attn.q": SublayerSpec("attention.self.query"),
@@ -20,6 +23,9 @@ ROBERTA_PRELAYERNORM = Adapter(
     sublayers={**_ATTN, "attn.norm": SublayerSpec("attention.LayerNorm"),
                "ffn.norm": SublayerSpec("intermediate.LayerNorm")},
     attn_norm="pre",
+    head=LM_HEAD,
+    final_norm="LayerNorm",
+    positions_after_padding=True,
 )
 
 MEGATRON_BERT = Adapter(
@@ -30,6 +36,7 @@ MEGATRON_BERT = Adapter(
     mid=("attention", "output"),
     sublayers={**_ATTN, "attn.norm": SublayerSpec("attention.ln"), "ffn.norm": SublayerSpec("ln")},
     attn_norm="pre",
+    final_norm="encoder.ln",
 )
 
 XLM_ROBERTA_XL = Adapter(
@@ -41,4 +48,7 @@ XLM_ROBERTA_XL = Adapter(
     sublayers={**_ATTN, "attn.norm": SublayerSpec("attention.self_attn_layer_norm"),
                "ffn.norm": SublayerSpec("LayerNorm")},
     attn_norm="pre",
+    head=LM_HEAD,
+    final_norm="encoder.LayerNorm",
+    positions_after_padding=True,
 )

@@ -13,9 +13,10 @@ import pandas as pd
 import torch
 from torch import nn
 
-from gradflow.adapters import Adapter, get_module
-from gradflow.analysis.representations import _role_masks, _site, _sorted
+from gradflow.adapters import Adapter, adapter_for, get_module
+from gradflow.analysis.representations import _role_masks, _sorted
 from gradflow.errors import DiagnosticsError
+from gradflow.hooks.sites import layer_site
 from gradflow.hooks.states import SiteStates
 from gradflow.inputs.masking import MaskedBatch
 from gradflow.roles import TOKEN_ROLES
@@ -23,94 +24,76 @@ from gradflow.runs.schema import DIAGNOSTIC_COLUMNS as TABLE_COLUMNS
 
 # ----------------------------------------------------------------------------------------------
 
-FINAL_NORM_PATHS: tuple[str, ...] = ("final_norm", "encoder.emb_layer_norm_after", "encoder.ln", "encoder.LayerNorm",
-                                     "LayerNorm")
-"""Where pre-LN families keep the norm between the last block and the head (relative to the base
-model): ModernBERT, ESM, Megatron-BERT, XLM-RoBERTa-XL, RoBERTa-PreLayerNorm. A candidate is used
-only if it reproduces the model's logits (DeBERTa-v2's ``encoder.LayerNorm`` normalises relative
-position embeddings and is correctly rejected)."""
 
+def head_function(model: nn.Module, adapter: Adapter | None = None) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The MLM head its adapter declares for ``model``: hidden (..., H) -> logits (..., V).
 
-def _head_routes() -> list[tuple[tuple[str, ...], Callable[[nn.Module, torch.Tensor], torch.Tensor]]]:
-    """MLM heads keyed by the attribute names of the ForMaskedLM model, most specific first.
-
-    Each maps the base model's last hidden state (B, T, H) to logits (B, T, V), as the model's own
-    ``forward`` does.
+    The hidden state is the base model's last hidden state (after the final norm, if any).
     """
-    return [
-        (("generator_predictions", "generator_lm_head"),  # ELECTRA generator
-         lambda m, h: m.generator_lm_head(m.generator_predictions(h))),
-        (("vocab_transform", "vocab_layer_norm", "vocab_projector"),  # DistilBERT
-         lambda m, h: m.vocab_projector(m.vocab_layer_norm(m.activation(m.vocab_transform(h))))),
-        (("head", "decoder"), lambda m, h: m.decoder(m.head(h))),  # ModernBERT
-        (("lm_predictions",),  # DeBERTa-v2, non-legacy head
-         lambda m, h: m.lm_predictions(h, m.base_model.embeddings.word_embeddings)),
-        (("cls",), lambda m, h: m.cls(h)),  # BERT, DeBERTa-v2 (legacy), Megatron-BERT, ERNIE, RoFormer
-        (("predictions",), lambda m, h: m.predictions(h)),  # ALBERT
-        (("lm_head",), lambda m, h: m.lm_head(h)),  # RoBERTa family, ESM, MPNet
-    ]
+    adapter = adapter or adapter_for(model)
+    try:
+        return adapter.head.function(model)
+    except LookupError as err:
+        raise DiagnosticsError(f"the MLM head declared by the {adapter.family!r} adapter ({adapter.head.describe()}) "
+                               f"is not on {type(model).__name__}: {err}. The logit lens needs the model's MLM head; "
+                               "fix the adapter's head (gradflow.adapters.HeadSpec).") from None
 
 
-def head_function(model: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
-    """The MLM head of ``model`` as a function of the base model's last hidden state."""
-    for names, route in _head_routes():
-        if all(getattr(model, n, None) is not None for n in names):
-            return lambda h, route=route: route(model, h)
-    raise DiagnosticsError(f"no known MLM head on {type(model).__name__} (looked for "
-                           f"{', '.join('+'.join(n) for n, _ in _head_routes())}); the logit lens needs one")
+def final_norm_module(model: nn.Module, adapter: Adapter) -> nn.Module | None:
+    """The norm between the last block and the head its adapter declares (pre-LN families), or None."""
+    if adapter.final_norm is None:
+        return None
+    try:
+        return get_module(model.base_model, adapter.final_norm)
+    except LookupError as err:
+        raise DiagnosticsError(f"the final norm declared by the {adapter.family!r} adapter is not on "
+                               f"{type(model).__name__}: {err}. Fix the adapter's final_norm.") from None
 
 
 class LogitLens:
     """``lens(hidden (N, H)) -> logits (N, V)``: final norm (if any) then the model's MLM head.
 
-    :meth:`resolve` picks the final norm (none, or one of :data:`FINAL_NORM_PATHS`) that
-    reproduces the model's logits from the last block output; it must run once before use.
+    Both come from the adapter (``head``, ``final_norm``). :meth:`resolve` checks once, before use,
+    that they reproduce the model's logits from the last block output.
     """
 
     def __init__(self, model: nn.Module, adapter: Adapter):
         self.model = model
-        self.head = head_function(model)
-        self.final: nn.Module | None = None
-        self.final_path: str | None = None
+        self.adapter = adapter
+        self.head = head_function(model, adapter)
+        self.final_path: str | None = adapter.final_norm
+        self.final = final_norm_module(model, adapter)
         self.max_abs_diff: float | None = None
-        self._candidates: list[tuple[str | None, nn.Module | None]] = [(None, None)]
-        for path in FINAL_NORM_PATHS:
-            try:
-                module = get_module(model.base_model, path)
-            except LookupError:
-                continue
-            if isinstance(module, nn.Module) and not isinstance(module, nn.Identity):
-                self._candidates.append((path, module))
 
-    def _apply(self, hidden: torch.Tensor, final: nn.Module | None) -> torch.Tensor:
+    def _apply(self, hidden: torch.Tensor) -> torch.Tensor:
         param = next(self.model.parameters())
         h = hidden.to(param.device, param.dtype)
         with torch.no_grad():
-            if final is not None:
-                h = final(h)
+            if self.final is not None:
+                h = self.final(h)
             return self.head(h).float().cpu()
 
     def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.max_abs_diff is None:
             raise DiagnosticsError("LogitLens.resolve() must run before the lens is applied")
-        return self._apply(hidden, self.final)
+        return self._apply(hidden)
 
     def resolve(self, last_hidden: torch.Tensor, logits: torch.Tensor, keep: torch.Tensor) -> None:
-        """Choose the final norm; ``last_hidden`` (B, T, H), ``logits`` (B, T, V), ``keep`` (B, T).
+        """Check the declared head and final norm; ``last_hidden`` (B, T, H), ``logits`` (B, T, V), ``keep`` (B, T).
 
-        Every candidate is tried and the one closest to the model's logits wins; it must match
-        within ``1e-3 * max(1, max |logit|)`` (loose enough for bfloat16 models).
+        They must reproduce the model's logits within ``1e-3 * max(1, max |logit|)`` (loose enough
+        for bfloat16 models); otherwise DiagnosticsError.
         """
         target = logits[keep]
-        diffs = [float((self._apply(last_hidden[keep], module) - target).abs().max()) for _, module in self._candidates]
-        best = int(np.argmin(diffs))
-        if diffs[best] <= 1e-3 * max(1.0, float(target.abs().max())):
-            (self.final_path, self.final), self.max_abs_diff = self._candidates[best], diffs[best]
+        diff = float((self._apply(last_hidden[keep]) - target).abs().max())
+        if diff <= 1e-3 * max(1.0, float(target.abs().max())):
+            self.max_abs_diff = diff
             return
-        tried = "; ".join(f"{path or 'no final norm'}: {d:.3g}" for (path, _), d in zip(self._candidates, diffs))
-        raise DiagnosticsError(f"the logit lens cannot reproduce the logits of {type(self.model).__name__} from its "
-                               f"last block output (max |difference| {tried}): its head or final norm is not in "
-                               "gradflow.runs.diagnose' lookup (FINAL_NORM_PATHS, _head_routes)")
+        raise DiagnosticsError(
+            f"the logit lens cannot reproduce the logits of {type(self.model).__name__} from its last block output "
+            f"(max |difference| {diff:.3g}) with the head ({self.adapter.head.describe()}) and final norm "
+            f"({self.final_path or 'none'}) that the {self.adapter.family!r} adapter declares: fix the adapter's "
+            "head or final_norm (gradflow.adapters).")
 
 
 class LogitLensAccumulator:
@@ -154,7 +137,7 @@ class LogitLensAccumulator:
         return torch.cat(correct), torch.cat(logprob)
 
     def frame(self) -> pd.DataFrame:
-        rows = [{"layer": layer, "site": _site(layer), "role": role, "n_positions": int(s[0]),
+        rows = [{"layer": layer, "site": layer_site(layer), "role": role, "n_positions": int(s[0]),
                  "top1_original": s[1] / s[0], "mean_log_prob_original": s[2] / s[0]}
                 for (layer, role), s in self.stats.items()]
         return _sorted(pd.DataFrame(rows, columns=list(TABLE_COLUMNS["logit_lens"])))

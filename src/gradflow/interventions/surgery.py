@@ -6,15 +6,15 @@ what that costs: drop the last ``k`` blocks, re-initialise them with the archite
 initialiser, or freeze parts of the encoder.
 
 Every operation works in place, returns ``(model, SurgeryRecord)`` and keeps ``model.config``
-consistent (``num_hidden_layers`` and, for ModernBERT, ``layer_types``), so the result saves with
-``save_pretrained`` and reloads with ``from_pretrained`` to the same outputs.
+consistent (``num_hidden_layers`` and the adapter's ``per_layer_config`` lists, e.g. ModernBERT's
+``layer_types``), so the result saves with ``save_pretrained`` and reloads with ``from_pretrained``
+to the same outputs. Every architecture fact comes from the model's adapter (``drop_blocks``,
+``drop_extras``, ``init_block``, ``unshare``; see :class:`gradflow.adapters.Adapter`).
 
-ALBERT applies one shared layer group ``num_hidden_layers`` times. Here:
+Shared blocks (ALBERT applies one layer group ``num_hidden_layers`` times):
 
-- *dropping* the last ``k`` blocks means ``k`` fewer applications (``num_hidden_layers -= k``); the
-  weights are unchanged. With several groups the group of each depth depends on
-  ``num_hidden_layers``, so only one group (the usual case) or fully unshared groups (one group per
-  depth, see :func:`unshare_albert`) can be dropped from;
+- *dropping* the last ``k`` blocks follows the adapter's ``drop_blocks`` (ALBERT: ``k`` fewer
+  applications; see :mod:`gradflow.adapters.albert`);
 - *re-initialising* the last application is impossible while the layer is shared (it would
   re-initialise every depth): it raises :class:`SurgeryError` unless the model was first unshared
   with :func:`unshare_albert` (explicit: the parameter count grows ``num_hidden_layers``-fold);
@@ -24,7 +24,6 @@ ALBERT applies one shared layer group ``num_hidden_layers`` times. Here:
 
 from __future__ import annotations
 
-import copy
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -32,12 +31,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from gradflow.adapters import Adapter, adapter_for, block_modules, get_module
+from gradflow.adapters import Adapter, adapter_for, block_modules, count_parameters, get_module
 from gradflow.errors import OutputDirError, SurgeryError
 
 SURGERY_FILE = "surgery.json"
-
-
 
 @dataclass(frozen=True)
 class SurgeryRecord:
@@ -94,25 +91,8 @@ def _check_k(k: int, num_blocks: int, what: str, keep_one: bool) -> None:
                            + (" (at least one block must remain)" if keep_one else ""))
 
 
-def _count(modules: list[nn.Module]) -> int:
-    seen: set[int] = set()
-    total = 0
-    for module in modules:
-        for p in module.parameters():
-            if id(p) not in seen:
-                seen.add(id(p))
-                total += p.numel()
-    return total
-
-
-def _albert_groups(model: nn.Module) -> tuple[int, int]:
-    config = model.config
-    return int(config.num_hidden_layers), int(config.num_hidden_groups)
-
-
-def _albert_shared(model: nn.Module, adapter: Adapter) -> bool:
-    """True when some layer module runs at more than one depth."""
-    blocks = block_modules(adapter, model.base_model)
+def _shared(blocks: list[nn.Module]) -> bool:
+    """True when some block module runs at more than one depth."""
     return len({id(b) for b in blocks}) < len(blocks)
 
 
@@ -125,65 +105,34 @@ def drop_last_blocks(model: nn.Module, k: int) -> tuple[nn.Module, SurgeryRecord
     dropped = tuple(range(before - k, before))
     if k == 0:
         return model, SurgeryRecord("drop_last_blocks", adapter.family, 0, before, before, (), 0)
-    if adapter.family == "albert":
-        removed, notes = _drop_albert(model, adapter, k)
+    if adapter.drop_blocks is not None:
+        removed, notes = adapter.drop_blocks(model, k)
     else:
-        layers = get_module(model.base_model, adapter.blocks)
-        if not isinstance(layers, nn.ModuleList) or len(layers) != before:
-            raise SurgeryError(f"{adapter.family}: expected a ModuleList of {before} blocks at {adapter.blocks!r}")
-        removed = _count(list(layers[before - k:]))
-        del layers[before - k:]
-        notes = ""
-    fix = _DROP_FIXES.get(adapter.family)
-    if fix is not None:
-        notes = fix(model, before, before - k)
-    _set_num_layers(model.config, before - k)
+        removed, notes = _drop_from_list(model, adapter, before, k), ""
+    if adapter.drop_extras is not None:
+        notes = adapter.drop_extras(model, before, before - k)
+    _set_num_layers(model.config, adapter, before - k)
     return model, SurgeryRecord("drop_last_blocks", adapter.family, k, before, before - k, dropped, removed,
                                 notes=notes)
 
 
-def _drop_albert(model: nn.Module, adapter: Adapter, k: int) -> tuple[int, str]:
-    layers, groups = _albert_groups(model)
-    if groups == 1:
-        return 0, f"ALBERT: {k} fewer application(s) of the shared layer; no weights removed"
-    if groups == layers:
-        group_list = get_module(model.base_model, adapter.blocks)
-        removed = _count(list(group_list[layers - k:]))
-        del group_list[layers - k:]
-        model.config.num_hidden_groups = layers - k
-        return removed, "ALBERT (unshared): last group(s) removed"
-    raise SurgeryError(f"ALBERT with {groups} layer groups over {layers} layers: the group of each depth depends "
-                       "on num_hidden_layers, so dropping depths would reassign groups. Unshare the model first "
-                       "(gradflow.interventions.surgery.unshare_albert) or use a single-group model.")
+def _drop_from_list(model: nn.Module, adapter: Adapter, before: int, k: int) -> int:
+    """Delete the last ``k`` entries of the blocks ModuleList; returns the parameters removed."""
+    layers = get_module(model.base_model, adapter.blocks)
+    if not isinstance(layers, nn.ModuleList) or len(layers) != before:
+        raise SurgeryError(f"{adapter.family}: expected a ModuleList of {before} blocks at {adapter.blocks!r}")
+    removed = count_parameters(layers[before - k:])
+    del layers[before - k:]
+    return removed
 
 
-def _trim_esm_contact_head(model: nn.Module, before: int, after: int) -> str:
-    """ESM's contact head regresses on every layer's attention maps (layer-major): keep the kept layers'."""
-    head = getattr(model.base_model, "contact_head", None)
-    if head is None:
-        return ""
-    old = head.regression
-    heads = old.in_features // before
-    new = nn.Linear(after * heads, 1, bias=old.bias is not None).to(old.weight.device, old.weight.dtype)
-    with torch.no_grad():
-        new.weight.copy_(old.weight[:, : after * heads])
-        if old.bias is not None:
-            new.bias.copy_(old.bias)
-    head.regression = new
-    head.in_features = after * heads
-    return "ESM contact head: regression columns of the dropped layers' attention maps removed"
-
-
-# Family-specific parts sized by the number of layers (outside the blocks themselves).
-_DROP_FIXES = {"esm": _trim_esm_contact_head}
-
-
-def _set_num_layers(config, n: int) -> None:
-    """Set ``num_hidden_layers`` (and trim per-layer lists such as ModernBERT's ``layer_types``)."""
+def _set_num_layers(config, adapter: Adapter, n: int) -> None:
+    """Set ``num_hidden_layers`` and cut the adapter's per-layer config lists to the first ``n``."""
     config.num_hidden_layers = n
-    layer_types = getattr(config, "layer_types", None)
-    if isinstance(layer_types, (list, tuple)):
-        config.layer_types = list(layer_types[:n])
+    for name in adapter.per_layer_config:
+        values = getattr(config, name, None)
+        if isinstance(values, (list, tuple)):
+            setattr(config, name, list(values[:n]))
 
 
 # ---------------------------------------------------------------------------------------- re-init
@@ -196,21 +145,28 @@ def reinit_last_blocks(model: nn.Module, k: int, seed: int = 0) -> tuple[nn.Modu
     blocks = block_modules(adapter, model.base_model)
     _check_k(k, len(blocks), "re-initialise", keep_one=False)
     targets = blocks[len(blocks) - k:]
-    if k and adapter.family == "albert" and _albert_shared(model, adapter):
-        raise SurgeryError("ALBERT shares one layer across depths: re-initialising the last application would "
-                           "re-initialise every depth. Call gradflow.interventions.surgery.unshare_albert(model) first "
-                           "(explicit: one copy of the layer per depth) and re-initialise then.")
-    init_fn = getattr(model, "_init_weights", None)
-    if init_fn is None:
-        raise SurgeryError(f"{type(model).__name__} has no _init_weights: it is not a transformers PreTrainedModel")
+    if k and _shared(blocks):
+        raise SurgeryError(f"{adapter.family} shares one layer across depths: re-initialising the last application "
+                           "would re-initialise every depth. Call gradflow.interventions.surgery.unshare_albert(model) "
+                           "first (explicit: one copy of the layer per depth) and re-initialise then.")
+    init_block, notes = adapter.init_block, "adapter.init_block applied to each block"
+    if init_block is None:
+        init_block, notes = _hf_init_block, "model._init_weights applied to each submodule"
+        if getattr(model, "_init_weights", None) is None:
+            raise SurgeryError(f"{type(model).__name__} has no _init_weights: it is not a transformers PreTrainedModel")
     with torch.random.fork_rng(devices=[]), torch.no_grad():
         torch.manual_seed(seed)
         for block in targets:
-            _clear_init_flags(block)
-            block.apply(init_fn)
+            init_block(model, block)
     depths = tuple(range(len(blocks) - k, len(blocks)))
     return model, SurgeryRecord("reinit_last_blocks", adapter.family, k, len(blocks), len(blocks), depths,
-                                _count(targets), seed=seed, notes="model._init_weights applied to each submodule")
+                                count_parameters(targets), seed=seed, notes=notes)
+
+
+def _hf_init_block(model: nn.Module, block: nn.Module) -> None:
+    """transformers' own initialiser (``model._init_weights``) on every submodule of ``block``."""
+    _clear_init_flags(block)
+    block.apply(model._init_weights)
 
 
 def _clear_init_flags(module: nn.Module) -> None:
@@ -224,23 +180,20 @@ def _clear_init_flags(module: nn.Module) -> None:
 
 
 def unshare_albert(model: nn.Module) -> tuple[nn.Module, SurgeryRecord]:
-    """Give every ALBERT depth its own copy of its layer group (same outputs, more parameters).
+    """Give every depth its own copy of its shared block (ALBERT: of its layer group); same outputs.
 
-    Sets ``num_hidden_groups = num_hidden_layers``; saves and reloads as a plain ALBERT.
+    Uses the adapter's ``unshare`` (ALBERT: ``num_hidden_groups = num_hidden_layers``); the result
+    saves and reloads as a plain model of the same family.
     """
     adapter = adapter_for(model)
-    if adapter.family != "albert":
-        raise SurgeryError(f"unshare_albert needs an ALBERT model, got {adapter.family}")
-    layers, groups = _albert_groups(model)
-    group_list = get_module(model.base_model, adapter.blocks)
-    per_group = layers / groups
-    new = nn.ModuleList(copy.deepcopy(group_list[int(i / per_group)]) for i in range(layers))
-    before = _count(list(group_list))
-    parent_path, _, name = adapter.blocks.rpartition(".")
-    setattr(get_module(model.base_model, parent_path), name, new)
-    model.config.num_hidden_groups = layers
-    return model, SurgeryRecord("unshare_albert", "albert", 0, layers, layers, tuple(range(layers)),
-                                _count(list(new)) - before, notes="parameters column: parameters added")
+    if adapter.unshare is None:
+        raise SurgeryError(f"unshare_albert needs a model with shared blocks (ALBERT), got {adapter.family}")
+    layers = int(model.config.num_hidden_layers)
+    before = count_parameters(block_modules(adapter, model.base_model))
+    adapter.unshare(model)
+    added = count_parameters(block_modules(adapter, model.base_model)) - before
+    return model, SurgeryRecord("unshare_albert", adapter.family, 0, layers, layers, tuple(range(layers)), added,
+                                notes="parameters column: parameters added")
 
 
 # ---------------------------------------------------------------------------------------- freezing
@@ -257,7 +210,7 @@ def freeze_first_blocks(model: nn.Module, k: int) -> tuple[nn.Module, SurgeryRec
     for block in frozen:
         block.requires_grad_(False)
     return model, SurgeryRecord("freeze_first_blocks", adapter.family, k, len(blocks), len(blocks),
-                                tuple(range(k)), _count(frozen))
+                                tuple(range(k)), count_parameters(frozen))
 
 
 def freeze_embeddings(model: nn.Module) -> tuple[nn.Module, SurgeryRecord]:
@@ -269,7 +222,7 @@ def freeze_embeddings(model: nn.Module) -> tuple[nn.Module, SurgeryRecord]:
     emb = get_module(model.base_model, adapter.embeddings)
     emb.requires_grad_(False)
     n = _num_blocks(model, adapter)
-    return model, SurgeryRecord("freeze_embeddings", adapter.family, 0, n, n, (), _count([emb]),
+    return model, SurgeryRecord("freeze_embeddings", adapter.family, 0, n, n, (), count_parameters([emb]),
                                 notes="tied output embeddings are frozen with the input embeddings")
 
 
@@ -279,7 +232,7 @@ def freeze_encoder(model: nn.Module) -> tuple[nn.Module, SurgeryRecord]:
     base.requires_grad_(False)
     adapter = adapter_for(model)
     n = _num_blocks(model, adapter)
-    return model, SurgeryRecord("freeze_encoder", adapter.family, n, n, n, tuple(range(n)), _count([base]))
+    return model, SurgeryRecord("freeze_encoder", adapter.family, n, n, n, tuple(range(n)), count_parameters([base]))
 
 
 # ---------------------------------------------------------------------------------------- plans and files

@@ -102,7 +102,7 @@ def load_model(spec: str = DEFAULT_MODEL, device: str = "cpu", dtype: str = "flo
         raise ModelLoadError(f"could not read the config of {spec!r}: {err}. If the model needs custom code, "
                              "review it and pass --trust-remote-code.") from None
     try:
-        adapter = adapter_for(_Stub(config))
+        adapter = adapter_for(config)
     except UnsupportedArchitectureError as err:
         raise ModelLoadError(str(err)) from None
     try:
@@ -131,9 +131,3 @@ def load_model(spec: str = DEFAULT_MODEL, device: str = "cpu", dtype: str = "flo
     config_hash = hashlib.sha256(config.to_json_string(use_diff=False).encode()).hexdigest()[:16]
     return LoadedModel(model, tokenizer, spec, path, adapter, config_hash)
 
-
-class _Stub:
-    """Lets adapter_for() look at a config before the model is built."""
-
-    def __init__(self, config):
-        self.config = config

@@ -373,7 +373,7 @@ def reference_pieces(text: str, pre_split: str) -> list[str]:
 def check_model_dir(e: ZooEntry, path: Path, vocab: list[str]) -> None:
     """Reload ``path`` as transformers would and check weights, config and tokenizer.
 
-    Checks: no missing/unexpected/mismatched keys, tied decoder, ``model_type`` bert, a fast
+    Checks: no missing/unexpected/mismatched keys, tied decoder, the BertForMaskedLM architecture, a fast
     tokenizer with ``len == vocab size`` and mask token ``[MASK]``, and the example inputs
     tokenized exactly as the original regex tokenizer does, with no ``[UNK]``.
     """
@@ -381,7 +381,7 @@ def check_model_dir(e: ZooEntry, path: Path, vocab: list[str]) -> None:
     from transformers import AutoModelForMaskedLM, AutoTokenizer
 
     config = json.loads((path / "config.json").read_text(encoding="utf-8"))
-    if config.get("model_type") != "bert" or config.get("architectures") != ["BertForMaskedLM"]:
+    if config.get("architectures") != ["BertForMaskedLM"]:
         raise ZooError(f"{e.name}: written config.json is not a BertForMaskedLM config")
     model, info = AutoModelForMaskedLM.from_pretrained(path, output_loading_info=True)
     problems = {k: v for k, v in info.items() if v}  # missing/unexpected/mismatched keys, errors

@@ -17,7 +17,6 @@ parameters (head, and pooler where the checkpoint has none) are trained.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import math
@@ -31,7 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gradflow.errors import GradflowError
+from gradflow.adapters import adapter_for
+from gradflow.errors import GradflowError, UnsupportedArchitectureError
 from gradflow.interventions.finetune.data import (
     IGNORE,
     Encoded,
@@ -46,9 +46,6 @@ from gradflow.interventions.finetune.tasks import Task, check_rows, load_split, 
 from gradflow.interventions.surgery import SurgeryPlan, apply_surgery
 
 EVAL_COLUMNS = ("step", "split", "metric", "value")
-# position ids start after the padding index (RoBERTa-style learned positions)
-_PADDING_OFFSET_POSITIONS = ("roberta", "xlm-roberta", "camembert", "data2vec-text", "roberta-prelayernorm",
-                             "xlm-roberta-xl")
 
 
 @dataclass
@@ -190,13 +187,19 @@ def max_input_length(model: nn.Module, tokenizer, requested: int) -> int:
     config = model.config
     positions = getattr(config, "max_position_embeddings", None)
     if positions and getattr(config, "position_embedding_type", "absolute") == "absolute":
-        if config.model_type in _PADDING_OFFSET_POSITIONS:
-            positions -= (config.pad_token_id or 0) + 1
-        limit = min(limit, positions)
+        limit = min(limit, positions - _position_offset(config))
     tok_limit = getattr(tokenizer, "model_max_length", None)
     if isinstance(tok_limit, int) and 0 < tok_limit < 1_000_000:
         limit = min(limit, tok_limit)
     return limit
+
+
+def _position_offset(config) -> int:
+    """Learned positions before the first usable one (RoBERTa-style: ``pad_token_id + 1``), from the adapter."""
+    try:
+        return adapter_for(config).position_offset(config)
+    except UnsupportedArchitectureError:
+        return 0  # no adapter: no offset assumed
 
 
 def freeze_loaded(model: nn.Module, new_params: set[str]) -> int:
@@ -387,39 +390,3 @@ def _json_default(value):
     if isinstance(value, Path):
         return str(value)
     raise TypeError(f"not JSON serialisable: {type(value).__name__}")
-
-
-# ---------------------------------------------------------------------------------------- CLI
-def main(argv: list[str] | None = None) -> int:
-    """``python -m gradflow.interventions.finetune.train --model M --task T --out DIR [options]``."""
-    parser = argparse.ArgumentParser(description="Fine-tune a masked LM on a gradflow task.")
-    parser.add_argument("--model", required=True)
-    parser.add_argument("--task", required=True, help="built-in task name (under --data-root) or a task directory")
-    parser.add_argument("--out", dest="out_dir", required=True)
-    parser.add_argument("--data-root", default=None)
-    for name, kind in (("lr", float), ("steps", int), ("batch-size", int), ("warmup", float), ("seed", int),
-                       ("eval-every", int), ("max-length", int), ("drop-last", int), ("reinit-last", int),
-                       ("train-limit", int), ("eval-limit", int), ("weight-decay", float)):
-        parser.add_argument(f"--{name}", type=kind, default=None)
-    parser.add_argument("--class-weights", default=None, help="'balanced' or comma-separated weights")
-    parser.add_argument("--head-only", action="store_true")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--autocast", choices=["bfloat16"], default=None,
-                        help="mixed-precision forward passes (fast on GPUs and on CPUs with AVX512-BF16)")
-    parser.add_argument("--save-model", action="store_true")
-    parser.add_argument("--no-progress", dest="progress", action="store_false")
-    args = vars(parser.parse_args(argv))
-    weights = args.pop("class_weights")
-    if weights and weights != "balanced":
-        weights = tuple(float(x) for x in weights.split(","))
-    config = FinetuneConfig(**{k: v for k, v in args.items() if v is not None}, class_weights=weights)
-    try:
-        result = finetune(config)
-    except GradflowError as err:
-        parser.exit(2, f"error: {err}\n")
-    print(json.dumps(result.final, indent=2))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
