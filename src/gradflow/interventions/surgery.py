@@ -253,6 +253,7 @@ def surgery_to_dir(model_spec: str, out_dir: str | Path, drop_last: int = 0, rei
     """Load ``model_spec``, apply the plan, save model, tokenizer and ``surgery.json`` to ``out_dir``."""
     from gradflow import __version__
     from gradflow.models import load_model
+    from gradflow.provenance import portable_path
 
     out = Path(out_dir)
     if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not overwrite)):
@@ -266,7 +267,8 @@ def surgery_to_dir(model_spec: str, out_dir: str | Path, drop_last: int = 0, rei
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     loaded.tokenizer.save_pretrained(out)
-    meta = {"source": model_spec, "source_path": loaded.path, "source_config_hash": loaded.config_hash,
+    meta = {"source": portable_path(model_spec, out), "source_path": portable_path(loaded.path, out),
+            "source_config_hash": loaded.config_hash,
             "plan": asdict(plan), "operations": result.to_dict(), "num_hidden_layers": model.config.num_hidden_layers,
             "gradflow_version": __version__}
     (out / SURGERY_FILE).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")

@@ -10,8 +10,9 @@ lose updates), trains it with ``transformers.Trainer`` on ``texts`` (BERT maskin
   hidden-state gradient norm and the weight drift every ``log_every`` steps (and at step 1);
 - ``mlm_log.csv``: ``step, loss, learning_rate``: the training MLM loss of every step (of each
   micro-batch) and the learning rate it was taken with;
-- ``continued.json``: the arguments, the number of texts, wall and CPU seconds and the final loss
-  (mean of the last ``log_every`` steps);
+- ``continued.json``: the arguments (model paths as :func:`gradflow.provenance.portable_path`
+  writes them), the number of texts, wall and CPU seconds and the final loss (mean of the last
+  ``log_every`` steps);
 - ``model/``: the trained ``*ForMaskedLM`` and its tokenizer (``save_pretrained``, float32), which
   :func:`gradflow.interventions.finetune.finetune` loads with ``model=str(path)``.
 
@@ -51,6 +52,7 @@ def continue_mlm(model_spec: str, texts: list[str], out_dir: str | Path, steps: 
     from gradflow.interventions.callback import GradFlowCallback
     from gradflow.interventions.finetune.train import _quiet_transformers
     from gradflow.models import load_model
+    from gradflow.provenance import portable_path
 
     if steps < 1 or batch_size < 1 or log_every < 1:
         raise GradflowError("steps, batch_size and log_every must be >= 1")
@@ -94,7 +96,8 @@ def continue_mlm(model_spec: str, texts: list[str], out_dir: str | Path, steps: 
 
     log = pd.DataFrame(trainer.loss_rows, columns=["step", "loss", "learning_rate"])
     log.to_csv(out / LOG_NAME, index=False)
-    meta = {"model": model_spec, "model_path": loaded.path, "texts": len(texts), "steps": steps,
+    meta = {"model": portable_path(model_spec, out), "model_path": portable_path(loaded.path, out),
+            "texts": len(texts), "steps": steps,
             "batch_size": batch_size, "lr": lr, "seed": seed, "log_every": log_every, "max_length": limit,
             "warmup": warmup, "weight_decay": weight_decay, "mlm_probability": mlm_probability, "bf16": bf16,
             "device": device, "torch_threads": torch.get_num_threads(),

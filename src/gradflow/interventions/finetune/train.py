@@ -9,7 +9,8 @@ writes to ``out_dir``:
 
 - ``eval.csv``: tidy ``step, split, metric, value`` rows (train loss since the last evaluation,
   evaluation loss and the task's metrics), rewritten after every evaluation;
-- ``result.json``: the config, surgery records, parameter counts and final metrics.
+- ``result.json``: the config, surgery records, parameter counts and final metrics (paths in the
+  config written as :func:`gradflow.provenance.portable_path` does: never a machine's absolute path).
 
 ``head_only`` freezes every parameter loaded from the checkpoint: only the newly initialised
 parameters (head, and pooler where the checkpoint has none) are trained.
@@ -378,10 +379,23 @@ def _write_outputs(result: FinetuneResult, out: Path | None, model: nn.Module, t
     if out is None:
         return
     _write_history(result, out)
-    (out / "result.json").write_text(json.dumps(result.to_dict(), indent=2, default=_json_default) + "\n")
+    (out / "result.json").write_text(json.dumps(_portable(result.to_dict(), out), indent=2, default=_json_default)
+                                     + "\n")
     if result.config.save_model:
         model.save_pretrained(out / "model")
         tokenizer.save_pretrained(out / "model")
+
+
+def _portable(record: dict, out: Path) -> dict:
+    """``record`` with the config's paths (model or task directory, out_dir, data_root) portable: see
+    :func:`gradflow.provenance.portable_path` (model names and hub names are kept as given)."""
+    from gradflow.provenance import portable_path
+
+    config = dict(record["config"])
+    for key in ("model", "task", "out_dir", "data_root"):
+        if isinstance(config.get(key), (str, Path)):
+            config[key] = portable_path(config[key], out)
+    return {**record, "config": config}
 
 
 def _json_default(value):
