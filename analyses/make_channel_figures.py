@@ -23,10 +23,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from gradflow.figures.channel_view import write_channel_view
 from gradflow.figures.diagnostics import plot_diagnostics
-from gradflow.runs.diagnose import diagnose_corpus
 from gradflow.models import load_model
+from gradflow.runs.channels import write_channel_view
+from gradflow.runs.diagnose import diagnose_corpus
 
 ROOT = Path(__file__).resolve().parents[1]
 SENTENCE = ("The progress of public credit is witnessed by a considerable rise of American stock abroad "

@@ -12,9 +12,17 @@ import torch  # noqa: E402
 
 from gradflow import GradFlowRecorder, RecorderConfig  # noqa: E402
 from gradflow.adapters import adapter_for, block_modules  # noqa: E402
-from gradflow.hooks.attribution import (AttributionError, MLMObjective, attribute_channels, block_taps,  # noqa: E402
-                                  chosen_labels, gradient_x_activation, integrated_gradients, site_hooks)
 from gradflow.errors import GradflowError  # noqa: E402
+from gradflow.hooks.attribution import (  # noqa: E402
+    AttributionError,
+    MLMObjective,
+    attribute_channels,
+    block_taps,
+    chosen_labels,
+    gradient_x_activation,
+    integrated_gradients,
+    site_hooks,
+)
 from gradflow.losses import cross_entropy  # noqa: E402
 from gradflow.roles import Role  # noqa: E402
 from tiny import tiny_batch, tiny_model  # noqa: E402
@@ -170,13 +178,14 @@ def loaded(tiny_mlm_dir):
 
 
 def test_channel_view_grad_norm_files_and_zero_column(loaded, tmp_path):
-    from gradflow.figures.channel_view import TABLE_COLUMNS, write_channel_view
+    from gradflow.runs.channels import write_channel_view
+    from gradflow.runs.schema import CHANNEL_VIEW_COLUMNS
 
     paths = write_channel_view(loaded, SENTENCE, tmp_path / "cv", mask_positions=[3, 5], formats=("png",))
     assert [p.name for p in paths] == ["channel_view.png", "channel_view.csv"]
     assert all(p.stat().st_size > 0 for p in paths)
     table = pd.read_csv(paths[-1])
-    assert tuple(table.columns) == TABLE_COLUMNS
+    assert tuple(table.columns) == CHANNEL_VIEW_COLUMNS
     assert set(table.loc[table.position.isin([3, 5]), "role"]) == {"masked"}
     last = len(block_modules(loaded.adapter, loaded.model.base_model)) - 1
     after = table[table.site.isin([f"blocks.{last}.mid", f"blocks.{last}.out"])]
@@ -187,7 +196,7 @@ def test_channel_view_grad_norm_files_and_zero_column(loaded, tmp_path):
 
 
 def test_channel_view_attribution_default_masking(loaded, tmp_path):
-    from gradflow.figures.channel_view import channel_batch, write_channel_view
+    from gradflow.runs.channels import channel_batch, write_channel_view
 
     batch = channel_batch(loaded, SENTENCE)
     assert bool((batch.roles <= Role.KEPT).any())
@@ -202,7 +211,8 @@ def test_channel_view_attribution_default_masking(loaded, tmp_path):
 def test_channel_view_plot_marks_zeros_and_roles(loaded):
     import matplotlib.pyplot as plt
 
-    from gradflow.figures.channel_view import channel_batch, channel_table, plot_channel_view
+    from gradflow.figures.channel_view import plot_channel_view
+    from gradflow.runs.channels import channel_batch, channel_table
 
     table = channel_table(loaded, channel_batch(loaded, SENTENCE, [2]), "grad_norm")
     drawn = plot_channel_view(table)
@@ -223,7 +233,8 @@ def test_channel_view_plot_marks_zeros_and_roles(loaded):
     ({"text": SENTENCE, "quantity": "nonsense"}, "unknown quantity"),
 ])
 def test_channel_view_errors(loaded, tmp_path, kwargs, match):
-    from gradflow.figures.channel_view import ChannelViewError, write_channel_view
+    from gradflow.errors import ChannelViewError
+    from gradflow.runs.channels import write_channel_view
 
     with pytest.raises(ChannelViewError, match=match):
         write_channel_view(loaded, out_dir=tmp_path, formats=("png",), **kwargs)

@@ -10,14 +10,20 @@ import pytest
 import torch
 
 from conftest import SAMPLE_LINES
-from gradflow.interventions.callback import CSV_COLUMNS, GradFlowCallback, _param_groups, mlm_roles
-from gradflow.inputs.masking import MaskedBatch
 from gradflow.hooks.recorder import GradFlowRecorder
+from gradflow.inputs.masking import MaskedBatch
+from gradflow.interventions.callback import CSV_COLUMNS, GradFlowCallback, _param_groups, mlm_roles
 from gradflow.roles import Role
 
 pytest.importorskip("accelerate", reason="transformers.Trainer needs accelerate")
-from transformers import (AutoTokenizer, BertForMaskedLM, DataCollatorForLanguageModeling,  # noqa: E402
-                          Trainer, TrainerCallback, TrainingArguments)
+from transformers import (  # noqa: E402
+    AutoTokenizer,
+    BertForMaskedLM,
+    DataCollatorForLanguageModeling,
+    Trainer,
+    TrainerCallback,
+    TrainingArguments,
+)
 
 
 class _Spy(TrainerCallback):
@@ -183,3 +189,14 @@ def test_mlm_roles_by_hand():
     assert roles.tolist() == [[Role.SPECIAL, Role.MASKED, Role.RANDOM, Role.KEPT, Role.SPECIAL, Role.PAD]]
     roles = mlm_roles(ids, labels, mask)  # no tokenizer: random counts as masked, specials as context
     assert roles.tolist() == [[Role.CONTEXT, Role.MASKED, Role.MASKED, Role.KEPT, Role.CONTEXT, Role.PAD]]
+
+
+def test_param_groups_name_a_shared_layer_by_its_depth_range():
+    from gradflow.hooks.sites import parse_block_group
+    from tiny import tiny_model
+
+    groups = [g.name for g in _param_groups(tiny_model("albert"))]
+    assert groups == ["embeddings", "blocks.0-2", "other"]
+    assert parse_block_group("blocks.0-2") == (0, 2)
+    assert [g.name for g in _param_groups(tiny_model("bert"))] == ["embeddings", "blocks.0", "blocks.1", "blocks.2",
+                                                                   "other"]

@@ -112,11 +112,11 @@ def _state_bytes(obj, seen: set[int] | None = None) -> int:
 
 def test_diagnostics_state_is_bounded_over_a_long_corpus(tiny_mlm_dir, tiny_corpus):
     """Streaming: once the reservoirs are full, 10x more batches leave the accumulated state the same size."""
-    from gradflow.inputs.corpus import CorpusCounts, batches, iter_windows, read_documents
     from gradflow.hooks.states import collect_states
-    from gradflow.runs.diagnose import Diagnostics
+    from gradflow.inputs.corpus import CorpusCounts, batches, iter_windows, read_documents
     from gradflow.inputs.masking import BertMasking, mask_batch
     from gradflow.models import load_model
+    from gradflow.runs.diagnose import Diagnostics
 
     loaded = load_model(str(tiny_mlm_dir))
     diag = Diagnostics(loaded.model, loaded.adapter, max_per_group=16, seed=0)

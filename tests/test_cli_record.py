@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 import pandas as pd
-import pytest
 
 from gradflow.cli import main
 from gradflow.runs.schema import CHANNEL_COLUMNS, SUBLAYER_COLUMNS

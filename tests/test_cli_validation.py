@@ -11,11 +11,11 @@ import argparse
 import pytest
 
 from gradflow.cli import build_parser, main
-from gradflow.figures.channel_view import QUANTITIES
 from gradflow.figures.style import WIDTHS
 from gradflow.interventions.finetune import BUILTIN_TASKS
 from gradflow.losses import LOSSES, REDUCTIONS
 from gradflow.models import DTYPES, EMBEDDED_MODELS
+from gradflow.runs.channels import QUANTITIES
 
 COMMANDS = ("record", "demo", "zoo", "report", "compare", "channels", "diagnose", "surgery", "finetune")
 RECORD = ["record", "--out", "OUT"]

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from conftest import SAMPLE_LINES, build_tiny_mlm_dir
-from gradflow.interventions.callback import CSV_COLUMNS, CSV_NAME
 from gradflow.errors import GradflowError
+from gradflow.interventions.callback import CSV_COLUMNS, CSV_NAME
 from gradflow.interventions.finetune import FinetuneConfig, Task, continue_mlm, finetune
 from gradflow.interventions.finetune.continued import LOG_NAME, META_NAME
 from gradflow.roles import LOSS_ROLES

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from gradflow import GradFlowRecorder, mask_batch
-from gradflow.runs.evaluation import mlm_accuracy
 from gradflow.inputs.masking import BertMasking
 from gradflow.models import EMBEDDED_MODELS, embedded_model_dir, load_model
 from gradflow.roles import Role
+from gradflow.runs.evaluation import mlm_accuracy
 from gradflow.runs.record import default_texts
 
 SHIPPED = all((embedded_model_dir(n) / "model.safetensors").exists() for n in EMBEDDED_MODELS)

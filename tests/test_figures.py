@@ -13,7 +13,6 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 from matplotlib.collections import LineCollection, PolyCollection, QuadMesh  # noqa: E402
 from matplotlib.colors import to_hex  # noqa: E402
-from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.patches import Rectangle  # noqa: E402
 
 from gradflow import analysis as A  # noqa: E402

@@ -12,8 +12,20 @@ import torch
 
 from conftest import SAMPLE_LINES
 from gradflow.errors import GradflowError
-from gradflow.interventions.finetune import (FinetuneConfig, Task, TaskError, accuracy, class_weights, encode_tokens,
-                               entity_scores, finetune, label_counts, load_split, load_task, task_loss)
+from gradflow.interventions.finetune import (
+    FinetuneConfig,
+    Task,
+    TaskError,
+    accuracy,
+    class_weights,
+    encode_tokens,
+    entity_scores,
+    finetune,
+    label_counts,
+    load_split,
+    load_task,
+    task_loss,
+)
 from gradflow.interventions.finetune.data import IGNORE
 
 WORDS = sorted(set(" ".join(SAMPLE_LINES).lower().replace(".", "").split()))

@@ -14,10 +14,10 @@ import hashlib
 
 import pytest
 import torch
-from gradflow.inputs.corpus import default_texts, document_windows, read_documents
-from gradflow.inputs.masking import BertMasking, ExplicitMasking, TokenizerInfo, mask_batch, mask_sequence
 from transformers import AutoTokenizer
 
+from gradflow.inputs.corpus import default_texts, document_windows, read_documents
+from gradflow.inputs.masking import BertMasking, ExplicitMasking, TokenizerInfo, mask_batch, mask_sequence
 from gradflow.models import embedded_model_dir
 from gradflow.roles import Role
 

@@ -277,8 +277,8 @@ def test_surgery_json_is_portable(tmp_path, tiny_mlm_dir):
 
 
 def test_diagnostics_meta_json_is_portable(tmp_path, tiny_mlm_dir, tiny_corpus):
-    from gradflow.runs.diagnose import diagnose_corpus
     from gradflow.models import load_model
+    from gradflow.runs.diagnose import diagnose_corpus
 
     loaded = load_model(str(tiny_mlm_dir))
     out = tmp_path / "diag"

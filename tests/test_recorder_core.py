@@ -11,7 +11,6 @@ import torch
 from gradflow import GradFlowRecorder, RecorderConfig, RecorderError, mlm_loss
 from gradflow.adapters import UnsupportedArchitectureError, adapter_for
 from gradflow.roles import Role
-
 from tiny import tiny_batch, tiny_model
 
 
@@ -141,3 +140,29 @@ def test_recorder_errors_are_clear():
     with GradFlowRecorder(model) as rec:
         with pytest.raises(RecorderError, match="nothing captured"):
             rec.result()
+
+
+def test_two_forwards_in_one_capture_are_refused_and_hooks_removed():
+    model = tiny_model("albert")  # shared layer: the site layer's depth stack restarts at every forward
+    batch = tiny_batch()
+    before = _hook_counts(model)
+    with pytest.raises(RecorderError, match="embeddings.out ran twice"):
+        with GradFlowRecorder(model) as rec:
+            with rec.capture(batch.roles):
+                model(**batch.model_inputs())
+                model(**batch.model_inputs())
+    assert _hook_counts(model) == before
+    with GradFlowRecorder(model) as rec:  # forwards outside a capture are ignored
+        model(**batch.model_inputs())
+        record = rec.record(batch)
+    assert record.site_names == ("embeddings.out", *[f"blocks.{i}.{p}" for i in range(3) for p in ("mid", "out")])
+    assert bool((record.act_norm > 0).all())
+
+
+def test_recorder_module_exports():
+    from gradflow.hooks import recorder
+    from gradflow.runs.schema import PARAMS
+
+    assert recorder.PARAMS == PARAMS == ("weight", "bias")
+    for name in ("GradFlowRecorder", "RecorderConfig", "BatchRecord", "SublayerRecord", "RecorderError"):
+        assert hasattr(recorder, name), name

@@ -8,7 +8,6 @@ import torch
 from gradflow import GradFlowRecorder, RecorderConfig, mlm_loss
 from gradflow.adapters import adapter_for, get_module
 from gradflow.roles import Role
-
 from tiny import FAMILIES, PRE_LN, tiny_batch, tiny_model
 
 NON_LOSS = (Role.CONTEXT, Role.SPECIAL, Role.PAD)

@@ -10,9 +10,8 @@ import matplotlib as mpl  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
-from gradflow.figures import report  # noqa: E402
 from gradflow.analysis import RunError  # noqa: E402
-from gradflow.figures import plots  # noqa: E402
+from gradflow.figures import canvas, report  # noqa: E402
 from synthetic_runs import write_run  # noqa: E402
 
 FIGURES = ("depth_profile", "ratio_heatmap", "last_block", "distributions", "context_coverage", "context_share")
@@ -29,12 +28,12 @@ def _close():
 def banners(monkeypatch) -> list[str]:
     """Record every banner added to a figure."""
     seen: list[str] = []
-    original = plots.add_banner
+    original = canvas.add_banner
 
-    def spy(fig, text=plots.INCOMPLETE_BANNER):
+    def spy(fig, text=canvas.INCOMPLETE_BANNER):
         seen.append(text)
         return original(fig, text)
-    monkeypatch.setattr(plots, "add_banner", spy)
+    monkeypatch.setattr(canvas, "add_banner", spy)
     return seen
 
 

@@ -13,8 +13,17 @@ import torch
 
 from gradflow import BertMasking, GradFlowRecorder, Role, mask_batch
 from gradflow.models.zoo import (
-    RESIDUE_REGEX, SMILES_REGEX, ZOO, ZooError, _mlm_state_dict, build_tokenizer, example_inputs, reference_pieces,
-    resolve, zoo_list, zoo_path,
+    RESIDUE_REGEX,
+    SMILES_REGEX,
+    ZOO,
+    ZooError,
+    _mlm_state_dict,
+    build_tokenizer,
+    example_inputs,
+    reference_pieces,
+    resolve,
+    zoo_list,
+    zoo_path,
 )
 
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]

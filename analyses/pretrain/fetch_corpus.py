@@ -20,9 +20,8 @@ import hashlib
 import json
 import re
 import shutil
-import subprocess
-import tarfile
 import sys
+import tarfile
 import tempfile
 from pathlib import Path
 

@@ -45,9 +45,10 @@ def draw(table: pd.DataFrame, figures: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
-    from gradflow.figures.style import gradflow_style as figure_style
-    from gradflow.figures import save_figure
     import matplotlib.pyplot as plt
+
+    from gradflow.figures import save_figure
+    from gradflow.figures.style import gradflow_style as figure_style
 
     with figure_style("double"):
         fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(7.0, 2.4))
@@ -76,8 +77,8 @@ def main() -> None:
     ship(root / "build", dest)
     table = curves(dest, root / "figures")
     draw(table, root / "figures")
-    from gradflow.runs.evaluation import mlm_accuracy
     from gradflow.models import load_model
+    from gradflow.runs.evaluation import mlm_accuracy
     from gradflow.runs.record import default_texts
 
     results = {}

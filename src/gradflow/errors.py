@@ -16,6 +16,7 @@ for bad arguments, ``RuntimeError`` for recording state).
     ├── RunError                         a run directory that is missing, malformed or not comparable
     ├── RecorderError (RuntimeError)     a recording that cannot be made
     ├── AttributionError                 an attribution request that cannot be served
+    │   └── SiteError (also RecorderError) a module output without a findable hidden state
     ├── DiagnosticsError                 diagnostics that cannot run on this model or input
     ├── ChannelViewError                 a sentence or mask positions that cannot be shown
     ├── SurgeryError                     a surgery request that cannot be carried out
@@ -62,6 +63,11 @@ class RecorderError(GradflowError, RuntimeError):
 
 class AttributionError(GradflowError):
     """An attribution request that cannot be served (no chosen loss position, bad positions)."""
+
+
+class SiteError(RecorderError, AttributionError):
+    """A site's module output holds no hidden state the site layer can find or replace (check the
+    adapter's paths); both the recorder's and the attribution's callers catch it."""
 
 
 class DiagnosticsError(GradflowError):

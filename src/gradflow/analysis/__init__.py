@@ -1,3 +1,42 @@
-"""Analysis: pure functions over run tables (profiles, ratios, shares, CIs, tests, comparisons)."""
+"""Analysis: pure functions over run tables (profiles, ratios, shares, CIs, tests, comparisons).
 
-from gradflow.analysis.run_data import *  # noqa: F401,F403  (temporary during the split)
+- :mod:`.run_data`: :class:`Run` and :func:`load_run` (reading and validation against the schema);
+- :mod:`.stats`: sequence bootstrap, percentile intervals, Holm, Mann-Whitney, rank-biserial;
+- :mod:`.profiles`: gradient-norm profiles and ratios per layer and role, rank tests, quantiles;
+- :mod:`.sublayers`: weight-gradient shares and coverage per sublayer, the last-block deficit;
+- :mod:`.compare`: several runs of one tokenizer side by side.
+
+Column lists, role and sublayer order live in :mod:`gradflow.runs.schema` (re-exported here).
+"""
+
+from gradflow.analysis.compare import Comparison, check_same_tokenizer, compare_runs
+from gradflow.analysis.profiles import (
+    channel_quantiles,
+    context_ratio,
+    layer_tests,
+    role_profile,
+    role_ratios,
+    sequence_means,
+)
+from gradflow.analysis.run_data import Run, load_run
+from gradflow.analysis.stats import (
+    bootstrap_ratio,
+    bootstrap_sums,
+    holm,
+    mann_whitney,
+    percentile_interval,
+    rank_biserial,
+    resample_weights,
+)
+from gradflow.analysis.sublayers import context_share, last_block_deficit, sublayer_shares
+from gradflow.errors import RunError
+from gradflow.runs.schema import CHANNEL_COLUMNS, LOSS, SEQUENCE_COLUMNS, SUBLAYER_COLUMNS, SUBLAYER_ORDER
+from gradflow.runs.schema import REPORTED_ROLES as DEFAULT_ROLES
+
+__all__ = [
+    "CHANNEL_COLUMNS", "DEFAULT_ROLES", "LOSS", "SEQUENCE_COLUMNS", "SUBLAYER_COLUMNS", "SUBLAYER_ORDER", "Comparison",
+    "Run", "RunError", "bootstrap_ratio", "bootstrap_sums", "channel_quantiles", "check_same_tokenizer",
+    "compare_runs", "context_ratio", "context_share", "holm", "last_block_deficit", "layer_tests", "load_run",
+    "mann_whitney", "percentile_interval", "rank_biserial", "resample_weights", "role_profile", "role_ratios",
+    "sequence_means", "sublayer_shares",
+]

@@ -18,23 +18,21 @@ import numpy as np
 import pandas as pd
 import torch
 
+from gradflow.hooks.sites import layer_site, site_name
 from gradflow.hooks.states import SiteStates
 from gradflow.inputs.masking import MaskedBatch
 from gradflow.roles import TOKEN_ROLES, Role
 from gradflow.runs.schema import DIAGNOSTIC_COLUMNS as TABLE_COLUMNS
 from gradflow.runs.schema import DIAGNOSTIC_GROUPS as GROUPS
 from gradflow.runs.schema import DIAGNOSTIC_ROLES as DIAG_ROLES
+from gradflow.runs.schema import LOSS
 
 
 def _role_masks(roles: torch.Tensor) -> dict[str, torch.Tensor]:
     """(B, T) bool mask of each reported role, ``loss`` pooled."""
     masks = {name: roles == code for code, name in enumerate(TOKEN_ROLES) if name in DIAG_ROLES}
-    masks["loss"] = roles <= Role.KEPT
+    masks[LOSS] = roles <= Role.KEPT
     return masks
-
-
-def _site(layer: int) -> str:
-    return "embeddings.out" if layer == 0 else f"blocks.{layer - 1}.out"
 
 
 def _sorted(frame: pd.DataFrame) -> pd.DataFrame:
@@ -177,7 +175,7 @@ class InputShiftAccumulator:
 
     def add(self, states: SiteStates, batch: MaskedBatch) -> None:
         roles = batch.roles.cpu()
-        groups = {"loss": roles <= Role.KEPT, "context": roles == Role.CONTEXT}
+        groups = {LOSS: roles <= Role.KEPT, "context": roles == Role.CONTEXT}
         for i, mid in enumerate(states.mid):
             for g, mask in groups.items():
                 x = mid[mask].numpy()
@@ -187,14 +185,14 @@ class InputShiftAccumulator:
     def frame(self) -> pd.DataFrame:
         rows = []
         for i in sorted({i for i, _ in self.moments}):
-            loss, ctx = self.moments[(i, "loss")], self.moments[(i, "context")]
-            a, b = self.reservoirs[(i, "loss")].sample(), self.reservoirs[(i, "context")].sample()
+            loss, ctx = self.moments[(i, LOSS)], self.moments[(i, "context")]
+            a, b = self.reservoirs[(i, LOSS)].sample(), self.reservoirs[(i, "context")].sample()
             auc, se = probe_auroc(a, b, seed=self.seed) if a.size and b.size else (float("nan"), float("nan"))
             fd = shift = float("nan")
             if loss.n >= 2 and ctx.n >= 2:
                 fd = frechet_distance(loss.mean, loss.covariance(), ctx.mean, ctx.covariance())
                 shift = float(np.sum((loss.mean - ctx.mean) ** 2))
-            rows.append({"layer": i + 1, "site": f"blocks.{i}.mid", "n_loss": loss.n, "n_context": ctx.n,
+            rows.append({"layer": i + 1, "site": site_name(i, "mid"), "n_loss": loss.n, "n_context": ctx.n,
                          "n_sample_loss": a.shape[0] if a.size else 0, "n_sample_context": b.shape[0] if b.size else 0,
                          "auroc": auc, "auroc_se": se, "auroc_ci_low": auc - 1.96 * se,
                          "auroc_ci_high": auc + 1.96 * se, "frechet_distance": fd, "mean_shift_sq": shift})
@@ -236,7 +234,7 @@ class AnisotropyAccumulator:
                 self.counts[key] = self.counts.get(key, 0) + n
 
     def frame(self) -> pd.DataFrame:
-        rows = [{"layer": layer, "site": _site(layer), "role": role, "n_positions": self.counts[(layer, role)],
+        rows = [{"layer": layer, "site": layer_site(layer), "role": role, "n_positions": self.counts[(layer, role)],
                  "mean_pairwise_cosine": mean_pairwise_cosine(s, self.counts[(layer, role)])}
                 for (layer, role), s in self.sums.items()]
         return _sorted(pd.DataFrame(rows, columns=list(TABLE_COLUMNS["anisotropy"])))

@@ -18,7 +18,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                           help="token positions to mask, special tokens included in the count (0 is the first); "
                                "default: seeded BERT masking")
     channels.add_argument("--quantity", default="grad_norm", metavar="QUANTITY",
-                          choices=RegistryChoices("gradflow.figures.channel_view", "QUANTITIES"),
+                          choices=RegistryChoices("gradflow.runs.channels", "QUANTITIES"),
                           help="what each cell shows: %(choices)s (default %(default)s)")
     add_figure_output(channels)
     channels.set_defaults(run=run)
@@ -35,8 +35,8 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
 
 def _channels(args: argparse.Namespace, argv: Sequence[str]) -> int:
-    from gradflow.figures.channel_view import write_channel_view
     from gradflow.models import load_model
+    from gradflow.runs.channels import write_channel_view
 
     paths = write_channel_view(load_model(args.model), args.text, args.out, mask_positions=args.mask_positions,
                                quantity=args.quantity, formats=formats(args.format))

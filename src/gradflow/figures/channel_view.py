@@ -1,18 +1,12 @@
-"""The channel view of one sentence: a tokens x sites heat map of where the MLM gradient goes.
+"""The channel view figure: a tokens x sites heat map of one sentence, drawn from its table.
 
-Every token position is a channel; rows are the sentence's tokens (their role coloured on the
-axis), columns the recorder's sites from the embeddings to the last block. Quantities:
-
-- ``grad_norm``: ``||dL/dh||`` at every site (``embeddings.out``, ``blocks.{i}.mid``,
-  ``blocks.{i}.out``), log colour scale; exact zeros are hatched grey cells. After the last
-  attention nothing mixes channels, so the last block's ``mid`` and ``out`` columns are exactly
-  zero at every position that carries no loss.
-- ``attribution``: Captum gradient x activation summed over the hidden dimension at
-  ``embeddings.out`` and every ``blocks.{i}.out`` (loss units, signed, symmetric-log scale).
-- ``integrated_gradients``: Captum layer integrated gradients summed over the hidden dimension,
-  all-[MASK] reference (signed).
-
-The loss is the MLM loss with the ``"batch"`` reduction (mean over the chosen positions).
+The table is :func:`gradflow.runs.channels.channel_table`'s (or ``channel_view.csv``): one row
+per (site, position) with ``position``, ``token``, ``input_token``, ``role``, ``site``, ``layer``,
+``point`` and the value columns. Rows of the heat map are the sentence's tokens (their role
+coloured on the axis), columns the sites from the embeddings to the last block (labelled
+``layer point``; the last block is bracketed). Exact zeros are hatched grey cells. Gradient
+norms use a log colour scale; attributions (``attribution_sum``, ``ig_sum``) a signed
+symmetric-log scale.
 """
 
 from __future__ import annotations
@@ -22,65 +16,17 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import torch
 from matplotlib.artist import Artist
 from matplotlib.axes import Axes
 
-from gradflow.errors import ChannelViewError
-from gradflow.hooks.attribution import attribute_channels, integrated_gradients
-from gradflow.hooks.recorder import GradFlowRecorder, RecorderConfig
-from gradflow.inputs.masking import BertMasking, ExplicitMasking, MaskedBatch, encode, mask_batch
-from gradflow.models import LoadedModel
-from gradflow.roles import TOKEN_ROLES, Role
+from gradflow.roles import TOKEN_ROLES
 
-QUANTITIES: tuple[str, ...] = ("grad_norm", "attribution", "integrated_gradients")
-"""What the heat map can show."""
-TABLE_COLUMNS: tuple[str, ...] = ("position", "token", "input_token", "role", "site", "layer", "point", "grad_norm",
-                                  "act_norm", "attribution_sum", "attribution_norm", "ig_sum", "ig_norm")
-"""Column order of ``channel_view.csv`` (columns a quantity does not compute are empty)."""
-VALUE_COLUMN = {"grad_norm": "grad_norm", "attribution": "attribution_sum", "integrated_gradients": "ig_sum"}
-VALUE_LABEL = {"grad_norm": "gradient norm ||dL/dh||", "attribution": "gradient x activation (sum over h)",
-               "integrated_gradients": "integrated gradients (sum over h)"}
-
-
-
-# ----------------------------------------------------------------------------------------------
-# Input
-# ----------------------------------------------------------------------------------------------
-
-def channel_batch(loaded: LoadedModel, text: str, mask_positions: Sequence[int] | None = None,
-                  seed: int = 0) -> MaskedBatch:
-    """One-sentence batch: ``mask_positions`` (token indices, special tokens included, 0 = the first
-    special token) become ``[MASK]``; None draws BERT's 15% masking seeded by ``seed``."""
-    enc = encode(loaded.tokenizer, text)
-    n, limit = len(enc["input_ids"]), loaded.max_positions()
-    if n > limit:
-        raise ChannelViewError(f"the text has {n} tokens (special tokens included) but {loaded.name} accepts at most "
-                               f"{limit}; shorten it to one sentence.")
-    special = enc["special_tokens_mask"]
-    if all(special):
-        raise ChannelViewError("the text tokenizes to special tokens only: pass a sentence with words in it.")
-    tokens = loaded.tokenizer.convert_ids_to_tokens(enc["input_ids"])
-    if mask_positions is None:
-        policy: BertMasking | ExplicitMasking = BertMasking(seed=seed)
-    else:
-        positions = tuple(int(p) for p in mask_positions)
-        if not positions:
-            raise ChannelViewError("mask_positions is empty: give at least one position to mask.")
-        for p in positions:
-            if not 0 <= p < n:
-                raise ChannelViewError(f"mask position {p} is out of range: the text has {n} tokens, positions "
-                                       f"0..{n - 1} ({_listing(tokens)}).")
-            if special[p]:
-                raise ChannelViewError(f"mask position {p} is the special token {tokens[p]!r}, which never carries "
-                                       f"the MLM loss; choose a word position ({_listing(tokens)}).")
-        policy = ExplicitMasking(positions={0: positions}, action="mask")
-    return mask_batch(loaded.tokenizer, policy=policy, encodings=[enc], max_length=n)
-
-
-def _listing(tokens: Sequence[str], limit: int = 40) -> str:
-    items = [f"{i}={t}" for i, t in enumerate(tokens[:limit])]
-    return " ".join(items) + (" ..." if len(tokens) > limit else "")
+VALUE_LABEL: dict[str, str] = {"grad_norm": "gradient norm ||dL/dh||",
+                               "attribution_sum": "gradient x activation (sum over h)",
+                               "ig_sum": "integrated gradients (sum over h)"}
+"""Colour-bar label of each value column (other columns are labelled by their name)."""
+SIGNED: tuple[str, ...] = ("attribution_sum", "ig_sum")
+"""Value columns drawn on a signed scale."""
 
 
 def _display(token: str) -> str:
@@ -88,53 +34,16 @@ def _display(token: str) -> str:
     return token.replace("Ġ", "").replace("▁", "") or token
 
 
-# ----------------------------------------------------------------------------------------------
-# Table
-# ----------------------------------------------------------------------------------------------
-
-def channel_table(loaded: LoadedModel, batch: MaskedBatch, quantity: str = "grad_norm",
-                  n_steps: int = 32) -> pd.DataFrame:
-    """Tidy per (site, position) table of one sentence (columns :data:`TABLE_COLUMNS`)."""
-    if quantity not in QUANTITIES:
-        raise ChannelViewError(f"unknown quantity {quantity!r}; choose one of {', '.join(QUANTITIES)}")
-    tok = loaded.tokenizer
-    original = tok.convert_ids_to_tokens(batch.original_ids[0].tolist())
-    inputs = tok.convert_ids_to_tokens(batch.input_ids[0].tolist())
-    roles = [TOKEN_ROLES[int(r)] for r in batch.roles[0]]
-    if quantity == "grad_norm":
-        with GradFlowRecorder(loaded.model, RecorderConfig(sublayers=False), loaded.adapter) as rec:
-            record = rec.record(batch, loss="mlm", reduction="batch")
-        where = zip(record.site_names, record.site_layers, record.site_points)
-        sites = [(name, layer, point, {"grad_norm": record.grad_norm[s, 0], "act_norm": record.act_norm[s, 0]})
-                 for s, (name, layer, point) in enumerate(where)]
-    else:
-        result = attribute_channels(loaded.model, batch, adapter=loaded.adapter)
-        names = ("attribution_sum", "attribution_norm", "grad_norm", "act_norm")
-        values = {n: result.per_position(n)[:, 0] for n in names}
-        if quantity == "integrated_gradients":
-            ig, _ = integrated_gradients(loaded.model, batch, baseline_token_id=tok.mask_token_id, n_steps=n_steps,
-                                         adapter=loaded.adapter)
-            values["ig_sum"] = torch.stack([a.sum(dim=-1) for a in ig])[:, 0]
-            values["ig_norm"] = torch.stack([torch.linalg.vector_norm(a, dim=-1) for a in ig])[:, 0]
-        sites = [(name, layer, "out", {k: v[s] for k, v in values.items()})
-                 for s, (name, layer) in enumerate(zip(result.site_names, result.layers))]
-    rows = []
-    for name, layer, point, cols in sites:
-        for t in range(len(roles)):
-            rows.append({"position": t, "token": original[t], "input_token": inputs[t], "role": roles[t], "site": name,
-                         "layer": layer, "point": point, **{k: float(v[t]) for k, v in cols.items()}})
-    return pd.DataFrame(rows).reindex(columns=list(TABLE_COLUMNS))
+def _site_info(table: pd.DataFrame) -> pd.DataFrame:
+    """One row per site (index ``site``) with its ``layer`` and ``point``."""
+    return table.drop_duplicates("site").set_index("site")[["layer", "point"]]
 
 
-# ----------------------------------------------------------------------------------------------
-# Figure
-# ----------------------------------------------------------------------------------------------
-
-def _site_label(site: str) -> str:
-    if site == "embeddings.out":
-        return "emb"
-    _, depth, point = site.split(".")
-    return f"{int(depth) + 1} {point}"
+def _site_labels(table: pd.DataFrame, sites: list[str]) -> list[str]:
+    """``emb`` for layer 0, else ``<layer> <point>``, from the table's ``layer`` and ``point``."""
+    where = _site_info(table)
+    return ["emb" if int(where.at[s, "layer"]) == 0 else f"{int(where.at[s, 'layer'])} {where.at[s, 'point']}"
+            for s in sites]
 
 
 def _token_label(row: pd.Series) -> str:
@@ -158,7 +67,7 @@ def _norm(values: np.ndarray, signed: bool):
 
 def plot_channel_view(table: pd.DataFrame, value: str = "grad_norm", ax: Axes | None = None,
                       title: str | None = None, colorbar: bool = True, legend: bool = True) -> list[Artist]:
-    """Tokens x sites heat map of ``value`` from :func:`channel_table`.
+    """Tokens x sites heat map of ``value`` from a channel-view table (see the module docstring).
 
     Rows: tokens in order, labelled ``token [-> input] position`` and coloured by role, with a
     role strip on the left. Columns: sites from the embeddings to the last block, which is
@@ -171,7 +80,7 @@ def plot_channel_view(table: pd.DataFrame, value: str = "grad_norm", ax: Axes | 
 
     from gradflow.figures.style import ZERO_COLOR, diverging_cmap, gradflow_style, role_color
 
-    signed = value in ("attribution_sum", "ig_sum")
+    signed = value in SIGNED
     sites = list(dict.fromkeys(table["site"]))
     tokens = table[table["site"] == sites[0]].sort_values("position")
     grid = table.pivot_table(index="position", columns="site", values=value, aggfunc="first")
@@ -200,12 +109,12 @@ def plot_channel_view(table: pd.DataFrame, value: str = "grad_norm", ax: Axes | 
             label.set_color(role_color(role))
             if role in ("masked", "random", "kept"):
                 label.set_fontweight("bold")
-        ax.set_xticks(range(n_site), [_site_label(s) for s in sites], rotation=90, fontsize=6)
+        ax.set_xticks(range(n_site), _site_labels(table, sites), rotation=90, fontsize=6)
         ax.tick_params(axis="both", length=0)
         for side in ("left", "bottom"):
             ax.spines[side].set_visible(False)
         ax.set_xlabel("site (block, point); layers run left to right")
-        drawn += _last_block_bracket(ax, sites, n_tok)
+        drawn += _last_block_bracket(ax, table, sites)
         if title:
             ax.set_title(title, pad=22)
         if legend:
@@ -218,7 +127,7 @@ def plot_channel_view(table: pd.DataFrame, value: str = "grad_norm", ax: Axes | 
                                    columnspacing=0.8))
         if colorbar:
             cbar = ax.figure.colorbar(mesh, ax=ax, fraction=0.06, pad=0.02, aspect=25)
-            cbar.set_label(VALUE_LABEL.get(_quantity(value), value), fontsize=6)
+            cbar.set_label(VALUE_LABEL.get(value, value), fontsize=6)
             cbar.ax.tick_params(labelsize=6, width=0.4, length=2)
             cbar.outline.set_linewidth(0.4)
             cbar.ax.set_gid("colorbar")
@@ -226,14 +135,11 @@ def plot_channel_view(table: pd.DataFrame, value: str = "grad_norm", ax: Axes | 
     return drawn
 
 
-def _quantity(value: str) -> str:
-    return {v: k for k, v in VALUE_COLUMN.items()}.get(value, value)
-
-
-def _last_block_bracket(ax: Axes, sites: list[str], n_tok: int) -> list[Artist]:
-    """Dashed line before the last block's columns and a label above them."""
-    last = max(int(s.split(".")[1]) for s in sites if s.startswith("blocks."))
-    cols = [j for j, s in enumerate(sites) if s.startswith(f"blocks.{last}.")]
+def _last_block_bracket(ax: Axes, table: pd.DataFrame, sites: list[str]) -> list[Artist]:
+    """Dashed line before the last block's columns (the sites of the highest layer) and a label above them."""
+    layer = _site_info(table)["layer"]
+    last = int(layer.max())
+    cols = [j for j, s in enumerate(sites) if int(layer[s]) == last]
     left = min(cols) - 0.5
     line = ax.axvline(left, color="#222222", linewidth=0.8, linestyle="--", gid="channels:last_block")
     text = ax.text((left + max(cols) + 0.5) / 2, -0.6, "after the\nlast attention", ha="center", va="bottom",
@@ -241,37 +147,19 @@ def _last_block_bracket(ax: Axes, sites: list[str], n_tok: int) -> list[Artist]:
     return [line, text]
 
 
-def write_channel_view(loaded: LoadedModel, text: str, out_dir: str | Path, mask_positions: Sequence[int] | None = None,
-                       quantity: str = "grad_norm", formats: Sequence[str] = ("pdf", "png")) -> list[Path]:
-    """Channel view of one sentence: ``channel_view.<fmt>`` and ``channel_view.csv`` in ``out_dir``.
-
-    ``mask_positions``: token positions to mask (special tokens included in the count, so 0 is
-    ``[CLS]``/``<s>``); None draws BERT masking with seed 0. ``quantity``: one of
-    :data:`QUANTITIES`. Returns the written paths (figures first, the table last).
-    """
+def save_channel_view(table: pd.DataFrame, path_stem: str | Path, value: str = "grad_norm", title: str | None = None,
+                      formats: Sequence[str] = ("pdf", "png")) -> list[Path]:
+    """Draw :func:`plot_channel_view` of ``value`` and write it as ``<path_stem>.<fmt>``; returns the paths."""
     import matplotlib.pyplot as plt
 
-    from gradflow.figures import save_figure
-    from gradflow.runs.files import write_csv
+    from gradflow.figures.canvas import save_figure
 
-    if quantity not in QUANTITIES:
-        raise ChannelViewError(f"unknown quantity {quantity!r}; choose one of {', '.join(QUANTITIES)}")
-    batch = channel_batch(loaded, text, mask_positions)
-    if not bool((batch.roles <= Role.KEPT).any()):
-        raise ChannelViewError("no position was selected for the loss; pass mask_positions.")
-    table = channel_table(loaded, batch, quantity)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    drawn = plot_channel_view(table, VALUE_COLUMN[quantity], title=Path(loaded.name).name or loaded.name)
+    drawn = plot_channel_view(table, value, title=title)
     fig = drawn[0].axes.figure
     try:
-        paths = save_figure(fig, out / "channel_view", formats)
+        return save_figure(fig, path_stem, formats)
     finally:
         plt.close(fig)
-    csv = out / "channel_view.csv"
-    write_csv(table, csv, TABLE_COLUMNS)
-    return [*paths, csv]
 
 
-__all__ = ["QUANTITIES", "TABLE_COLUMNS", "ChannelViewError", "channel_batch", "channel_table", "plot_channel_view",
-           "write_channel_view"]
+__all__ = ["SIGNED", "VALUE_LABEL", "plot_channel_view", "save_channel_view"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -31,8 +32,13 @@ from gradflow.analysis import (
     role_ratios,
     sublayer_shares,
 )
-from gradflow.figures import plots
+from gradflow.figures import canvas
+from gradflow.figures.comparison import comparison_last_block, comparison_profiles, comparison_ratios
+from gradflow.figures.profiles import depth_profile, distribution_ranges, ratio_heatmap
 from gradflow.figures.style import gradflow_style
+from gradflow.figures.sublayers import last_block_bars, sublayer_heatmap
+from gradflow.provenance import portable_path
+from gradflow.runs.schema import REQUIRED_META_KEYS
 
 INCOMPLETE_NOTE = ("**Warning: incomplete run.** `meta.json` has `complete: false`: the run stopped before "
                    "the end of its corpus, so these numbers come from partial data and may change. Finish or "
@@ -90,19 +96,25 @@ def _compact(value: Any) -> str:
     return str(value)
 
 
-def _provenance(run: Run) -> list[str]:
-    """Markdown provenance table of one run's meta.json."""
-    meta = run.meta
-    tok = meta.get("tokenizer", {})
-    rows = [("run directory", f"`{run.path}`"), ("model", meta.get("model")), ("family", meta.get("family")),
-            ("blocks", meta.get("num_layers")), ("tokenizer", tok.get("name_or_path")),
+def _provenance(run: Run, out: Path) -> list[str]:
+    """Markdown provenance table of one run's meta.json, for a summary written to ``out``.
+
+    No machine's absolute path: the run directory as :func:`gradflow.provenance.portable_path`
+    writes it for ``out``; absolute paths in an older meta.json as that run would record them now.
+    """
+    def portable(value: Any) -> Any:
+        return portable_path(value, run.path) if isinstance(value, str) and os.path.isabs(value) else value
+
+    meta = {k: portable(v) for k, v in run.meta.items()}
+    tok = {k: portable(v) for k, v in meta.get("tokenizer", {}).items()}
+    rows = [("run directory", f"`{portable_path(run.path, out)}`"), ("model", meta.get("model")),
+            ("family", meta.get("family")), ("blocks", meta.get("num_layers")), ("tokenizer", tok.get("name_or_path")),
             ("vocabulary size", tok.get("vocab_size")), ("tokenizer hash", f"`{tok.get('hash')}`"),
             ("loss", meta.get("loss")), ("masking", f"`{_compact(meta.get('masking'))}`"),
             ("seed", meta.get("seed")), ("complete", meta.get("complete")),
             ("counts", f"`{_compact(meta.get('counts'))}`"),
             ("versions", f"`{_compact(meta.get('versions'))}`"), ("command", f"`{meta.get('command')}`")]
-    extra = sorted(k for k in meta if k not in {"model", "family", "num_layers", "tokenizer", "loss", "masking",
-                                                "seed", "complete", "counts", "versions", "command"})
+    extra = sorted(k for k in meta if k not in REQUIRED_META_KEYS)
     rows += [(k, f"`{_compact(meta[k])}`") for k in extra]
     return _table(("key", "value"), rows)
 
@@ -119,8 +131,8 @@ def _render(draw: Callable[[], list[Artist]], stem: Path, formats: Sequence[str]
         fig = _figure_of(artists)
         try:
             if banner:
-                plots.add_banner(fig, banner)
-            return plots.save_figure(fig, stem, formats)
+                canvas.add_banner(fig, banner)
+            return canvas.save_figure(fig, stem, formats)
         finally:
             plt.close(fig)
 
@@ -158,15 +170,15 @@ def write_report(run_dir: str | Path, out_dir: str | Path, formats: Sequence[str
     shares = sublayer_shares(run)
     deficit = last_block_deficit(run)
     quantiles = channel_quantiles(run)
-    banner = None if run.complete else plots.INCOMPLETE_BANNER
+    banner = None if run.complete else canvas.INCOMPLETE_BANNER
     written: list[Path] = []
     figures: dict[str, Callable[[], list[Artist]]] = {
-        "depth_profile": lambda: plots.depth_profile(profile, width=width),
-        "ratio_heatmap": lambda: plots.ratio_heatmap(ratios, width=width),
-        "last_block": lambda: plots.last_block_bars(deficit, width=width),
-        "distributions": lambda: plots.distribution_ranges(quantiles, width=width),
-        "context_coverage": lambda: plots.sublayer_heatmap(shares, "coverage", width=width),
-        "context_share": lambda: plots.sublayer_heatmap(shares, "share", width=width),
+        "depth_profile": lambda: depth_profile(profile, width=width),
+        "ratio_heatmap": lambda: ratio_heatmap(ratios, width=width),
+        "last_block": lambda: last_block_bars(deficit, width=width),
+        "distributions": lambda: distribution_ranges(quantiles, width=width),
+        "context_coverage": lambda: sublayer_heatmap(shares, "coverage", width=width),
+        "context_share": lambda: sublayer_heatmap(shares, "share", width=width),
     }
     for name, draw in figures.items():
         if name == "last_block" and deficit.empty:
@@ -176,7 +188,7 @@ def write_report(run_dir: str | Path, out_dir: str | Path, formats: Sequence[str
               "last_block": deficit, "channel_quantiles": quantiles}
     written += _write_tables(out / "tables", tables)
     summary = out / "summary.md"
-    summary.write_text(_summary(run, ratios, tests, deficit, list(figures), formats, n_resamples, seed),
+    summary.write_text(_summary(run, ratios, tests, deficit, list(figures), formats, n_resamples, seed, out),
                        encoding="utf-8")
     return [summary, *written]
 
@@ -193,8 +205,8 @@ def _write_tables(folder: Path, tables: dict[str, pd.DataFrame]) -> list[Path]:
 
 
 def _summary(run: Run, ratios: pd.DataFrame, tests: pd.DataFrame, deficit: pd.DataFrame, figures: list[str],
-             formats: Sequence[str], n_resamples: int, seed: int) -> str:
-    """The Markdown summary of one run."""
+             formats: Sequence[str], n_resamples: int, seed: int, out: Path) -> str:
+    """The Markdown summary of one run (written to ``out``)."""
     lines = [f"# gradflow report: {run.meta.get('model')}", ""]
     if not run.complete:
         lines += [f"> {INCOMPLETE_NOTE}", ""]
@@ -214,7 +226,7 @@ def _summary(run: Run, ratios: pd.DataFrame, tests: pd.DataFrame, deficit: pd.Da
                   "against the mean of the earlier blocks.", ""]
         lines += _deficit_table(deficit) + [""]
     lines += _figure_list(figures, formats) + [""]
-    lines += ["## Provenance", ""] + _provenance(run) + [""]
+    lines += ["## Provenance", ""] + _provenance(run, out) + [""]
     return "\n".join(lines)
 
 
@@ -307,9 +319,9 @@ def write_comparison(run_dirs: Sequence[str | Path], labels: Sequence[str] | Non
     incomplete = [lab for lab, run in zip(comp.labels, runs) if not run.complete]
     banner = _incomplete_banner(incomplete) if incomplete else None
     figures: dict[str, Callable[[], list[Artist]]] = {
-        "compare_profiles": lambda: plots.comparison_profiles(comp.profiles, comp.labels, width=width),
-        "compare_ratios": lambda: plots.comparison_ratios(comp, width=width),
-        "compare_last_block": lambda: plots.comparison_last_block(comp, width=width),
+        "compare_profiles": lambda: comparison_profiles(comp.profiles, comp.labels, width=width),
+        "compare_ratios": lambda: comparison_ratios(comp, width=width),
+        "compare_last_block": lambda: comparison_last_block(comp, width=width),
     }
     written: list[Path] = []
     for name, draw in figures.items():
@@ -320,14 +332,14 @@ def write_comparison(run_dirs: Sequence[str | Path], labels: Sequence[str] | Non
         "profiles": comp.profiles, "ratios": comp.ratios, "ratio_differences": comp.ratio_differences,
         "shares": comp.shares, "last_block": comp.last_block, "layer_tests": comp.tests})
     summary = out / "summary.md"
-    summary.write_text(_comparison_summary(runs, comp, incomplete, list(figures), formats, n_resamples, seed),
-                       encoding="utf-8")
+    summary.write_text(_comparison_summary(runs, comp, incomplete, list(figures), formats, n_resamples, seed,
+                                           out), encoding="utf-8")
     return [summary, *written]
 
 
 def _comparison_summary(runs: Sequence[Run], comp: Comparison, incomplete: list[str], figures: list[str],
-                        formats: Sequence[str], n_resamples: int, seed: int) -> str:
-    """The Markdown summary of a comparison."""
+                        formats: Sequence[str], n_resamples: int, seed: int, out: Path) -> str:
+    """The Markdown summary of a comparison (written to ``out``)."""
     lines = ["# gradflow comparison: " + ", ".join(comp.labels), ""]
     if incomplete:
         lines += [f"> **Warning: incomplete run(s): {', '.join(incomplete)}.** Their `meta.json` has "
@@ -348,7 +360,7 @@ def _comparison_summary(runs: Sequence[Run], comp: Comparison, incomplete: list[
     lines += _figure_list(figures, formats) + [""]
     lines += ["## Provenance", ""]
     for lab, run in zip(comp.labels, runs):
-        lines += [f"### {lab}", ""] + _provenance(run) + [""]
+        lines += [f"### {lab}", ""] + _provenance(run, out) + [""]
     return "\n".join(lines)
 
 

@@ -32,7 +32,7 @@ with it every attribution, is exactly zero at non-loss positions.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -40,119 +40,14 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.hooks import RemovableHandle
 
-from gradflow.adapters import Adapter, adapter_for, block_modules, get_module
+from gradflow.adapters import Adapter
 from gradflow.errors import AttributionError
+from gradflow.hooks.sites import SiteLayer, model_device, site_hooks, site_names
 from gradflow.inputs.masking import MaskedBatch
 from gradflow.roles import TOKEN_ROLES, Role
 
 PositionsArg = torch.Tensor | Sequence[tuple[int, int]] | None
-SiteCallback = Callable[[str, torch.Tensor], "torch.Tensor | None"]
-
-
-
-# ----------------------------------------------------------------------------------------------
-# Site hooks (shared with gradflow.runs.diagnose)
-# ----------------------------------------------------------------------------------------------
-
-def site_names(num_blocks: int, mid: bool = False) -> tuple[str, ...]:
-    """``embeddings.out`` then, per block, (``blocks.{i}.mid``,) ``blocks.{i}.out``."""
-    points = ("mid", "out") if mid else ("out",)
-    return ("embeddings.out", *[f"blocks.{i}.{p}" for i in range(num_blocks) for p in points])
-
-
-def _first_tensor(output: object) -> torch.Tensor:
-    if isinstance(output, torch.Tensor):
-        return output
-    if isinstance(output, (tuple, list)) and output and isinstance(output[0], torch.Tensor):
-        return output[0]
-    raise AttributionError(f"cannot find the hidden state in a module output of type {type(output).__name__}")
-
-
-def _replace_first(output: object, new: torch.Tensor) -> object:
-    if isinstance(output, torch.Tensor):
-        return new
-    if isinstance(output, tuple):
-        return (new, *output[1:])
-    if isinstance(output, list):
-        return [new, *output[1:]]
-    raise AttributionError(f"cannot replace the hidden state in a module output of type {type(output).__name__}")
-
-
-@contextmanager
-def site_hooks(model: nn.Module, callback: SiteCallback, adapter: Adapter | None = None,
-               mid: bool = False) -> Iterator[tuple[str, ...]]:
-    """Call ``callback(site, hidden (B, T, H))`` at every site of every forward inside the block.
-
-    If the callback returns a tensor it replaces the hidden state (the model goes on with it).
-    Sites follow the recorder (``embeddings.out``, ``blocks.{i}.mid`` when ``mid``,
-    ``blocks.{i}.out``); a block applied at several depths (ALBERT) reports each depth. Yields the
-    site names; every hook is removed on exit, also on exceptions.
-    """
-    adapter = adapter or adapter_for(model)
-    base = model.base_model
-    blocks = block_modules(adapter, base)
-    depths: dict[int, list[int]] = {}
-    for depth, block in enumerate(blocks):
-        depths.setdefault(id(block), []).append(depth)
-    calls: dict[int, int] = {}
-    current: list[int] = []
-    handles: list[RemovableHandle] = []
-
-    def reset(module, args):
-        calls.clear()
-        current.clear()
-
-    def on_embeddings(module, args, output):
-        new = callback("embeddings.out", _first_tensor(output))
-        return None if new is None else _replace_first(output, new)
-
-    def on_block_pre(module, args):
-        count = calls.get(id(module), 0)
-        calls[id(module)] = count + 1
-        mine = depths[id(module)]
-        current.append(mine[count % len(mine)])
-
-    def on_block_out(module, args, output):
-        depth = current.pop() if current else -1
-        if depth < 0:
-            return None
-        new = callback(f"blocks.{depth}.out", _first_tensor(output))
-        return None if new is None else _replace_first(output, new)
-
-    def on_mid_out(module, args, output):
-        if not current:
-            return None
-        new = callback(f"blocks.{current[-1]}.mid", _first_tensor(output))
-        return None if new is None else _replace_first(output, new)
-
-    def on_mid_in(module, args):
-        if not current or not args:
-            return None
-        new = callback(f"blocks.{current[-1]}.mid", args[0])
-        return None if new is None else (new, *args[1:])
-
-    try:
-        emb = get_module(base, adapter.embeddings)
-        handles.append(emb.register_forward_pre_hook(reset))
-        handles.append(emb.register_forward_hook(on_embeddings))
-        seen: set[int] = set()
-        for block in blocks:
-            if id(block) in seen:
-                continue
-            seen.add(id(block))
-            handles.append(block.register_forward_pre_hook(on_block_pre))
-            handles.append(block.register_forward_hook(on_block_out))
-            if mid:
-                path, kind = adapter.mid
-                module = get_module(block, path)
-                handles.append(module.register_forward_hook(on_mid_out) if kind == "output"
-                               else module.register_forward_pre_hook(on_mid_in))
-        yield site_names(len(blocks), mid)
-    finally:
-        while handles:
-            handles.pop().remove()
 
 
 class _Tap(nn.Identity):
@@ -161,12 +56,12 @@ class _Tap(nn.Identity):
 
 @contextmanager
 def block_taps(model: nn.Module, adapter: Adapter | None = None) -> Iterator[list[nn.Module]]:
-    """One identity tap per site (``embeddings.out``, ``blocks.{i}.out``), in site order."""
-    adapter = adapter or adapter_for(model)
-    names = site_names(len(block_modules(adapter, model.base_model)))
-    taps = {name: _Tap() for name in names}
-    with site_hooks(model, lambda site, hidden: taps[site](hidden), adapter):
-        yield [taps[name] for name in names]
+    """One identity tap per block-output site (``embeddings.out``, then each block's ``out``), in
+    site order; each site's hidden state passes through its tap."""
+    sites = SiteLayer(model, adapter, mid=False)
+    taps = {name: _Tap() for name in sites.names}
+    with sites.hooks(lambda site, hidden: taps[site](hidden)):
+        yield [taps[name] for name in sites.names]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -311,13 +206,6 @@ class ChannelAttribution:
 # Methods
 # ----------------------------------------------------------------------------------------------
 
-def _device(model: nn.Module) -> torch.device:
-    try:
-        return next(model.parameters()).device
-    except StopIteration:
-        return torch.device("cpu")
-
-
 def _cpu(tensors: Sequence[torch.Tensor] | torch.Tensor) -> list[torch.Tensor]:
     if isinstance(tensors, torch.Tensor):
         tensors = [tensors]
@@ -331,8 +219,7 @@ def gradient_x_activation(model: nn.Module, batch: MaskedBatch, positions: Posit
     mode (dropout would make the two passes differ)."""
     from captum.attr import LayerGradientXActivation
 
-    adapter = adapter or adapter_for(model)
-    batch = batch.to(_device(model))
+    batch = batch.to(model_device(model))
     labels = chosen_labels(batch, positions)
     objective, args = _objective_args(model, batch, labels)
     activations: dict[int, torch.Tensor] = {}
@@ -385,8 +272,7 @@ def integrated_gradients(model: nn.Module, batch: MaskedBatch, positions: Positi
     """
     from captum.attr import LayerIntegratedGradients
 
-    adapter = adapter or adapter_for(model)
-    batch = batch.to(_device(model))
+    batch = batch.to(model_device(model))
     labels = chosen_labels(batch, positions)
     objective, args = _objective_args(model, batch, labels)
     if baseline_token_id is None:

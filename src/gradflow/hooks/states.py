@@ -9,10 +9,9 @@ import torch
 from torch import nn
 
 from gradflow.adapters import Adapter
-from gradflow.hooks.attribution import site_hooks
+from gradflow.hooks.sites import SiteLayer, layer_site, model_device, site_name
 from gradflow.inputs.masking import MaskedBatch
 
-# ----------------------------------------------------------------------------------------------
 
 @dataclass
 class SiteStates:
@@ -38,10 +37,9 @@ def collect_states(model: nn.Module, batch: MaskedBatch, adapter: Adapter | None
     def keep(site: str, hidden: torch.Tensor) -> None:
         store[site] = hidden.detach().float().cpu()
 
-    device = next(model.parameters()).device
-    with torch.no_grad(), site_hooks(model, keep, adapter, mid=True) as names:
-        logits = model(**batch.to(device).model_inputs()).logits
-    num_blocks = (len(names) - 1) // 2
-    hidden = [store["embeddings.out"], *[store[f"blocks.{i}.out"] for i in range(num_blocks)]]
-    mid = [store[f"blocks.{i}.mid"] for i in range(num_blocks)]
+    sites = SiteLayer(model, adapter, mid=True)
+    with torch.no_grad(), sites.hooks(keep):
+        logits = model(**batch.to(model_device(model)).model_inputs()).logits
+    hidden = [store[layer_site(layer)] for layer in range(sites.num_blocks + 1)]
+    mid = [store[site_name(depth, "mid")] for depth in range(sites.num_blocks)]
     return SiteStates(hidden, mid, logits.detach().float().cpu() if keep_logits else None)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import io
 import json
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -86,6 +86,26 @@ def _text_documents(lines: Iterable[tuple[int, str]], source: str, jsonl: bool) 
             yield text, source, number
         else:
             yield line, source, number
+
+
+def default_texts() -> str:
+    """Path of the committed public-domain SOTU sample shipped with the package (the default corpus)."""
+    from importlib import resources
+
+    return str(resources.files("gradflow") / "data" / "sotu_sample.txt")
+
+
+def open_corpus(texts: str | Path | Sequence[str] | None) -> tuple[Iterator[Document], str]:
+    """(documents, source name) of a corpus path, a list of strings (blank ones skipped) or None (the default).
+
+    The source name is the path as given, or ``<N texts>`` for a list (for meta.json).
+    """
+    if texts is None:
+        texts = default_texts()
+    if isinstance(texts, (str, Path)):
+        return read_documents(texts), str(texts)
+    docs = (Document(i, t, "<texts>", i + 1) for i, t in enumerate(texts) if t.strip())
+    return docs, f"<{len(texts)} texts>"
 
 
 def check_corpus_path(path: str | Path) -> None:

@@ -52,10 +52,13 @@ from transformers import TrainerCallback
 
 from gradflow.adapters import adapter_for, block_modules, get_module
 from gradflow.hooks.recorder import BatchRecord, GradFlowRecorder, RecorderConfig, RecorderError
+from gradflow.hooks.sites import block_group_name, depth_occurrences, distinct_blocks
 from gradflow.roles import Role
 
 CSV_NAME = "gradflow_callback.csv"
 CSV_COLUMNS = ("step", "group", "role", "quantity", "value")
+EMBEDDINGS_GROUP = "embeddings"
+"""The parameter group of the embeddings (blocks are named by :func:`block_group_name`)."""
 
 
 @dataclass
@@ -256,11 +259,11 @@ class GradFlowCallback(TrainerCallback):
             frame = record.sublayer_frame()
             frame = frame.assign(sq=frame["contribution_norm"] ** 2).groupby(["layer", "role"], sort=True)["sq"].sum()
             for (layer, role), sq in frame.items():
-                rows.append(self._row(f"blocks.{layer - 1}", role, "grad_norm", math.sqrt(float(sq))))
+                rows.append(self._row(block_group_name(layer - 1), role, "grad_norm", math.sqrt(float(sq))))
         sites = record.site_frame()
         sites = sites[sites["point"] == "out"]
         for site in sites.itertuples(index=False):
-            group = "embeddings" if site.layer == 0 else f"blocks.{site.layer - 1}"
+            group = EMBEDDINGS_GROUP if site.layer == 0 else block_group_name(site.layer - 1)
             rows.append(self._row(group, site.role, "hidden_grad_mean", site.grad_norm_mean))
             rows.append(self._row(group, site.role, "n_positions", float(site.n_positions)))
         return rows
@@ -299,15 +302,11 @@ def _param_groups(model: nn.Module) -> list[_Group]:
         seen.update(id(p) for p in out)
         return out
 
-    groups = [_Group("embeddings", take(get_module(base, adapter.embeddings)))]
+    groups = [_Group(EMBEDDINGS_GROUP, take(get_module(base, adapter.embeddings)))]
     blocks = block_modules(adapter, base)
-    depths: dict[int, list[int]] = {}
-    for depth, block in enumerate(blocks):
-        depths.setdefault(id(block), []).append(depth)
-    for block in dict.fromkeys(blocks):  # distinct, in call order
-        d = depths[id(block)]
-        name = f"blocks.{d[0]}" if len(d) == 1 else f"blocks.{d[0]}-{d[-1]}"
-        groups.append(_Group(name, take(block)))
+    depths = depth_occurrences(blocks)
+    for block in distinct_blocks(blocks):
+        groups.append(_Group(block_group_name(depths[id(block)]), take(block)))
     groups.append(_Group("other", take(model)))
     return [g for g in groups if g.params]
 

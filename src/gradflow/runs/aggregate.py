@@ -19,11 +19,12 @@ import numpy as np
 import pandas as pd
 import torch
 
-from gradflow.adapters import SUBLAYER_NAMES
-from gradflow.hooks.recorder import PARAMS, BatchRecord
+from gradflow.hooks.recorder import BatchRecord
 from gradflow.roles import ALL_ROLES, Role
+from gradflow.runs.schema import REPORTED_ROLES, sublayer_key
 
-AGG_ROLES: tuple[str, ...] = ("masked", "random", "kept", "context", "special")
+SublayerKey = tuple[int, str, str, str]
+"""(layer, sublayer, param, role) of a sublayers.csv row."""
 LOG_LO, LOG_HI, LOG_STEP = -14.0, 6.0, 0.02
 N_LOG_BINS = int(round((LOG_HI - LOG_LO) / LOG_STEP))
 N_BINS = N_LOG_BINS + 3  # [zero, underflow, log bins..., overflow]
@@ -79,7 +80,7 @@ class SiteAggregator:
     act_hist: np.ndarray = field(init=False)
 
     def __post_init__(self) -> None:
-        shape = (len(self.site_names), len(AGG_ROLES))
+        shape = (len(self.site_names), len(REPORTED_ROLES))
         self.count = np.zeros(shape)
         self.grad_mean, self.grad_m2 = np.zeros(shape), np.zeros(shape)
         self.act_mean, self.act_m2 = np.zeros(shape), np.zeros(shape)
@@ -127,7 +128,7 @@ class SiteAggregator:
         """channels.csv rows: one per (site, role) with at least one position."""
         rows = []
         for s, site in enumerate(self.site_names):
-            for r, role in enumerate(AGG_ROLES):
+            for r, role in enumerate(REPORTED_ROLES):
                 n = self.count[s, r]
                 if n == 0:
                     continue
@@ -152,7 +153,7 @@ class SiteAggregator:
 class SublayerAggregator:
     """Per (layer, sublayer, param, role): corpus sums and across-batch moments of ||G_r||_F."""
 
-    sums: dict[tuple[int, str, str, str], np.ndarray] = field(default_factory=dict)
+    sums: dict[SublayerKey, np.ndarray] = field(default_factory=dict)
 
     # per key: [n_positions, n_nonzero, magnitude_sum, n_batches, norm_mean, norm_m2]
     def add(self, record: BatchRecord) -> None:
@@ -167,7 +168,7 @@ class SublayerAggregator:
                                   float(rec.magnitude_sum[code]), 1.0, norm, 0.0])
                 self._fold(key, batch)
 
-    def _fold(self, key, batch: np.ndarray) -> None:
+    def _fold(self, key: SublayerKey, batch: np.ndarray) -> None:
         if key not in self.sums:
             self.sums[key] = batch.copy()
             return
@@ -201,19 +202,18 @@ class SublayerAggregator:
         return pd.DataFrame(rows)
 
 
-def _key_order(key: tuple[int, str, str, str]) -> tuple:
-    layer, sublayer, param, role = key
-    return (layer, SUBLAYER_NAMES.index(sublayer), PARAMS.index(param), ALL_ROLES.index(role))
+def _key_order(key: SublayerKey) -> tuple[int, ...]:
+    """Row order of sublayers.csv (see :func:`gradflow.runs.schema.sublayer_key`)."""
+    return sublayer_key(*key)
 
 
 def sequence_rows(record: BatchRecord) -> pd.DataFrame:
     """Per (sequence, site, role) sums for sequences.parquet (pad skipped).
 
-    Columns: sequence_index, site, layer, point, role, n_positions, grad_norm_sum,
-    grad_norm_sq_sum, act_norm_sum.
+    Columns: :data:`gradflow.runs.schema.SEQUENCE_COLUMNS`.
     """
     s_count, b, t = record.grad_norm.shape
-    r_count = len(AGG_ROLES)
+    r_count = len(REPORTED_ROLES)
     roles = record.roles.long()
     keep = (roles < Role.PAD).reshape(-1)
     pos_group = (torch.arange(b).unsqueeze(1) * r_count + roles).reshape(-1)[keep]
@@ -235,7 +235,7 @@ def sequence_rows(record: BatchRecord) -> pd.DataFrame:
         "site": names[site_i.numpy()],
         "layer": np.array(record.site_layers)[site_i.numpy()],
         "point": np.array(record.site_points)[site_i.numpy()],
-        "role": np.array(AGG_ROLES)[role_i.numpy()],
+        "role": np.array(REPORTED_ROLES)[role_i.numpy()],
         "n_positions": n[present].numpy().astype(np.int64),
         "grad_norm_sum": g_sum[present].numpy(),
         "grad_norm_sq_sum": g_sq[present].numpy(),

@@ -24,7 +24,8 @@ def run_demo(out: str | Path, limit: int | None = None, overwrite: bool = False,
     """Record the demo runs into ``out/<run>`` and write reports into ``out/report``."""
     out = Path(out)
     if out.exists() and any(out.iterdir()) and not overwrite:
-        raise OutputDirError(f"output directory {out} exists and is not empty; pass --overwrite or choose another --out.")
+        raise OutputDirError(f"output directory {out} exists and is not empty; pass --overwrite or choose another "
+                             "--out.")
     summaries = []
     for run_name, model, loss in DEMO_RUNS:
         if not quiet:
@@ -43,6 +44,7 @@ def _reports(out: Path, run_dirs: list[Path], quiet: bool) -> None:
         return
     for run_dir in run_dirs:
         write_report(run_dir, out / "report" / run_dir.name)
-    write_comparison(run_dirs, ["mini-en (MLM loss)", "mini-en-alltoken (all-positions loss)"], out / "report" / "compare")
+    write_comparison(run_dirs, ["mini-en (MLM loss)", "mini-en-alltoken (all-positions loss)"],
+                     out / "report" / "compare")
     if not quiet:
         print(f"[demo] reports in {out / 'report'}", flush=True)

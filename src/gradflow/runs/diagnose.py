@@ -29,27 +29,27 @@ with the corpus.
 
 from __future__ import annotations
 
-import platform
-import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import pandas as pd
-import torch
 from torch import nn
 
-from gradflow import __version__
 from gradflow.adapters import Adapter, block_modules
 from gradflow.analysis.logit_lens import LogitLens, LogitLensAccumulator
 from gradflow.analysis.representations import AnisotropyAccumulator, InputShiftAccumulator, TransformationAccumulator
 from gradflow.errors import CorpusError, DiagnosticsError
 from gradflow.hooks.states import SiteStates, collect_states
-from gradflow.inputs.corpus import CorpusCounts, Document, batches, iter_windows, read_documents
-from gradflow.inputs.masking import BertMasking, MaskedBatch, mask_batch
+from gradflow.inputs.corpus import CorpusCounts, open_corpus
+from gradflow.inputs.masking import BertMasking, MaskedBatch
+from gradflow.inputs.pipeline import masked_batches
 from gradflow.models import LoadedModel
-from gradflow.roles import TOKEN_ROLES, Role
+from gradflow.roles import TOKEN_ROLES, Role, role_counts
+from gradflow.runs.files import write_csv, write_meta
+from gradflow.runs.meta import JobInputs, JobOutcome, job_meta
 from gradflow.runs.schema import DIAGNOSTIC_COLUMNS as TABLE_COLUMNS
+from gradflow.runs.schema import META_FILE
 
 # ----------------------------------------------------------------------------------------------
 # All four over a stream of batches
@@ -84,17 +84,6 @@ class Diagnostics:
                 "anisotropy": self.anisotropy.frame(), "transformation": self.transformation.frame()}
 
 
-def _documents(texts: str | Path | Sequence[str] | None) -> tuple[Iterator[Document], str]:
-    if texts is None:
-        from importlib import resources
-
-        texts = str(resources.files("gradflow") / "data" / "sotu_sample.txt")
-    if isinstance(texts, (str, Path)):
-        return read_documents(texts), str(texts)
-    docs = (Document(i, t, "<texts>", i + 1) for i, t in enumerate(texts) if t.strip())
-    return docs, f"<{len(texts)} texts>"
-
-
 def diagnose_corpus(loaded: LoadedModel, texts: str | Path | Sequence[str] | None, out_dir: str | Path,
                     max_length: int = 128, batch_size: int = 8, limit: int | None = None, seed: int = 0, *,
                     max_per_group: int = 2000, command: str = "") -> dict[str, pd.DataFrame]:
@@ -112,20 +101,19 @@ def diagnose_corpus(loaded: LoadedModel, texts: str | Path | Sequence[str] | Non
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise DiagnosticsError(f"output path {out} exists and is a file; pass a directory.")
-    documents, source = _documents(texts)
+    documents, source = open_corpus(texts)
     policy = BertMasking(seed=seed)
     diag = Diagnostics(loaded.model, loaded.adapter, max_per_group, seed)
     counts = CorpusCounts()
-    tokens = {r: 0 for r in TOKEN_ROLES}
+    tokens = dict.fromkeys(TOKEN_ROLES, 0)
     sequences, complete, error = 0, False, None
     try:
-        for group in batches(iter_windows(loaded.tokenizer, documents, max_length, counts, limit), batch_size):
-            batch = mask_batch(loaded.tokenizer, policy=policy, indices=[w.sequence_index for w in group],
-                               encodings=[w.encoding for w in group], max_length=max_length)
+        for batch in masked_batches(loaded.tokenizer, documents, policy, max_length, batch_size, limit=limit,
+                                    counts=counts):
             diag.add(collect_states(loaded.model, batch, loaded.adapter, keep_logits=sequences == 0), batch)
-            for code, n in enumerate(torch.bincount(batch.roles.reshape(-1).long(), minlength=len(TOKEN_ROLES))):
-                tokens[TOKEN_ROLES[code]] += int(n)
-            sequences += len(group)
+            for role, n in role_counts(batch.roles).items():
+                tokens[role] += n
+            sequences += len(batch.sequence_index)
         complete = True
     except KeyboardInterrupt:
         error = "interrupted (SIGINT)"
@@ -134,40 +122,27 @@ def diagnose_corpus(loaded: LoadedModel, texts: str | Path | Sequence[str] | Non
     if complete and sequences == 0:
         raise CorpusError(f"the corpus {source} has no text to diagnose (no non-blank document with a maskable token).")
     tables = diag.tables()
-    _write(out, tables, _meta(loaded, diag, source, policy, seed, max_length, batch_size, limit, max_per_group,
-                              counts, sequences, tokens, complete, error, command, start))
+    inputs = JobInputs(model=loaded.name, texts=source, masking=policy.describe(), seed=seed,
+                       num_layers=diag.num_blocks)
+    fields = {"max_length": max_length, "batch_size": batch_size, "limit": limit, "max_per_group": max_per_group,
+              "logit_lens": {"final_norm": diag.lens.final_path, "max_abs_logit_diff": diag.lens.max_abs_diff},
+              "counts": {"documents": counts.documents, "windows": counts.windows, "sequences": sequences,
+                         "tokens_per_role": tokens}}
+    _write(out, tables, job_meta(loaded, inputs, JobOutcome(complete, error, start, command, str(out)), fields,
+                                 extra_versions={"scikit-learn": _sklearn_version()}))
     if error is not None:
         raise KeyboardInterrupt(error)
     return tables
 
 
 def _write(out: Path, tables: dict[str, pd.DataFrame], meta: dict) -> None:
-    from gradflow.runs.files import write_csv, write_meta
-
     out.mkdir(parents=True, exist_ok=True)
     for name, frame in tables.items():
         write_csv(frame, out / f"{name}.csv", TABLE_COLUMNS[name])
-    write_meta(out / "meta.json", meta)
+    write_meta(out / META_FILE, meta)
 
 
-def _meta(loaded: LoadedModel, diag: Diagnostics, source: str, policy: BertMasking, seed: int, max_length: int,
-          batch_size: int, limit: int | None, max_per_group: int, counts: CorpusCounts, sequences: int,
-          tokens: dict[str, int], complete: bool, error: str | None, command: str, start: float) -> dict:
+def _sklearn_version() -> str:
     import sklearn
-    import transformers
 
-    return {
-        "complete": complete, "error": error, "model": loaded.name, "model_path": loaded.path,
-        "family": loaded.adapter.family, "model_type": loaded.model.config.model_type,
-        "config_hash": loaded.config_hash, "num_layers": diag.num_blocks, "texts": source,
-        "masking": policy.describe(), "seed": seed, "max_length": max_length, "batch_size": batch_size,
-        "limit": limit, "max_per_group": max_per_group,
-        "logit_lens": {"final_norm": diag.lens.final_path, "max_abs_logit_diff": diag.lens.max_abs_diff},
-        "counts": {"documents": counts.documents, "windows": counts.windows, "sequences": sequences,
-                   "tokens_per_role": tokens},
-        "versions": {"python": platform.python_version(), "torch": torch.__version__,
-                     "transformers": transformers.__version__, "scikit-learn": sklearn.__version__,
-                     "gradflow": __version__},
-        "command": command or " ".join(sys.argv),
-        "wall_s": round(time.time() - start, 2),
-    }
+    return sklearn.__version__

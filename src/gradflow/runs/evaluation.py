@@ -6,8 +6,9 @@ from dataclasses import dataclass
 
 import torch
 
-from gradflow.inputs.corpus import CorpusCounts, batches, iter_windows, read_documents
-from gradflow.inputs.masking import BertMasking, mask_batch
+from gradflow.inputs.corpus import read_documents
+from gradflow.inputs.masking import BertMasking
+from gradflow.inputs.pipeline import masked_batches
 from gradflow.models import LoadedModel
 from gradflow.roles import Role
 
@@ -32,10 +33,8 @@ def mlm_accuracy(loaded: LoadedModel, texts: str, policy: BertMasking | None = N
     device = next(model.parameters()).device
     correct = total = correct_masked = total_masked = 0
     loss_sum = 0.0
-    windows = iter_windows(loaded.tokenizer, read_documents(texts), max_length, CorpusCounts(), limit)
-    for group in batches(windows, batch_size):
-        batch = mask_batch(loaded.tokenizer, policy=policy, indices=[w.sequence_index for w in group],
-                           encodings=[w.encoding for w in group], max_length=max_length).to(device)
+    for batch in masked_batches(loaded.tokenizer, read_documents(texts), policy, max_length, batch_size, limit=limit):
+        batch = batch.to(device)
         logits = model(**batch.model_inputs()).logits.float()
         where = batch.labels != -100
         pred = logits.argmax(-1)

@@ -2,17 +2,8 @@
 
 Every file is written atomically (a temporary file in the same directory, then ``os.replace``), so
 a reader never sees a half-written table. Floats are written with 10 significant digits, so two
-runs with the same inputs give byte-identical CSVs.
-
-Column contracts (public; see README "Output tables"):
-
-- channels.csv: site, layer, point, role, n_positions, grad_norm_mean, grad_norm_std,
-  grad_norm_median, grad_norm_q05, grad_norm_q95, grad_norm_zero_fraction, act_norm_mean,
-  act_norm_std, act_norm_median
-- sublayers.csv: layer, sublayer, param, role, n_positions, n_nonzero, coverage, magnitude_sum,
-  share, contribution_norm_mean, contribution_norm_std, n_batches
-- sequences.parquet: sequence_index, site, layer, point, role, n_positions, grad_norm_sum,
-  grad_norm_sq_sum, act_norm_sum
+runs with the same inputs give byte-identical CSVs. Column order and dtypes are those of
+:mod:`gradflow.runs.schema` (public; see README "Output tables").
 """
 
 from __future__ import annotations
@@ -27,7 +18,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from gradflow.errors import OutputDirError
-from gradflow.runs.schema import RUN_FILES, SEQUENCE_SCHEMA
+from gradflow.runs.schema import RUN_FILES, SEQUENCE_DTYPES, arrow_schema
+
+SEQUENCE_SCHEMA = arrow_schema(SEQUENCE_DTYPES)
 
 
 def prepare_output_dir(out: Path, overwrite: bool) -> None:

@@ -8,24 +8,33 @@ corpus length: each batch is reduced to small accumulators before the next one i
 from __future__ import annotations
 
 import os
-import platform
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 
-from gradflow import __version__
 from gradflow.errors import CorpusError, GradflowError
-from gradflow.hooks.recorder import GradFlowRecorder, RecorderConfig
-from gradflow.inputs.corpus import CorpusCounts, batches, check_corpus_path, iter_windows, read_documents, shard
-from gradflow.inputs.masking import BertMasking, TokenizerInfo, mask_batch
+from gradflow.hooks.recorder import BatchRecord, GradFlowRecorder, RecorderConfig
+from gradflow.inputs.corpus import CorpusCounts, check_corpus_path, default_texts, read_documents
+from gradflow.inputs.masking import BertMasking, MaskedBatch, TokenizerInfo
+from gradflow.inputs.pipeline import masked_batches
 from gradflow.models import DEFAULT_MODEL, LoadedModel, load_model
-from gradflow.roles import TOKEN_ROLES
+from gradflow.provenance import portable_path
+from gradflow.roles import LOSS_ROLES, TOKEN_ROLES, role_counts
 from gradflow.runs.aggregate import SiteAggregator, SublayerAggregator, record_is_finite, sequence_rows
 from gradflow.runs.files import SequenceWriter, merge_sequence_parts, prepare_output_dir, write_csv, write_meta
-from gradflow.runs.schema import CHANNEL_COLUMNS, SUBLAYER_COLUMNS
+from gradflow.runs.meta import JobInputs, JobOutcome, job_meta
+from gradflow.runs.schema import (
+    CHANNEL_COLUMNS,
+    CHANNELS_FILE,
+    META_FILE,
+    SEQUENCES_FILE,
+    SUBLAYER_COLUMNS,
+    SUBLAYERS_FILE,
+)
+
+NONFINITE_REASON = "loss or a recorded norm was NaN/inf; such batches are counted, never averaged in"
 
 
 @dataclass
@@ -65,11 +74,77 @@ class RunSummary:
     meta: dict = field(default_factory=dict)
 
 
-def default_texts() -> str:
-    """Path of the committed public-domain SOTU sample shipped with the package."""
-    from importlib import resources
+@dataclass
+class RecordStats:
+    """Counts of a recording: sequences, batches, tokens per role, skipped non-finite batches, summed loss."""
 
-    return str(resources.files("gradflow") / "data" / "sotu_sample.txt")
+    sequences: int = 0
+    batches: int = 0
+    tokens: dict[str, int] = field(default_factory=lambda: dict.fromkeys(TOKEN_ROLES, 0))
+    nonfinite_batches: int = 0
+    nonfinite_sequences: int = 0
+    loss_sum: float = 0.0
+
+    def add(self, record: BatchRecord, sequences: int) -> None:
+        """Count one recorded batch of ``sequences`` rows (its roles are (B, T) codes)."""
+        for role, n in role_counts(record.roles).items():
+            self.tokens[role] += n
+        self.sequences += sequences
+        self.batches += 1
+        self.loss_sum += record.loss
+
+    def skip(self, sequences: int) -> None:
+        """Count one batch left out because its loss or a norm was not finite."""
+        self.nonfinite_batches += 1
+        self.nonfinite_sequences += sequences
+
+    def merge(self, other: RecordStats) -> None:
+        """Add another process's counts to these."""
+        for name in ("sequences", "batches", "nonfinite_batches", "nonfinite_sequences", "loss_sum"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        for role in TOKEN_ROLES:
+            self.tokens[role] += other.tokens[role]
+
+    @property
+    def loss_tokens(self) -> int:
+        """Positions that carried the loss (masked + random + kept)."""
+        return sum(self.tokens[r] for r in LOSS_ROLES)
+
+    @property
+    def real_tokens(self) -> int:
+        """Positions recorded, padding left out."""
+        return sum(v for r, v in self.tokens.items() if r != "pad")
+
+    @property
+    def mean_loss(self) -> float | None:
+        """Mean loss per recorded batch (None before the first batch)."""
+        return self.loss_sum / self.batches if self.batches else None
+
+
+@dataclass
+class _Job:
+    """State of one recording process: inputs, accumulators, counts and how it ended."""
+
+    config: RecordConfig
+    loaded: LoadedModel
+    policy: BertMasking
+    out: Path
+    texts: str
+    rank: int
+    world: int
+    num_layers: int
+    sites: SiteAggregator
+    subs: SublayerAggregator
+    start: float
+    counts: CorpusCounts = field(default_factory=CorpusCounts)
+    stats: RecordStats = field(default_factory=RecordStats)
+    complete: bool = False
+    error: str | None = None
+
+    def summary(self, meta: dict | None = None) -> RunSummary:
+        """The run summary as this process sees it."""
+        return RunSummary(self.out, self.complete, self.stats.sequences, self.stats.real_tokens,
+                          time.time() - self.start, meta or {})
 
 
 def _dist() -> tuple[int, int]:
@@ -83,7 +158,7 @@ def _dist() -> tuple[int, int]:
 
 
 def record_corpus(config: RecordConfig, loaded: LoadedModel | None = None) -> RunSummary:
-    """Record gradient flow over a corpus and write the run directory (see :mod:`gradflow.runs.files`)."""
+    """Record gradient flow over a corpus and write the run directory (see :mod:`gradflow.runs.schema`)."""
     start = time.time()
     rank, world = _dist()
     out = Path(config.out)
@@ -94,69 +169,76 @@ def record_corpus(config: RecordConfig, loaded: LoadedModel | None = None) -> Ru
     if world > 1:
         torch.distributed.barrier()
     loaded = loaded or load_model(config.model, config.device, config.dtype, config.trust_remote_code)
-    if config.max_length > loaded.max_positions():
-        _discard(out, world)
-        raise GradflowError(f"--max-length {config.max_length} is longer than the {loaded.max_positions()} positions "
-                            f"{config.model} accepts; pass --max-length {loaded.max_positions()} or less.")
+    _check_max_length(config, loaded, out, world)
     policy = BertMasking(rate=config.mask_rate, split=tuple(config.mask_split), whole_word=config.whole_word,
                          seed=config.seed)
     TokenizerInfo.from_tokenizer(loaded.tokenizer)
     recorder = GradFlowRecorder(loaded.model, RecorderConfig(sublayers=config.sublayers), loaded.adapter)
-    sites = SiteAggregator(recorder.site_names, recorder.site_layers, recorder.site_points)
-    subs = SublayerAggregator()
-    counts = CorpusCounts()
-    stats = {"sequences": 0, "batches": 0, "tokens": {r: 0 for r in TOKEN_ROLES}, "nonfinite_batches": 0,
-             "nonfinite_sequences": 0, "loss_sum": 0.0}
-    part = out / (f"sequences.rank{rank}.parquet" if world > 1 else "sequences.parquet")
-    writer = SequenceWriter(part)
-    complete, error = False, None
-    bad_input: GradflowError | None = None
-    crash: BaseException | None = None
-    progress = _progress(config.quiet or rank != 0)
+    job = _Job(config, loaded, policy, out, texts, rank, world, recorder.num_blocks,
+               SiteAggregator(recorder.site_names, recorder.site_layers, recorder.site_points),
+               SublayerAggregator(), start)
+    failure = _stream(job, recorder)
+    if isinstance(failure, GradflowError) and job.stats.sequences == 0:
+        _discard(out, world)
+        raise failure
+    if job.complete and rank == 0 and world == 1:
+        _check_nonempty(job)
+    summary = _finish(job)
+    if failure is not None:
+        raise failure
+    if job.error is not None:
+        raise KeyboardInterrupt(job.error)
+    return summary
+
+
+def _check_max_length(config: RecordConfig, loaded: LoadedModel, out: Path, world: int) -> None:
+    """Refuse a window longer than the model accepts (before anything is recorded)."""
+    if config.max_length > loaded.max_positions():
+        _discard(out, world)
+        raise GradflowError(f"--max-length {config.max_length} is longer than the {loaded.max_positions()} positions "
+                            f"{config.model} accepts; pass --max-length {loaded.max_positions()} or less.")
+
+
+def _stream(job: _Job, recorder: GradFlowRecorder) -> BaseException | None:
+    """Record this process's batches into ``job``; returns the error that stopped it early, if any.
+
+    An interrupt sets ``job.error`` and returns None; partial results are flushed either way.
+    """
+    cfg = job.config
+    writer = SequenceWriter(job.out / (f"sequences.rank{job.rank}.parquet" if job.world > 1 else SEQUENCES_FILE))
+    progress = _progress(cfg.quiet or job.rank != 0)
+    failure: BaseException | None = None
     try:
-        windows = iter_windows(loaded.tokenizer, read_documents(texts), config.max_length, counts, config.limit)
+        stream = masked_batches(job.loaded.tokenizer, read_documents(job.texts), job.policy, cfg.max_length,
+                                cfg.batch_size, limit=cfg.limit, rank=job.rank, world_size=job.world,
+                                counts=job.counts)
         with recorder:
-            for group in batches(shard(windows, rank, world), config.batch_size):
-                batch = mask_batch(loaded.tokenizer, policy=policy, indices=[w.sequence_index for w in group],
-                                   encodings=[w.encoding for w in group], max_length=config.max_length)
-                record = recorder.record(batch, loss=config.loss, reduction=config.reduction)
-                if not record_is_finite(record):
-                    stats["nonfinite_batches"] += 1
-                    stats["nonfinite_sequences"] += len(group)
-                    continue
-                sites.add(record)
-                subs.add(record)
-                writer.add(sequence_rows(record))
-                roles = torch.bincount(record.roles.reshape(-1).long(), minlength=len(TOKEN_ROLES))
-                for code, role in enumerate(TOKEN_ROLES):
-                    stats["tokens"][role] += int(roles[code])
-                stats["sequences"] += len(group)
-                stats["batches"] += 1
-                stats["loss_sum"] += record.loss
-                progress.update(len(group), int(batch.attention_mask.sum()))
-        complete = True
+            for batch in stream:
+                if _record_batch(job, recorder, batch, writer):
+                    progress.update(len(batch.sequence_index), int(batch.attention_mask.sum()))
+        job.complete = True
     except KeyboardInterrupt:
-        error = "interrupted (SIGINT)"
-    except GradflowError as err:
-        bad_input, error = err, f"{type(err).__name__}: {err}"
-    except Exception as err:  # noqa: BLE001 - partial results are flushed below, then it is re-raised
-        crash, error = err, f"{type(err).__name__}: {err}"
+        job.error = "interrupted (SIGINT)"
+    except Exception as err:  # noqa: BLE001 - partial results are flushed by the caller, then it is re-raised
+        failure, job.error = err, f"{type(err).__name__}: {err}"
     finally:
         progress.close()
         writer.close()
-    if bad_input is not None and stats["sequences"] == 0:
-        _discard(out, world)
-        raise bad_input
-    if complete and rank == 0 and world == 1:
-        _check_nonempty(texts, counts, stats, out)
-    summary = _finish(config, loaded, out, texts, rank, world, sites, subs, counts, stats, complete, error, start)
-    if crash is not None:
-        raise crash
-    if bad_input is not None:
-        raise bad_input
-    if error is not None:
-        raise KeyboardInterrupt(error)
-    return summary
+    return failure
+
+
+def _record_batch(job: _Job, recorder: GradFlowRecorder, batch: MaskedBatch, writer: SequenceWriter) -> bool:
+    """Record one batch and fold it into the job; False (and counted) when it is not finite."""
+    record = recorder.record(batch, loss=job.config.loss, reduction=job.config.reduction)
+    sequences = len(batch.sequence_index)
+    if not record_is_finite(record):
+        job.stats.skip(sequences)
+        return False
+    job.sites.add(record)
+    job.subs.add(record)
+    writer.add(sequence_rows(record))
+    job.stats.add(record, sequences)
+    return True
 
 
 def _discard(out: Path, world: int) -> None:
@@ -167,101 +249,86 @@ def _discard(out: Path, world: int) -> None:
         out.rmdir()
 
 
-def _check_nonempty(texts: str, counts: CorpusCounts, stats: dict, out: Path) -> None:
+def _check_nonempty(job: _Job) -> None:
+    """Refuse a corpus with no document, or with nothing the tokenizer leaves maskable."""
+    texts, counts = job.texts, job.counts
     if counts.documents == 0:
-        _discard(out, 1)
+        _discard(job.out, 1)
         raise CorpusError(f"the corpus {texts} is empty: it has no non-blank document. Pass a corpus with at "
                           "least one line of text.")
-    loss_tokens = sum(stats["tokens"][r] for r in ("masked", "random", "kept"))
-    if counts.windows == 0 or loss_tokens == 0:
-        _discard(out, 1)
+    if counts.windows == 0 or job.stats.loss_tokens == 0:
+        _discard(job.out, 1)
         raise CorpusError(f"nothing in {texts} can be masked: its {counts.documents} document(s) tokenize to no "
                           "maskable token (only special tokens, or text the tokenizer drops). Pass real text "
                           "in the model's language.")
 
 
-def _finish(config, loaded, out, texts, rank, world, sites, subs, counts, stats, complete, error,
-            start) -> RunSummary:
+def _finish(job: _Job) -> RunSummary:
     """Merge across processes and write every table; partial runs are marked complete=false."""
-    if world > 1:
-        gathered = [None] * world
-        torch.distributed.all_gather_object(gathered, (sites, subs, asdict(counts), stats, complete))
-        if rank == 0:
-            sites, subs = gathered[0][0], gathered[0][1]
-            for other in gathered[1:]:
-                sites.merge(other[0])
-                subs.merge(other[1])
-            stats = _sum_stats([g[3] for g in gathered])
-            complete = all(g[4] for g in gathered)
-            counts = CorpusCounts(**gathered[0][2])  # every rank reads the whole document stream
-            counts.windows = sum(g[2]["windows"] for g in gathered) // world
-    if rank != 0:
+    if job.world > 1:
+        _gather(job)
+    if job.rank != 0:
         torch.distributed.barrier()
-        return RunSummary(out, complete, stats["sequences"], sum(stats["tokens"].values()), time.time() - start)
-    if world > 1:
-        merge_sequence_parts([out / f"sequences.rank{r}.parquet" for r in range(world)], out / "sequences.parquet")
-    write_csv(sites.frame(), out / "channels.csv", CHANNEL_COLUMNS)
-    write_csv(subs.frame(), out / "sublayers.csv", SUBLAYER_COLUMNS)
-    meta = _meta(config, loaded, texts, world, counts, stats, complete, error, start)
-    write_meta(out / "meta.json", meta)
-    if world > 1:
+        return job.summary()
+    if job.world > 1:
+        merge_sequence_parts([job.out / f"sequences.rank{r}.parquet" for r in range(job.world)],
+                             job.out / SEQUENCES_FILE)
+    write_csv(job.sites.frame(), job.out / CHANNELS_FILE, CHANNEL_COLUMNS)
+    write_csv(job.subs.frame(), job.out / SUBLAYERS_FILE, SUBLAYER_COLUMNS)
+    meta = _meta(job)
+    write_meta(job.out / META_FILE, meta)
+    if job.world > 1:
         torch.distributed.barrier()
-    tokens = sum(v for r, v in stats["tokens"].items() if r != "pad")
-    return RunSummary(out, complete, stats["sequences"], tokens, time.time() - start, meta)
+    return job.summary(meta)
 
 
-def _sum_stats(all_stats: list[dict]) -> dict:
-    total = {"sequences": 0, "batches": 0, "tokens": {r: 0 for r in TOKEN_ROLES}, "nonfinite_batches": 0,
-             "nonfinite_sequences": 0, "loss_sum": 0.0}
-    for s in all_stats:
-        for key in ("sequences", "batches", "nonfinite_batches", "nonfinite_sequences", "loss_sum"):
-            total[key] += s[key]
-        for role in TOKEN_ROLES:
-            total["tokens"][role] += s["tokens"][role]
-    return total
+def _gather(job: _Job) -> None:
+    """Fold every process's accumulators and counts into rank 0's job (the others keep their own)."""
+    gathered: list = [None] * job.world
+    torch.distributed.all_gather_object(gathered, (job.sites, job.subs, asdict(job.counts), job.stats, job.complete))
+    if job.rank != 0:
+        return
+    job.sites, job.subs = gathered[0][0], gathered[0][1]
+    for other in gathered[1:]:
+        job.sites.merge(other[0])
+        job.subs.merge(other[1])
+    job.stats = RecordStats()
+    for other in gathered:
+        job.stats.merge(other[3])
+    job.complete = all(g[4] for g in gathered)
+    job.counts = CorpusCounts(**gathered[0][2])  # every rank reads the whole document stream
+    job.counts.windows = sum(g[2]["windows"] for g in gathered) // job.world
 
 
-def _meta(config, loaded, texts, world, counts, stats, complete, error, start) -> dict:
-    import transformers
+def _meta(job: _Job) -> dict:
+    """meta.json of a record run: the common provenance block plus the recording's settings and counts."""
+    cfg, loaded = job.config, job.loaded
+    masking = {k: v for k, v in job.policy.describe().items() if k != "min_selected"}
+    inputs = JobInputs(model=cfg.model, texts=job.texts, masking=masking, seed=cfg.seed, num_layers=job.num_layers)
+    fields = {
+        "attn_norm": loaded.adapter.attn_norm, "after_mixing_sublayers": list(loaded.adapter.after_mixing()),
+        "tokenizer": _portable_tokenizer(loaded, job.out), "loss": cfg.loss, "reduction": cfg.reduction,
+        "max_length": cfg.max_length, "batch_size": cfg.batch_size, "limit": cfg.limit, "device": cfg.device,
+        "dtype": cfg.dtype, "world_size": job.world, "counts": _counts(job), "mean_loss": job.stats.mean_loss,
+    }
+    return job_meta(loaded, inputs, JobOutcome(job.complete, job.error, job.start, cfg.command, str(job.out)), fields)
 
-    adapter = loaded.adapter
+
+def _portable_tokenizer(loaded: LoadedModel, out: Path) -> dict:
+    """The tokenizer's name, vocabulary size and hash, its path portable."""
+    info = loaded.tokenizer_info()
+    return {**info, "name_or_path": portable_path(info["name_or_path"], out)}
+
+
+def _counts(job: _Job) -> dict:
+    """The ``counts`` block of meta.json."""
+    counts, stats = job.counts, job.stats
     return {
-        "complete": complete,
-        "error": error,
-        "model": config.model,
-        "model_path": loaded.path,
-        "family": adapter.family,
-        "model_type": loaded.model.config.model_type,
-        "config_hash": loaded.config_hash,
-        "num_layers": GradFlowRecorder(loaded.model, RecorderConfig(sublayers=False), adapter).num_blocks,
-        "attn_norm": adapter.attn_norm,
-        "after_mixing_sublayers": list(adapter.after_mixing()),
-        "tokenizer": loaded.tokenizer_info(),
-        "texts": texts,
-        "masking": {"policy": "bert", "rate": config.mask_rate, "split": list(config.mask_split),
-                    "whole_word": config.whole_word, "seed": config.seed},
-        "seed": config.seed,
-        "loss": config.loss,
-        "reduction": config.reduction,
-        "max_length": config.max_length,
-        "batch_size": config.batch_size,
-        "limit": config.limit,
-        "device": config.device,
-        "dtype": config.dtype,
-        "world_size": world,
-        "counts": {
-            "documents": counts.documents, "windows": counts.windows, "split_documents": counts.split_documents,
-            "sequences_recorded": stats["sequences"], "batches": stats["batches"], "tokens_per_role": stats["tokens"],
-            "skipped": {"empty_documents": counts.skipped_empty_documents,
-                        "nonfinite_batches": stats["nonfinite_batches"],
-                        "nonfinite_sequences": stats["nonfinite_sequences"],
-                        "reason_nonfinite": "loss or a recorded norm was NaN/inf; such batches are counted, never averaged in"},
-        },
-        "mean_loss": stats["loss_sum"] / stats["batches"] if stats["batches"] else None,
-        "versions": {"python": platform.python_version(), "torch": torch.__version__,
-                     "transformers": transformers.__version__, "gradflow": __version__},
-        "command": config.command or " ".join(sys.argv),
-        "wall_s": round(time.time() - start, 2),
+        "documents": counts.documents, "windows": counts.windows, "split_documents": counts.split_documents,
+        "sequences_recorded": stats.sequences, "batches": stats.batches, "tokens_per_role": stats.tokens,
+        "skipped": {"empty_documents": counts.skipped_empty_documents,
+                    "nonfinite_batches": stats.nonfinite_batches,
+                    "nonfinite_sequences": stats.nonfinite_sequences, "reason_nonfinite": NONFINITE_REASON},
     }
 
 

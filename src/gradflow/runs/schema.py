@@ -1,7 +1,7 @@
-"""The run-directory contract: file names, columns and their order, dtypes, role and sublayer order.
+"""The run-directory contract: file names, columns with their dtypes and order, role/sublayer/param order.
 
 Writers (:mod:`gradflow.runs`) and readers (:mod:`gradflow.analysis`, :mod:`gradflow.figures`) use
-these names and never spell a column list of their own.
+these names and sort keys and never spell a column list or an order of their own.
 
 Record runs (``gradflow record``):
 
@@ -12,11 +12,25 @@ Record runs (``gradflow record``):
 
 Diagnostics runs (``gradflow diagnose``): ``logit_lens.csv``, ``input_shift.csv``,
 ``anisotropy.csv``, ``transformation.csv`` and ``meta.json``.
+
+Dtypes are ``"str"``, ``"int64"``, ``"float64"`` or ``"bool"``. Readers coerce the ``str`` and
+``int64`` columns (the keys and counts); float columns are read as written.
 """
 
 from __future__ import annotations
 
-import pyarrow as pa
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from gradflow.adapters.base import SUBLAYER_NAMES
+from gradflow.roles import ALL_ROLES, LOSS_ROLES, TOKEN_ROLES
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+# ----------------------------------------------------------------------------------------------
+# Files
+# ----------------------------------------------------------------------------------------------
 
 CHANNELS_FILE = "channels.csv"
 SUBLAYERS_FILE = "sublayers.csv"
@@ -24,24 +38,113 @@ SEQUENCES_FILE = "sequences.parquet"
 META_FILE = "meta.json"
 RUN_FILES: tuple[str, ...] = (CHANNELS_FILE, SUBLAYERS_FILE, SEQUENCES_FILE, META_FILE)
 
-CHANNEL_COLUMNS: tuple[str, ...] = (
-    "site", "layer", "point", "role", "n_positions", "grad_norm_mean", "grad_norm_std", "grad_norm_median",
-    "grad_norm_q05", "grad_norm_q95", "grad_norm_zero_fraction", "act_norm_mean", "act_norm_std", "act_norm_median",
-)
-SUBLAYER_COLUMNS: tuple[str, ...] = (
-    "layer", "sublayer", "param", "role", "n_positions", "n_nonzero", "coverage", "magnitude_sum", "share",
-    "contribution_norm_mean", "contribution_norm_std", "n_batches",
-)
-SEQUENCE_SCHEMA = pa.schema([
-    ("sequence_index", pa.int64()), ("site", pa.string()), ("layer", pa.int64()), ("point", pa.string()),
-    ("role", pa.string()), ("n_positions", pa.int64()), ("grad_norm_sum", pa.float64()),
-    ("grad_norm_sq_sum", pa.float64()), ("act_norm_sum", pa.float64()),
-])
-SEQUENCE_COLUMNS: tuple[str, ...] = tuple(SEQUENCE_SCHEMA.names)
+# ----------------------------------------------------------------------------------------------
+# Orders: roles, sublayers, params, points
+# ----------------------------------------------------------------------------------------------
 
-DIAGNOSTIC_GROUPS: tuple[str, ...] = ("loss", "context")
+REPORTED_ROLES: tuple[str, ...] = tuple(r for r in TOKEN_ROLES if r != "pad")
+"""Roles of the run tables, compared and drawn by default (``pad`` depends on batching and carries no signal)."""
+LOSS = "loss"
+"""The pooled loss-position pseudo-role of analysis tables (masked + random + kept, pooled by positions)."""
+SUBLAYER_ORDER: tuple[str, ...] = SUBLAYER_NAMES
+"""Standard sublayer order (attention before FFN)."""
+PARAMS: tuple[str, ...] = ("weight", "bias")
+"""Parameters of a sublayer, in table order."""
+POINTS: tuple[str, ...] = ("out", "mid")
+"""Recording points of a site: a block's output and its FFN input (after attention)."""
+
+
+def sublayer_rank(name: str) -> int:
+    """Sort key of a sublayer name: its place in :data:`SUBLAYER_ORDER`, unknown names last."""
+    return SUBLAYER_ORDER.index(name) if name in SUBLAYER_ORDER else len(SUBLAYER_ORDER)
+
+
+def role_rank(name: str, order: Sequence[str] = ALL_ROLES) -> int:
+    """Sort key of a role name: its place in ``order``, unknown names last."""
+    return list(order).index(name) if name in order else len(order)
+
+
+def sublayer_key(layer: int, sublayer: str, param: str, role: str | None = None) -> tuple[int, ...]:
+    """Sort key of a sublayer-table row: layer, standard sublayer order, param order, then role order."""
+    key = (int(layer), sublayer_rank(sublayer), PARAMS.index(param))
+    return key if role is None else (*key, role_rank(role))
+
+
+def sorted_sublayers(names: Sequence[str]) -> list[str]:
+    """Distinct sublayer names in standard order (unknown names last)."""
+    return sorted(dict.fromkeys(names), key=sublayer_rank)
+
+
+# ----------------------------------------------------------------------------------------------
+# Record-run tables
+# ----------------------------------------------------------------------------------------------
+
+CHANNEL_DTYPES: dict[str, str] = {
+    "site": "str", "layer": "int64", "point": "str", "role": "str", "n_positions": "int64",
+    "grad_norm_mean": "float64", "grad_norm_std": "float64", "grad_norm_median": "float64",
+    "grad_norm_q05": "float64", "grad_norm_q95": "float64", "grad_norm_zero_fraction": "float64",
+    "act_norm_mean": "float64", "act_norm_std": "float64", "act_norm_median": "float64",
+}
+SUBLAYER_DTYPES: dict[str, str] = {
+    "layer": "int64", "sublayer": "str", "param": "str", "role": "str", "n_positions": "int64",
+    "n_nonzero": "int64", "coverage": "float64", "magnitude_sum": "float64", "share": "float64",
+    "contribution_norm_mean": "float64", "contribution_norm_std": "float64", "n_batches": "int64",
+}
+SEQUENCE_DTYPES: dict[str, str] = {
+    "sequence_index": "int64", "site": "str", "layer": "int64", "point": "str", "role": "str",
+    "n_positions": "int64", "grad_norm_sum": "float64", "grad_norm_sq_sum": "float64", "act_norm_sum": "float64",
+}
+CHANNEL_COLUMNS: tuple[str, ...] = tuple(CHANNEL_DTYPES)
+SUBLAYER_COLUMNS: tuple[str, ...] = tuple(SUBLAYER_DTYPES)
+SEQUENCE_COLUMNS: tuple[str, ...] = tuple(SEQUENCE_DTYPES)
+TABLE_DTYPES: dict[str, dict[str, str]] = {
+    CHANNELS_FILE: CHANNEL_DTYPES, SUBLAYERS_FILE: SUBLAYER_DTYPES, SEQUENCES_FILE: SEQUENCE_DTYPES,
+}
+"""Dtypes of each table of a record run, by file name."""
+
+REQUIRED_META_KEYS: tuple[str, ...] = (
+    "model", "family", "num_layers", "tokenizer", "masking", "loss", "seed", "complete", "versions", "command",
+    "counts",
+)
+"""meta.json keys every reader of a record run relies on (the report's provenance table lists them first)."""
+PROVENANCE_KEYS: tuple[str, ...] = (
+    "complete", "error", "model", "model_path", "family", "model_type", "config_hash", "num_layers", "texts",
+    "masking", "seed", "versions", "command", "wall_s",
+)
+"""meta.json keys written by every corpus job (:func:`gradflow.runs.meta.provenance`)."""
+
+
+def arrow_schema(dtypes: Mapping[str, str]) -> pa.Schema:
+    """The pyarrow schema of a table's ``dtypes`` (column order kept)."""
+    import pyarrow as pa
+
+    types = {"str": pa.string(), "int64": pa.int64(), "float64": pa.float64(), "bool": pa.bool_()}
+    return pa.schema([(name, types[dtype]) for name, dtype in dtypes.items()])
+
+
+# ----------------------------------------------------------------------------------------------
+# Analysis tables (written by reports as tables/<name>.csv)
+# ----------------------------------------------------------------------------------------------
+
+ANALYSIS_COLUMNS: dict[str, tuple[str, ...]] = {
+    "role_ratios": ("layer", "site", "role", "reference", "ratio", "ci_low", "ci_high", "role_mean", "loss_mean",
+                    "n_positions", "n_sequences"),
+    "layer_tests": ("layer", "site", "role", "against", "n_role", "n_against", "median_role", "median_against",
+                    "u_statistic", "p_value", "p_holm", "rank_biserial", "significant"),
+    "sublayer_shares": ("layer", "sublayer", "param", "role", "share", "coverage", "n_positions", "n_nonzero",
+                        "magnitude_sum"),
+    "channel_quantiles": ("layer", "site", "role", "n_positions", "mean", "median", "q05", "q95", "zero_fraction"),
+    "ratio_differences": ("label", "baseline", "layer", "role", "difference", "ci_low", "ci_high", "paired"),
+}
+"""Column order of the analysis tables built from explicit column lists (:mod:`gradflow.analysis`)."""
+
+# ----------------------------------------------------------------------------------------------
+# Diagnostics-run tables and the channel view
+# ----------------------------------------------------------------------------------------------
+
+DIAGNOSTIC_GROUPS: tuple[str, ...] = (LOSS, "context")
 """The two groups of the input-shift probe."""
-DIAGNOSTIC_ROLES: tuple[str, ...] = ("masked", "random", "kept", "context", "special", "loss")
+DIAGNOSTIC_ROLES: tuple[str, ...] = (*REPORTED_ROLES, LOSS)
 """Roles reported in the per-role diagnostics tables (``loss`` = pooled masked + random + kept)."""
 DIAGNOSTIC_COLUMNS: dict[str, tuple[str, ...]] = {
     "logit_lens": ("layer", "site", "role", "n_positions", "top1_original", "mean_log_prob_original"),
@@ -51,3 +154,17 @@ DIAGNOSTIC_COLUMNS: dict[str, tuple[str, ...]] = {
     "transformation": ("layer", "role", "n_positions", "rel_change_mean", "rel_change_std", "last_block"),
 }
 """Column order of each diagnostics CSV table."""
+
+CHANNEL_VIEW_COLUMNS: tuple[str, ...] = (
+    "position", "token", "input_token", "role", "site", "layer", "point", "grad_norm", "act_norm",
+    "attribution_sum", "attribution_norm", "ig_sum", "ig_norm",
+)
+"""Column order of ``channel_view.csv`` (one row per site and position of one sentence)."""
+
+__all__ = [
+    "ANALYSIS_COLUMNS", "CHANNELS_FILE", "CHANNEL_COLUMNS", "CHANNEL_DTYPES", "CHANNEL_VIEW_COLUMNS",
+    "DIAGNOSTIC_COLUMNS", "DIAGNOSTIC_GROUPS", "DIAGNOSTIC_ROLES", "LOSS", "LOSS_ROLES", "META_FILE", "PARAMS",
+    "POINTS", "PROVENANCE_KEYS", "REPORTED_ROLES", "REQUIRED_META_KEYS", "RUN_FILES", "SEQUENCES_FILE",
+    "SEQUENCE_COLUMNS", "SEQUENCE_DTYPES", "SUBLAYERS_FILE", "SUBLAYER_COLUMNS", "SUBLAYER_DTYPES", "SUBLAYER_ORDER",
+    "TABLE_DTYPES", "arrow_schema", "role_rank", "sorted_sublayers", "sublayer_key", "sublayer_rank",
+]

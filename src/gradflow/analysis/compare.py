@@ -1,0 +1,177 @@
+"""Comparison of runs of one tokenizer (checkpoints, losses, masking schemes): metrics side by side, differences.
+
+Differences are ``run - baseline``; ratio differences get a bootstrap CI, paired (same seed) when
+both runs measured the same sequences.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from gradflow.analysis.profiles import (
+    RoleProfile,
+    bootstrap_profile,
+    layer_tests,
+    profile_frame,
+    ratio_frame,
+    ratio_replicates,
+)
+from gradflow.analysis.run_data import Run
+from gradflow.analysis.stats import percentile_interval
+from gradflow.analysis.sublayers import SHARE_KEYS, context_share, last_block_deficit
+from gradflow.errors import RunError
+from gradflow.runs.schema import ANALYSIS_COLUMNS, REPORTED_ROLES
+
+DIFFERENCE_COLUMNS: list[str] = [c for c in ANALYSIS_COLUMNS["ratio_differences"]
+                                  if c not in ("label", "baseline", "paired")]
+"""Columns of one run's ratio differences (layer, role, difference, CI)."""
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Metrics of several runs side by side; differences are ``run - baseline``.
+
+    - ``profiles``: :func:`role_profile` columns plus ``label``, ``relative_depth``.
+    - ``ratios``: :func:`role_ratios` columns plus ``label``, ``relative_depth``.
+    - ``ratio_differences``: ``label``, ``baseline``, ``layer``, ``role``, ``difference``,
+      ``ci_low``, ``ci_high`` (bootstrap CI of the difference), ``paired`` (True when both runs
+      measured the same sequences and were resampled together).
+    - ``shares``: :func:`context_share` columns plus ``label``, ``share_difference``,
+      ``coverage_difference`` (no CI: sublayer tables have no per-sequence rows).
+    - ``last_block``: :func:`last_block_deficit` columns plus ``label``, ``share_difference``.
+    - ``tests``: :func:`layer_tests` columns plus ``label``.
+    """
+
+    labels: list[str]
+    baseline: str
+    profiles: pd.DataFrame
+    ratios: pd.DataFrame
+    ratio_differences: pd.DataFrame
+    shares: pd.DataFrame
+    last_block: pd.DataFrame
+    tests: pd.DataFrame
+
+
+def check_same_tokenizer(runs: Sequence[Run], labels: Sequence[str] | None = None) -> None:
+    """Raise :class:`RunError` unless all runs share one tokenizer hash."""
+    labels = list(labels) if labels is not None else [r.label for r in runs]
+    hashes = {label: run.tokenizer_hash for label, run in zip(labels, runs)}
+    if None in hashes.values() or len(set(hashes.values())) > 1:
+        listed = "; ".join(f"{k}: {v}" for k, v in hashes.items())
+        raise RunError(
+            f"The runs use different tokenizers ({listed}). Per-token gradient statistics are only comparable "
+            "when every run splits the text into the same tokens; compare runs of one tokenizer (e.g. "
+            "checkpoints, losses or masking schemes of the same model family), or report them separately.")
+
+
+def compare_runs(runs: Sequence[Run], labels: Sequence[str] | None = None, baseline: int = 0,
+                 roles: Sequence[str] = REPORTED_ROLES, point: str = "out", n_resamples: int = 2000,
+                 confidence: float = 0.95, seed: int | None = 0, param: str = "weight") -> Comparison:
+    """Compare runs (checkpoints, losses, masking schemes) of one tokenizer; see :class:`Comparison`."""
+    labels = _check_labels(runs, labels)
+    if not -len(runs) <= baseline < len(runs):
+        raise RunError(f"baseline index {baseline} is out of range for {len(runs)} runs.")
+    baseline = baseline % len(runs)
+    check_same_tokenizer(runs, labels)
+    base_label = labels[baseline]
+    seqsets = [frozenset(r.sequences["sequence_index"].unique()) for r in runs]
+    paired = [seqs == seqsets[baseline] for seqs in seqsets]
+    profs = [bootstrap_profile(run, point, n_resamples, seed if paired[i] else _offset_seed(seed, i))
+             for i, run in enumerate(runs)]
+    frames = _run_frames(runs, labels, profs, roles, point, confidence, param)
+    diffs = pd.concat([_ratio_difference(profs[i], profs[baseline], roles, confidence).assign(
+        label=labels[i], baseline=base_label, paired=paired[i])
+        for i in range(len(runs)) if i != baseline] or [pd.DataFrame()], ignore_index=True)
+    shares = _with_difference(pd.concat(frames["shares"], ignore_index=True), SHARE_KEYS,
+                              base_label, ("share", "coverage"))
+    last = _with_difference(pd.concat(frames["last_block"], ignore_index=True), ["sublayer", "param"],
+                            base_label, ("share",))
+    return Comparison(labels=labels, baseline=base_label, profiles=_label_first(frames["profiles"]),
+                      ratios=_label_first(frames["ratios"]), ratio_differences=_diff_columns(diffs),
+                      shares=shares, last_block=last, tests=_label_first(frames["tests"]))
+
+
+def _run_frames(runs: Sequence[Run], labels: list[str], profs: list[RoleProfile], roles: Sequence[str], point: str,
+                confidence: float, param: str) -> dict[str, list[pd.DataFrame]]:
+    """Each run's profile, ratio, context-share, last-block and test tables, labelled (by table name)."""
+    frames: dict[str, list[pd.DataFrame]] = {"profiles": [], "ratios": [], "shares": [], "last_block": [], "tests": []}
+    for run, label, prof in zip(runs, labels, profs):
+        depth = max(run.num_layers, 1)
+        prof_frame = profile_frame(prof, run, point, confidence)
+        frames["profiles"].append(prof_frame.assign(label=label, relative_depth=prof_frame["layer"] / depth))
+        rat = ratio_frame(prof, roles, confidence)
+        frames["ratios"].append(rat.assign(label=label, relative_depth=rat["layer"] / depth))
+        frames["shares"].append(context_share(run, param).assign(label=label))
+        frames["last_block"].append(last_block_deficit(run, param=param).assign(label=label))
+        frames["tests"].append(layer_tests(run, point=point).assign(label=label))
+    return frames
+
+
+def _check_labels(runs: Sequence[Run], labels: Sequence[str] | None) -> list[str]:
+    """Default labels to run labels; require one unique label per run and at least one run."""
+    if not runs:
+        raise RunError("No runs to compare: pass at least one run directory.")
+    labels = [r.label for r in runs] if labels is None else [str(x) for x in labels]
+    if len(labels) != len(runs):
+        raise RunError(f"Got {len(runs)} runs but {len(labels)} labels; pass one label per run.")
+    if len(set(labels)) != len(labels):
+        raise RunError(f"Labels must be unique, got {', '.join(labels)}; pass distinct labels.")
+    return labels
+
+
+def _offset_seed(seed: int | None, i: int) -> int | None:
+    """An independent seed for run i (None stays None)."""
+    return None if seed is None else int(seed) + 7919 * (i + 1)
+
+
+def _ratio_difference(prof: RoleProfile, base: RoleProfile, roles: Sequence[str], confidence: float) -> pd.DataFrame:
+    """Per layer and role: ratio(run) - ratio(baseline) with a bootstrap CI of the difference."""
+    present, point, reps = ratio_replicates(prof, roles)
+    bpresent, bpoint, breps = ratio_replicates(base, roles)
+    rows = []
+    for role in (r for r in present if r in bpresent):
+        ri, bi = present.index(role), bpresent.index(role)
+        for li, layer in enumerate(prof.cube.layers):
+            bl = np.flatnonzero(base.cube.layers == layer)
+            if bl.size == 0:
+                continue
+            diff = point[li, ri] - bpoint[bl[0], bi]
+            low, high = percentile_interval(reps[:, li, ri] - breps[:, bl[0], bi], confidence)
+            rows.append({"layer": int(layer), "role": role, "difference": diff, "ci_low": float(low),
+                         "ci_high": float(high)})
+    return pd.DataFrame(rows, columns=DIFFERENCE_COLUMNS)
+
+
+def _with_difference(frame: pd.DataFrame, keys: list[str], baseline: str, values: Sequence[str]) -> pd.DataFrame:
+    """Add ``<value>_difference`` = value - baseline's value at the same keys."""
+    if frame.empty:
+        return frame
+    base = frame[frame["label"] == baseline].set_index(keys)[list(values)]
+    base.columns = [f"{v}_baseline" for v in values]
+    out = frame.join(base, on=keys)
+    for v in values:
+        out[f"{v}_difference"] = out[v] - out[f"{v}_baseline"]
+    return _label_first([out.drop(columns=[f"{v}_baseline" for v in values])])
+
+
+def _label_first(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    """Concatenate and move ``label`` to the first column."""
+    out = pd.concat(frames, ignore_index=True)
+    if "label" in out.columns:
+        out = out[["label", *[c for c in out.columns if c != "label"]]]
+    return out
+
+
+def _diff_columns(frame: pd.DataFrame) -> pd.DataFrame:
+    """Order the ratio-difference columns."""
+    cols = list(ANALYSIS_COLUMNS["ratio_differences"])
+    if frame.empty:
+        return pd.DataFrame(columns=cols)
+    return frame[cols].reset_index(drop=True)
+
+
+__all__ = ["Comparison", "check_same_tokenizer", "compare_runs"]

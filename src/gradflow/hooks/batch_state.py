@@ -1,0 +1,88 @@
+"""The recorder's state while it captures one batch (typed; internal to :mod:`gradflow.hooks`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from gradflow.hooks.records import RecorderConfig
+from gradflow.roles import NUM_ROLES
+
+SublayerStats = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, "torch.Tensor | None"]
+"""Per role, (NUM_ROLES,) each: n_positions, n_nonzero, magnitude_sum, contribution_norm; then the
+(B, T) per-position magnitudes or None."""
+
+
+@dataclass(frozen=True)
+class RolePartition:
+    """The positions of a (B, T) batch flattened to B * T rows, split by role.
+
+    ``codes``: (B * T,) long role code per row; ``index``: NUM_ROLES tensors of row indices;
+    ``counts``: (NUM_ROLES,) long number of rows per role.
+    """
+
+    codes: torch.Tensor
+    index: list[torch.Tensor]
+    counts: torch.Tensor
+
+    @classmethod
+    def of_roles(cls, roles: torch.Tensor) -> "RolePartition":
+        """The partition of (B, T) role codes."""
+        flat = roles.reshape(-1).long()
+        index = [torch.nonzero(flat == code).squeeze(1) for code in range(NUM_ROLES)]
+        return cls(flat, index, torch.bincount(flat, minlength=NUM_ROLES))
+
+
+@dataclass
+class BatchState:
+    """What the hooks gather during one capture.
+
+    ``roles``: (B, T) int8; ``grad`` and ``act``: per site, the (B, T) float32 norms of the loss
+    gradient and of the hidden state (None until seen); ``calls``: calls per (depth, id(module))
+    of a sublayer module; ``sublayers``: (depth, sublayer, param) -> :data:`SublayerStats`;
+    ``matrices``: (depth, sublayer, param, role) -> summed gradient, when materialised;
+    ``emb_out``: the embeddings output and ``extra_targets`` the non-token sublayer outputs
+    (the targets of ``torch.autograd.grad``); ``loss``: the loss value.
+    """
+
+    config: RecorderConfig
+    roles: torch.Tensor
+    partition: RolePartition
+    sequence_index: torch.Tensor
+    grad: list[torch.Tensor | None]
+    act: list[torch.Tensor | None]
+    calls: dict[tuple[int, int], int] = field(default_factory=dict)
+    sublayers: dict[tuple[int, str, str], SublayerStats] = field(default_factory=dict)
+    matrices: dict[tuple[int, str, str, str], torch.Tensor] = field(default_factory=dict)
+    emb_out: torch.Tensor | None = None
+    extra_targets: list[torch.Tensor] = field(default_factory=list)
+    loss: float = float("nan")
+
+    @classmethod
+    def start(cls, config: RecorderConfig, roles: torch.Tensor, sequence_index: torch.Tensor | None,
+              num_sites: int) -> "BatchState":
+        """An empty state for a batch with (B, T) ``roles`` and ``num_sites`` sites."""
+        roles = roles.to(torch.int8)
+        if sequence_index is None:
+            sequence_index = torch.arange(roles.shape[0])
+        return cls(config, roles, RolePartition.of_roles(roles), sequence_index, [None] * num_sites,
+                   [None] * num_sites)
+
+    @property
+    def b(self) -> int:
+        """Batch size B."""
+        return int(self.roles.shape[0])
+
+    @property
+    def t(self) -> int:
+        """Sequence length T."""
+        return int(self.roles.shape[1])
+
+    def release_graph(self) -> None:
+        """Drop the references into the autograd graph (the embeddings output, extra targets)."""
+        self.emb_out = None
+        self.extra_targets = []
+
+
+__all__ = ["BatchState", "RolePartition", "SublayerStats"]

@@ -1,0 +1,56 @@
+"""Norms that neither underflow nor overflow, and zero decided from elements, never from a norm.
+
+A float32 norm of rows of tiny nonzero gradients (a loss scaled by 1e-18, say) underflows to 0 and
+would make a role look exactly zero; a norm of huge values overflows to inf. These helpers keep
+the plain float32 result wherever it is safe (so ordinary magnitudes give the same bits as
+``torch.linalg.vector_norm(..., dtype=float32)``) and recompute in float64 only where it is not.
+"""
+
+from __future__ import annotations
+
+import torch
+
+# Float32 squares below ~1e-38 are subnormal (imprecise) or flushed to 0. A norm of at least 1e-15
+# has a sum of squares of at least 1e-30, next to which what the subnormal squares of up to 1e8
+# elements can lose is below float32 rounding; smaller (or non-finite) float32 norms are recomputed.
+SAFE_MIN = 1e-15
+SAFE_MAX = 1 / SAFE_MIN
+
+
+def safe_norm(x: torch.Tensor, dim: int | tuple[int, ...]) -> torch.Tensor:
+    """Float32 L2 norm of ``x`` over ``dim`` (trailing dimension(s)) that neither underflows nor overflows.
+
+    The plain float32 norm is kept wherever it is at least :data:`SAFE_MIN` and finite; where it
+    is smaller (0 included: float32 squares of tiny elements vanish) or infinite, just those
+    entries are recomputed in float64, where the square of any float32 value is representable, and
+    rounded back to float32. Rows that are truly zero stay 0.
+    """
+    norm = torch.linalg.vector_norm(x, dim=dim, dtype=torch.float32)
+    unsafe = ~(norm >= SAFE_MIN) | torch.isinf(norm)
+    if bool(unsafe.any()):
+        norm[unsafe] = torch.linalg.vector_norm(x[unsafe].double(), dim=dim).float()
+    return norm
+
+
+def nonzero_rows(x: torch.Tensor) -> torch.Tensor:
+    """(rows,) bool: whether each row of the 2-D ``x`` has a nonzero element (not judged by a norm)."""
+    return torch.count_nonzero(x, dim=1) > 0
+
+
+def in_safe_range(*norms: torch.Tensor) -> bool:
+    """Whether every nonzero entry of ``norms`` lies in [SAFE_MIN, SAFE_MAX].
+
+    For the Gram identity, with the row norms of g, x and their products in that range, every
+    float32 product of two rows stays far inside the float32 range.
+    """
+    for values in norms:
+        nonzero = values[values != 0]
+        if bool(((nonzero < SAFE_MIN) | ~(nonzero <= SAFE_MAX)).any()):
+            return False
+    return True
+
+
+def gram_float64(gr: torch.Tensor, xr: torch.Tensor) -> torch.Tensor:
+    """``||gr^T xr||_F^2`` as ``<gr gr^T, xr xr^T>``, all in float64 (for rows of extreme magnitude)."""
+    g64, x64 = gr.double(), xr.double()
+    return ((g64 @ g64.T) * (x64 @ x64.T)).sum()

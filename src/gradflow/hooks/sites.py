@@ -1,0 +1,302 @@
+"""The site layer: the names of the residual-stream sites and the forward hooks that reach them.
+
+Sites (one hidden vector per position, a (B, T, H) tensor):
+
+- ``embeddings.out``: output of the embeddings module (layer 0);
+- ``blocks.{i}.mid``: the residual stream after attention and before the FFN of block i
+  (the adapter's ``mid``: a module's output, or its first positional input);
+- ``blocks.{i}.out``: output of block i (layer i + 1).
+
+``i`` is the *depth*: a block module applied at several depths (ALBERT's shared layer) reports
+each depth, in call order. Parameter groups of the Trainer callback are named ``blocks.{i}``, or
+``blocks.{i}-{j}`` for one module applied at depths i to j.
+
+This module is the only place that spells these names. :class:`SiteLayer` installs the hooks:
+``with SiteLayer(model).hooks(callback):`` calls ``callback(site, hidden)`` at every site of
+every forward inside the block (a returned tensor replaces the hidden state) and removes exactly
+the hooks it added on exit, also on exceptions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+from torch.utils.hooks import RemovableHandle
+
+from gradflow.adapters import Adapter, adapter_for, block_modules, get_module
+from gradflow.errors import SiteError
+
+EMBEDDINGS_SITE = "embeddings.out"
+"""The site of the embeddings output (layer 0)."""
+POINTS: tuple[str, ...] = ("mid", "out")
+"""The points of a block, in call order."""
+
+SiteCallback = Callable[[str, torch.Tensor], "torch.Tensor | None"]
+"""``callback(site, hidden (B, T, H))``; a returned tensor replaces the hidden state."""
+ForwardHook = Callable[[nn.Module, tuple, object], object]
+"""A ``register_forward_hook`` hook: ``hook(module, args, output)``."""
+
+
+# ----------------------------------------------------------------------------------------------
+# Names
+# ----------------------------------------------------------------------------------------------
+
+def site_name(depth: int, point: str = "out") -> str:
+    """``blocks.{depth}.{point}`` (``point``: ``mid`` or ``out``)."""
+    if point not in POINTS:
+        raise ValueError(f"unknown site point {point!r}; choose one of {', '.join(POINTS)}")
+    return f"blocks.{int(depth)}.{point}"
+
+
+def layer_site(layer: int) -> str:
+    """The output site of ``layer``: ``embeddings.out`` for 0, else ``blocks.{layer - 1}.out``."""
+    return EMBEDDINGS_SITE if layer == 0 else site_name(layer - 1, "out")
+
+
+def site_names(num_blocks: int, mid: bool = False) -> tuple[str, ...]:
+    """``embeddings.out`` then, per depth, (``blocks.{i}.mid``,) ``blocks.{i}.out``."""
+    points = POINTS if mid else ("out",)
+    return (EMBEDDINGS_SITE, *[site_name(i, p) for i in range(num_blocks) for p in points])
+
+
+def parse_site(site: str) -> tuple[int | None, str]:
+    """(depth, point) of a site name; depth is None for ``embeddings.out``."""
+    if site == EMBEDDINGS_SITE:
+        return None, "out"
+    parts = site.split(".")
+    if len(parts) != 3 or parts[0] != "blocks" or not parts[1].isdigit() or parts[2] not in POINTS:
+        raise ValueError(f"not a site name: {site!r} (expected {EMBEDDINGS_SITE} or blocks.<depth>.<mid|out>)")
+    return int(parts[1]), parts[2]
+
+
+def depth_of(site: str) -> int | None:
+    """The block depth of a site (None for ``embeddings.out``)."""
+    return parse_site(site)[0]
+
+
+def layer_of(site: str) -> int:
+    """The layer of a site: 0 for ``embeddings.out``, depth + 1 for a block's sites."""
+    depth = depth_of(site)
+    return 0 if depth is None else depth + 1
+
+
+def point_of(site: str) -> str:
+    """The point of a site: ``out`` (embeddings, block output) or ``mid``."""
+    return parse_site(site)[1]
+
+
+def block_group_name(depths: int | Sequence[int]) -> str:
+    """``blocks.{i}`` for one depth, ``blocks.{first}-{last}`` for a module applied at several."""
+    if isinstance(depths, int):
+        depths = (depths,)
+    first, last = int(depths[0]), int(depths[-1])
+    return f"blocks.{first}" if first == last else f"blocks.{first}-{last}"
+
+
+def parse_block_group(name: str) -> tuple[int, int]:
+    """(first, last) depth of a ``blocks.{i}`` or ``blocks.{i}-{j}`` group name."""
+    prefix, _, span = name.partition(".")
+    first, _, last = span.partition("-")
+    if prefix != "blocks" or not first.isdigit() or not (last or first).isdigit():
+        raise ValueError(f"not a block group name: {name!r} (expected blocks.<i> or blocks.<i>-<j>)")
+    return int(first), int(last or first)
+
+
+# ----------------------------------------------------------------------------------------------
+# Hidden states inside module outputs
+# ----------------------------------------------------------------------------------------------
+
+def hidden_state(output: object) -> torch.Tensor:
+    """The hidden state of a module output: the tensor, a tuple's or list's first element, or
+    ``last_hidden_state`` (a transformers ``ModelOutput``)."""
+    if isinstance(output, torch.Tensor):
+        return output
+    if isinstance(output, (tuple, list)) and output and isinstance(output[0], torch.Tensor):
+        return output[0]
+    hidden = getattr(output, "last_hidden_state", None)
+    if isinstance(hidden, torch.Tensor):
+        return hidden
+    raise SiteError(f"cannot find the hidden state in a module output of type {type(output).__name__}")
+
+
+def replace_hidden_state(output: object, new: torch.Tensor) -> object:
+    """``output`` with its hidden state (see :func:`hidden_state`) replaced by ``new``."""
+    if isinstance(output, torch.Tensor):
+        return new
+    if isinstance(output, tuple) and output and isinstance(output[0], torch.Tensor):
+        return (new, *output[1:])
+    if isinstance(output, list) and output and isinstance(output[0], torch.Tensor):
+        return [new, *output[1:]]
+    if isinstance(getattr(output, "last_hidden_state", None), torch.Tensor):
+        return type(output)(**{**output, "last_hidden_state": new})
+    raise SiteError(f"cannot replace the hidden state in a module output of type {type(output).__name__}")
+
+
+# ----------------------------------------------------------------------------------------------
+# Depths
+# ----------------------------------------------------------------------------------------------
+
+def depth_occurrences(blocks: Sequence[nn.Module]) -> dict[int, list[int]]:
+    """``id(block)`` -> the depths it is applied at, in call order (several for a shared block)."""
+    occurrences: dict[int, list[int]] = {}
+    for depth, block in enumerate(blocks):
+        occurrences.setdefault(id(block), []).append(depth)
+    return occurrences
+
+
+def distinct_blocks(blocks: Sequence[nn.Module]) -> list[nn.Module]:
+    """Each block module once, in order of its first application (modules hash by identity)."""
+    return list(dict.fromkeys(blocks))
+
+
+@dataclass
+class DepthStack:
+    """The depths of the blocks running now, innermost last.
+
+    A block module's n-th call since :meth:`reset` is its n-th depth (wrapping around, so a
+    forward run again without a reset reports the same depths again).
+    """
+
+    occurrences: dict[int, list[int]]
+    calls: dict[int, int] = field(default_factory=dict)
+    stack: list[int] = field(default_factory=list)
+
+    def reset(self) -> None:
+        """Start a new forward pass."""
+        self.calls.clear()
+        self.stack.clear()
+
+    def enter(self, block: nn.Module) -> int:
+        """A block starts: push and return its depth."""
+        mine = self.occurrences[id(block)]
+        count = self.calls.get(id(block), 0)
+        self.calls[id(block)] = count + 1
+        depth = mine[count % len(mine)]
+        self.stack.append(depth)
+        return depth
+
+    def leave(self) -> int | None:
+        """A block ends: pop and return its depth (None if no block is running)."""
+        return self.stack.pop() if self.stack else None
+
+    @property
+    def current(self) -> int | None:
+        """The depth of the innermost running block, or None."""
+        return self.stack[-1] if self.stack else None
+
+
+# ----------------------------------------------------------------------------------------------
+# Hooks
+# ----------------------------------------------------------------------------------------------
+
+def _output_hook(callback: SiteCallback, site: Callable[[], str | None]) -> ForwardHook:
+    """Forward hook: ``callback(site(), hidden)`` and the hidden state replaced by its result."""
+    def hook(module: nn.Module, args: tuple, output: object) -> object:
+        name = site()
+        if name is None:
+            return None
+        new = callback(name, hidden_state(output))
+        return None if new is None else replace_hidden_state(output, new)
+
+    return hook
+
+
+def _input_hook(callback: SiteCallback, site: Callable[[], str | None]) -> Callable[[nn.Module, tuple], tuple | None]:
+    """Forward pre-hook: ``callback(site(), first input)`` and the input replaced by its result."""
+    def hook(module: nn.Module, args: tuple) -> tuple | None:
+        name = site()
+        if name is None or not args:
+            return None
+        new = callback(name, args[0])
+        return None if new is None else (new, *args[1:])
+
+    return hook
+
+
+class SiteLayer:
+    """The sites of one model (``model.base_model``'s embeddings and blocks, from the adapter).
+
+    ``names``: the site names (with the ``mid`` sites when ``mid``); ``depths``: the depth stack
+    the hooks keep (read ``depths.current`` from other hooks to know the running block's depth).
+    """
+
+    def __init__(self, model: nn.Module, adapter: Adapter | None = None, mid: bool = True):
+        self.adapter = adapter or adapter_for(model)
+        self.base = model.base_model
+        self.blocks = block_modules(self.adapter, self.base)
+        self.num_blocks = len(self.blocks)
+        self.mid = mid
+        self.names = site_names(self.num_blocks, mid)
+        self.depths = DepthStack(depth_occurrences(self.blocks))
+
+    @contextmanager
+    def hooks(self, callback: SiteCallback,
+              extra: Sequence[tuple[nn.Module, ForwardHook]] = ()) -> Iterator[tuple[str, ...]]:
+        """Call ``callback`` at every site inside the block; yield the site names.
+
+        ``extra``: more ``(module, forward hook)`` pairs to install with the site hooks. Exactly
+        the hooks added here are removed on exit, also on exceptions (during installation too).
+        """
+        handles: list[RemovableHandle] = []
+        try:
+            self._install(callback, handles)
+            handles.extend(module.register_forward_hook(hook) for module, hook in extra)
+            yield self.names
+        finally:
+            while handles:
+                handles.pop().remove()
+
+    def _install(self, callback: SiteCallback, handles: list[RemovableHandle]) -> None:
+        embeddings = get_module(self.base, self.adapter.embeddings)
+        handles.append(embeddings.register_forward_pre_hook(self._start_forward))
+        handles.append(embeddings.register_forward_hook(_output_hook(callback, lambda: EMBEDDINGS_SITE)))
+        for block in distinct_blocks(self.blocks):
+            handles.append(block.register_forward_pre_hook(self._enter_block))
+            handles.append(block.register_forward_hook(_output_hook(callback, self._out_site)))
+            if self.mid:
+                path, kind = self.adapter.mid
+                module = get_module(block, path)
+                handles.append(module.register_forward_hook(_output_hook(callback, self._mid_site)) if kind == "output"
+                               else module.register_forward_pre_hook(_input_hook(callback, self._mid_site)))
+
+    def _start_forward(self, module: nn.Module, args: tuple) -> None:
+        self.depths.reset()
+
+    def _enter_block(self, module: nn.Module, args: tuple) -> None:
+        self.depths.enter(module)
+
+    def _out_site(self) -> str | None:
+        depth = self.depths.leave()
+        return None if depth is None else site_name(depth, "out")
+
+    def _mid_site(self) -> str | None:
+        depth = self.depths.current
+        return None if depth is None else site_name(depth, "mid")
+
+
+@contextmanager
+def site_hooks(model: nn.Module, callback: SiteCallback, adapter: Adapter | None = None,
+               mid: bool = False) -> Iterator[tuple[str, ...]]:
+    """``SiteLayer(model, adapter, mid).hooks(callback)``: call ``callback(site, hidden (B, T, H))``
+    at every site of every forward inside the block; yield the site names."""
+    with SiteLayer(model, adapter, mid).hooks(callback) as names:
+        yield names
+
+
+def model_device(model: nn.Module) -> torch.device:
+    """The device of the model's first parameter (CPU for a model without parameters)."""
+    try:
+        return next(model.parameters()).device
+    except StopIteration:
+        return torch.device("cpu")
+
+
+__all__ = [
+    "EMBEDDINGS_SITE", "POINTS", "DepthStack", "ForwardHook", "SiteCallback", "SiteLayer", "block_group_name",
+    "depth_occurrences", "depth_of", "distinct_blocks", "hidden_state", "layer_of", "layer_site", "model_device",
+    "parse_block_group", "parse_site", "point_of", "replace_hidden_state", "site_hooks", "site_name", "site_names",
+]

@@ -1,0 +1,177 @@
+"""Per-role statistics of one sublayer call's weight gradient (Linear and LayerNorm).
+
+For a Linear ``y = x W^T + b`` the weight gradient is ``sum_t g_t x_t^T`` over positions t. The
+contribution of a role r is ``G_r = sum_{t in r} g_t x_t^T``; the contributions of all roles (plus
+``relpos`` for non-token inputs) sum exactly to ``W.grad``. Per (depth, sublayer, parameter, role):
+
+- ``contribution_norm``: ``||G_r||_F``, from the Gram identity ``||G_r||^2 = <G G^T, X X^T>``
+  when that is cheaper, else from ``G_r`` itself;
+- ``magnitude_sum``: ``sum_{t in r} ||g_t|| * ||x_t||`` (per-position Frobenius norms, additive);
+- ``n_positions`` and ``n_nonzero`` (positions whose per-position contribution ``g_t x_t^T`` has a
+  nonzero element, i.e. ``g_t`` and ``x_t`` both have one).
+
+For a LayerNorm ``y = gamma * xhat + beta`` the gain's per-position contribution is
+``g_t * xhat_t`` and the bias's is ``g_t``. Roles none of whose per-position contributions has a
+nonzero element get an exactly zero contribution (no arithmetic is done on them). Zero is decided
+from the elements, never from a norm, and norms are safe from underflow and overflow (see
+:mod:`gradflow.hooks.safe_norms`). Results accumulate in
+:attr:`BatchState.sublayers` (and ``matrices`` when materialised).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from gradflow.hooks.batch_state import BatchState
+from gradflow.hooks.safe_norms import gram_float64, in_safe_range, nonzero_rows, safe_norm
+from gradflow.roles import ALL_ROLES, NUM_ROLES, Role
+
+
+@dataclass(frozen=True)
+class SublayerEntry:
+    """One standard sublayer name served by a module; ``chunk`` = (i, n): the i-th of n equal
+    output slices of a fused module, or None for the whole output."""
+
+    name: str
+    chunk: tuple[int, int] | None
+
+
+def sublayer_stats(state: BatchState, depth: int, mod: nn.Module, entries: list[SublayerEntry], x: torch.Tensor,
+                   grad: torch.Tensor, token: bool) -> None:
+    """Add one call's statistics. ``x``: the module's input (..., D_in); ``grad``: the loss gradient
+    w.r.t. its output (..., D_out); ``token``: the rows are the batch's B * T positions (else
+    ``relpos`` rows)."""
+    if isinstance(mod, nn.Linear):
+        _linear_stats(state, depth, mod, entries, x, grad, token)
+    else:
+        _norm_stats(state, depth, mod, entries, x, grad, token)
+
+
+def _partition(state: BatchState, rows: int, token: bool) -> tuple[torch.Tensor, list[torch.Tensor], torch.Tensor]:
+    """(role code per row, row indices per role, count per role) for one sublayer call."""
+    if token:
+        return state.partition.codes, state.partition.index, state.partition.counts
+    device = state.partition.codes.device
+    codes = torch.full((rows,), int(Role.RELPOS), dtype=torch.long, device=device)
+    index = [torch.empty(0, dtype=torch.long, device=device)] * NUM_ROLES
+    index[Role.RELPOS] = torch.arange(rows, device=device)
+    counts = torch.zeros(NUM_ROLES, dtype=torch.long, device=device)
+    counts[Role.RELPOS] = rows
+    return codes, index, counts
+
+
+def _linear_stats(state: BatchState, depth: int, mod: nn.Linear, entries: list[SublayerEntry], x: torch.Tensor,
+                  grad: torch.Tensor, token: bool) -> None:
+    """Linear weight (``G_r`` norms) and bias (per-role gradient sums) of each served name."""
+    x2 = x.reshape(-1, x.shape[-1])
+    g2 = grad.reshape(-1, grad.shape[-1])
+    codes, index, counts = _partition(state, x2.shape[0], token)
+    xn = safe_norm(x2, dim=-1)
+    x_nonzero = nonzero_rows(x2)
+    x_gram: dict[int, torch.Tensor] = {}
+    for entry in entries:
+        g = g2 if entry.chunk is None else _rows(g2, entry.chunk)
+        gn = safe_norm(g, dim=-1)
+        mag = gn * xn
+        g_nonzero = nonzero_rows(g)
+        contributes = g_nonzero & x_nonzero  # g_t x_t^T has a nonzero element
+        n_contributing = _scatter(contributes.float(), codes).tolist()
+        norms = torch.zeros(NUM_ROLES)
+        for code in range(NUM_ROLES):
+            if n_contributing[code] == 0:  # every g_t x_t^T of this role is exactly zero: so is G_r
+                if state.config.materialize and int(counts[code]):
+                    key = (depth, entry.name, "weight", ALL_ROLES[code])
+                    state.matrices[key] = torch.zeros(g.shape[1], x2.shape[1])
+                continue
+            idx = index[code]
+            gr, xr = g[idx].float(), x2[idx].float()
+            if state.config.materialize:
+                matrix = gr.T @ xr
+                state.matrices[(depth, entry.name, "weight", ALL_ROLES[code])] = matrix.cpu()
+                norms[code] = float(safe_norm(matrix, dim=(-2, -1)))
+            elif idx.numel() * (g.shape[1] + x2.shape[1]) < g.shape[1] * x2.shape[1]:
+                if in_safe_range(gn[idx], xn[idx], mag[idx]):
+                    if code not in x_gram:
+                        x_gram[code] = xr @ xr.T
+                    gram = ((gr @ gr.T) * x_gram[code]).sum(dtype=torch.float64)
+                else:  # float32 products of these rows could underflow or overflow
+                    gram = gram_float64(gr, xr)
+                norms[code] = math.sqrt(max(float(gram), 0.0))
+            else:
+                norms[code] = float(safe_norm(gr.T @ xr, dim=(-2, -1)))
+        _store(state, depth, entry.name, "weight", codes, counts, mag, contributes, norms)
+        if mod.bias is not None:
+            sums = torch.zeros(NUM_ROLES, g.shape[1], dtype=torch.float32, device=g.device)
+            sums.index_add_(0, codes, g.float())
+            _store(state, depth, entry.name, "bias", codes, counts, gn, g_nonzero, safe_norm(sums, dim=-1).cpu())
+            if state.config.materialize:
+                for code in range(NUM_ROLES):
+                    if int(counts[code]):
+                        state.matrices[(depth, entry.name, "bias", ALL_ROLES[code])] = sums[code].cpu()
+
+
+def _norm_stats(state: BatchState, depth: int, mod: nn.LayerNorm, entries: list[SublayerEntry], x: torch.Tensor,
+                grad: torch.Tensor, token: bool) -> None:
+    """LayerNorm gain and bias: per-position contributions ``g * xhat`` and ``g``, summed per role."""
+    d = x.shape[-1]
+    x2 = x.reshape(-1, d).float()
+    g2 = grad.reshape(-1, d).float()
+    codes, index, counts = _partition(state, x2.shape[0], token)
+    xhat = F.layer_norm(x2, mod.normalized_shape, eps=mod.eps)
+    for entry in entries:
+        for param, per_pos in (("weight", g2 * xhat), ("bias", g2)):
+            if getattr(mod, param) is None:
+                continue
+            sums = torch.zeros(NUM_ROLES, d, dtype=torch.float32, device=g2.device)
+            sums.index_add_(0, codes, per_pos)
+            mag = safe_norm(per_pos, dim=-1)
+            _store(state, depth, entry.name, param, codes, counts, mag, nonzero_rows(per_pos),
+                   safe_norm(sums, dim=-1).cpu())
+            if state.config.materialize:
+                for code in range(NUM_ROLES):
+                    if int(counts[code]):
+                        state.matrices[(depth, entry.name, param, ALL_ROLES[code])] = sums[code].cpu()
+
+
+def _store(state: BatchState, depth: int, name: str, param: str, codes: torch.Tensor, counts: torch.Tensor,
+           mag: torch.Tensor, nonzero: torch.Tensor, norms: torch.Tensor) -> None:
+    """Add one call's statistics to (depth, name, param); several calls (relpos) accumulate.
+
+    ``mag``: (N,) per-position magnitudes; ``nonzero``: (N,) whether each position's contribution
+    has a nonzero element (decided from the elements: a tiny magnitude may have underflowed to 0).
+    """
+    key = (depth, name, param)
+    n_nonzero = _scatter(nonzero.float(), codes)
+    mag_sum = _scatter(mag, codes)
+    position = None
+    if state.config.position_magnitudes and int(counts[Role.RELPOS]) == 0:
+        position = mag.reshape(state.b, state.t)
+    if key in state.sublayers:
+        old = state.sublayers[key]
+        # contributions of separate calls add as matrices; their norms are kept per role, and the
+        # calls of one sublayer never share a role (tokens vs relpos), so the norms simply add.
+        state.sublayers[key] = (old[0] + counts.cpu(), old[1] + n_nonzero.cpu(), old[2] + mag_sum.cpu(),
+                                old[3] + norms, old[4] if old[4] is not None else position)
+    else:
+        state.sublayers[key] = (counts.cpu().clone(), n_nonzero.cpu(), mag_sum.cpu(), norms, position)
+
+
+def _scatter(values: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
+    """(NUM_ROLES,) float32 sums of (N,) ``values`` per role code."""
+    out = torch.zeros(NUM_ROLES, dtype=torch.float32, device=values.device)
+    return out.index_add_(0, codes, values.float())
+
+
+def _rows(g: torch.Tensor, chunk: tuple[int, int]) -> torch.Tensor:
+    """Columns of the ``chunk`` = (i, n) slice of (N, D) ``g``."""
+    i, n = chunk
+    size = g.shape[1] // n
+    return g[:, i * size : (i + 1) * size]
+
+
+__all__ = ["SublayerEntry", "sublayer_stats"]

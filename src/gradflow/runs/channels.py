@@ -1,0 +1,154 @@
+"""The channel view of one sentence: its table (every site x every token position) and files.
+
+Every token position is a channel. Per (site, position) the table holds one of:
+
+- ``grad_norm`` (and ``act_norm``): ``||dL/dh||`` and ``||h||`` at every recorder site
+  (``embeddings.out``, each block's ``mid`` and ``out``), from :class:`GradFlowRecorder`. After
+  the last attention nothing mixes channels, so the last block's ``mid`` and ``out`` are exactly
+  zero at every position that carries no loss.
+- ``attribution``: Captum gradient x activation at the embeddings and every block output,
+  summed (``attribution_sum``, loss units, signed) and L2 (``attribution_norm``) over the hidden
+  dimension, with the gradient and activation norms.
+- ``integrated_gradients``: the same plus Captum layer integrated gradients from an all-[MASK]
+  reference (``ig_sum``, ``ig_norm``).
+
+The loss is the MLM loss with the ``"batch"`` reduction (mean over the chosen positions). Columns:
+:data:`gradflow.runs.schema.CHANNEL_VIEW_COLUMNS` (those a quantity does not compute are empty).
+The figure is drawn by :mod:`gradflow.figures.channel_view` from the table alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+from gradflow.errors import ChannelViewError
+from gradflow.hooks.attribution import attribute_channels, integrated_gradients
+from gradflow.hooks.recorder import GradFlowRecorder, RecorderConfig
+from gradflow.inputs.masking import BertMasking, ExplicitMasking, MaskedBatch, encode, mask_batch
+from gradflow.models import LoadedModel
+from gradflow.roles import TOKEN_ROLES, Role
+from gradflow.runs.files import write_csv
+from gradflow.runs.schema import CHANNEL_VIEW_COLUMNS
+
+VALUE_COLUMN: dict[str, str] = {"grad_norm": "grad_norm", "attribution": "attribution_sum",
+                                "integrated_gradients": "ig_sum"}
+"""The table column each quantity shows in the figure."""
+QUANTITIES: tuple[str, ...] = tuple(VALUE_COLUMN)
+"""What the channel view can show."""
+
+SiteValues = tuple[str, int, str, dict[str, torch.Tensor]]
+"""(site, layer, point, column -> (T,) values) of one site."""
+
+
+def channel_batch(loaded: LoadedModel, text: str, mask_positions: Sequence[int] | None = None,
+                  seed: int = 0) -> MaskedBatch:
+    """One-sentence batch: ``mask_positions`` (token indices, special tokens included, 0 = the first
+    special token) become ``[MASK]``; None draws BERT's 15% masking seeded by ``seed``."""
+    enc = encode(loaded.tokenizer, text)
+    n, limit = len(enc["input_ids"]), loaded.max_positions()
+    if n > limit:
+        raise ChannelViewError(f"the text has {n} tokens (special tokens included) but {loaded.name} accepts at most "
+                               f"{limit}; shorten it to one sentence.")
+    special = enc["special_tokens_mask"]
+    if all(special):
+        raise ChannelViewError("the text tokenizes to special tokens only: pass a sentence with words in it.")
+    tokens = loaded.tokenizer.convert_ids_to_tokens(enc["input_ids"])
+    if mask_positions is None:
+        policy: BertMasking | ExplicitMasking = BertMasking(seed=seed)
+    else:
+        positions = tuple(int(p) for p in mask_positions)
+        if not positions:
+            raise ChannelViewError("mask_positions is empty: give at least one position to mask.")
+        for p in positions:
+            if not 0 <= p < n:
+                raise ChannelViewError(f"mask position {p} is out of range: the text has {n} tokens, positions "
+                                       f"0..{n - 1} ({_listing(tokens)}).")
+            if special[p]:
+                raise ChannelViewError(f"mask position {p} is the special token {tokens[p]!r}, which never carries "
+                                       f"the MLM loss; choose a word position ({_listing(tokens)}).")
+        policy = ExplicitMasking(positions={0: positions}, action="mask")
+    return mask_batch(loaded.tokenizer, policy=policy, encodings=[enc], max_length=n)
+
+
+def _listing(tokens: Sequence[str], limit: int = 40) -> str:
+    items = [f"{i}={t}" for i, t in enumerate(tokens[:limit])]
+    return " ".join(items) + (" ..." if len(tokens) > limit else "")
+
+
+def _check_quantity(quantity: str) -> None:
+    if quantity not in QUANTITIES:
+        raise ChannelViewError(f"unknown quantity {quantity!r}; choose one of {', '.join(QUANTITIES)}")
+
+
+def _recorded_sites(loaded: LoadedModel, batch: MaskedBatch) -> list[SiteValues]:
+    """Gradient and activation norms of the batch's first row at every recorder site."""
+    with GradFlowRecorder(loaded.model, RecorderConfig(sublayers=False), loaded.adapter) as rec:
+        record = rec.record(batch, loss="mlm", reduction="batch")
+    where = zip(record.site_names, record.site_layers, record.site_points)
+    return [(name, layer, point, {"grad_norm": record.grad_norm[s, 0], "act_norm": record.act_norm[s, 0]})
+            for s, (name, layer, point) in enumerate(where)]
+
+
+def _attributed_sites(loaded: LoadedModel, batch: MaskedBatch, integrated: bool, n_steps: int) -> list[SiteValues]:
+    """Captum attributions of the batch's first row at the embeddings and every block output."""
+    result = attribute_channels(loaded.model, batch, adapter=loaded.adapter)
+    names = ("attribution_sum", "attribution_norm", "grad_norm", "act_norm")
+    values = {n: result.per_position(n)[:, 0] for n in names}
+    if integrated:
+        ig, _ = integrated_gradients(loaded.model, batch, baseline_token_id=loaded.tokenizer.mask_token_id,
+                                     n_steps=n_steps, adapter=loaded.adapter)
+        values["ig_sum"] = torch.stack([a.sum(dim=-1) for a in ig])[:, 0]
+        values["ig_norm"] = torch.stack([torch.linalg.vector_norm(a, dim=-1) for a in ig])[:, 0]
+    return [(name, layer, "out", {k: v[s] for k, v in values.items()})
+            for s, (name, layer) in enumerate(zip(result.site_names, result.layers))]
+
+
+def channel_table(loaded: LoadedModel, batch: MaskedBatch, quantity: str = "grad_norm",
+                  n_steps: int = 32) -> pd.DataFrame:
+    """Tidy per (site, position) table of one sentence (columns :data:`CHANNEL_VIEW_COLUMNS`)."""
+    _check_quantity(quantity)
+    tok = loaded.tokenizer
+    original = tok.convert_ids_to_tokens(batch.original_ids[0].tolist())
+    inputs = tok.convert_ids_to_tokens(batch.input_ids[0].tolist())
+    roles = [TOKEN_ROLES[int(r)] for r in batch.roles[0]]
+    if quantity == "grad_norm":
+        sites = _recorded_sites(loaded, batch)
+    else:
+        sites = _attributed_sites(loaded, batch, quantity == "integrated_gradients", n_steps)
+    rows = []
+    for name, layer, point, cols in sites:
+        for t in range(len(roles)):
+            rows.append({"position": t, "token": original[t], "input_token": inputs[t], "role": roles[t], "site": name,
+                         "layer": layer, "point": point, **{k: float(v[t]) for k, v in cols.items()}})
+    return pd.DataFrame(rows).reindex(columns=list(CHANNEL_VIEW_COLUMNS))
+
+
+def write_channel_view(loaded: LoadedModel, text: str, out_dir: str | Path, mask_positions: Sequence[int] | None = None,
+                       quantity: str = "grad_norm", formats: Sequence[str] = ("pdf", "png")) -> list[Path]:
+    """Channel view of one sentence: ``channel_view.<fmt>`` and ``channel_view.csv`` in ``out_dir``.
+
+    ``mask_positions``: token positions to mask (special tokens included in the count, so 0 is
+    ``[CLS]``/``<s>``); None draws BERT masking with seed 0. ``quantity``: one of
+    :data:`QUANTITIES`. Returns the written paths (figures first, the table last).
+    """
+    from gradflow.figures.channel_view import save_channel_view
+
+    _check_quantity(quantity)
+    batch = channel_batch(loaded, text, mask_positions)
+    if not bool((batch.roles <= Role.KEPT).any()):
+        raise ChannelViewError("no position was selected for the loss; pass mask_positions.")
+    table = channel_table(loaded, batch, quantity)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = save_channel_view(table, out / "channel_view", VALUE_COLUMN[quantity],
+                              title=Path(loaded.name).name or loaded.name, formats=formats)
+    csv = out / "channel_view.csv"
+    write_csv(table, csv, CHANNEL_VIEW_COLUMNS)
+    return [*paths, csv]
+
+
+__all__ = ["QUANTITIES", "VALUE_COLUMN", "channel_batch", "channel_table", "write_channel_view"]
