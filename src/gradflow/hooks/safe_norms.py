@@ -18,23 +18,29 @@ SAFE_MAX = 1 / SAFE_MIN
 
 
 def safe_norm(x: torch.Tensor, dim: int | tuple[int, ...]) -> torch.Tensor:
-    """Float32 L2 norm of ``x`` over ``dim`` (trailing dimension(s)) that neither underflows nor overflows.
+    """Float32 L2 norm of ``x`` over ``dim`` (the last dimension, or the last two for one matrix) that
+    neither underflows nor overflows.
 
     The plain float32 norm is kept wherever it is at least :data:`SAFE_MIN` and finite; where it
-    is smaller (0 included: float32 squares of tiny elements vanish) or infinite, just those
-    entries are recomputed in float64, where the square of any float32 value is representable, and
-    rounded back to float32. Rows that are truly zero stay 0.
+    is smaller (0 included: float32 squares of tiny elements vanish) or infinite, the rows with a
+    nonzero element are recomputed in float64, where the square of any float32 value is
+    representable, and rounded back to float32. Rows that are exactly zero keep 0 without a float64
+    pass. So a returned norm is 0 exactly when its row has no nonzero element (zero is decided from
+    the elements, never from a float32 norm).
     """
     norm = torch.linalg.vector_norm(x, dim=dim, dtype=torch.float32)
     unsafe = ~(norm >= SAFE_MIN) | torch.isinf(norm)
-    if bool(unsafe.any()):
-        norm[unsafe] = torch.linalg.vector_norm(x[unsafe].double(), dim=dim).float()
+    if not bool(unsafe.any()):
+        return norm
+    if norm.dim() == 0:  # one matrix
+        return torch.linalg.vector_norm(x.double(), dim=dim).float()
+    rows = x[unsafe]  # (k, d): the unsafe rows only
+    live = rows.any(dim=-1)
+    if bool(live.any()):
+        fixed = norm[unsafe]
+        fixed[live] = torch.linalg.vector_norm(rows[live].double(), dim=-1).float()
+        norm[unsafe] = fixed
     return norm
-
-
-def nonzero_rows(x: torch.Tensor) -> torch.Tensor:
-    """(rows,) bool: whether each row of the 2-D ``x`` has a nonzero element (not judged by a norm)."""
-    return torch.count_nonzero(x, dim=1) > 0
 
 
 def in_safe_range(*norms: torch.Tensor) -> bool:

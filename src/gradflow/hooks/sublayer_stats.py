@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from gradflow.hooks.batch_state import BatchState
-from gradflow.hooks.safe_norms import gram_float64, in_safe_range, nonzero_rows, safe_norm
+from gradflow.hooks.safe_norms import gram_float64, in_safe_range, safe_norm
 from gradflow.roles import ALL_ROLES, NUM_ROLES, Role
 
 
@@ -72,13 +72,13 @@ def _linear_stats(state: BatchState, depth: int, mod: nn.Linear, entries: list[S
     g2 = grad.reshape(-1, grad.shape[-1])
     codes, index, counts = _partition(state, x2.shape[0], token)
     xn = safe_norm(x2, dim=-1)
-    x_nonzero = nonzero_rows(x2)
+    x_nonzero = xn > 0  # a safe norm is 0 exactly for a row without a nonzero element
     x_gram: dict[int, torch.Tensor] = {}
     for entry in entries:
         g = g2 if entry.chunk is None else _rows(g2, entry.chunk)
         gn = safe_norm(g, dim=-1)
         mag = gn * xn
-        g_nonzero = nonzero_rows(g)
+        g_nonzero = gn > 0
         contributes = g_nonzero & x_nonzero  # g_t x_t^T has a nonzero element
         n_contributing = _scatter(contributes.float(), codes).tolist()
         norms = torch.zeros(NUM_ROLES)
@@ -130,7 +130,7 @@ def _norm_stats(state: BatchState, depth: int, mod: nn.LayerNorm, entries: list[
             sums = torch.zeros(NUM_ROLES, d, dtype=torch.float32, device=g2.device)
             sums.index_add_(0, codes, per_pos)
             mag = safe_norm(per_pos, dim=-1)
-            _store(state, depth, entry.name, param, codes, counts, mag, nonzero_rows(per_pos),
+            _store(state, depth, entry.name, param, codes, counts, mag, mag > 0,
                    safe_norm(sums, dim=-1).cpu())
             if state.config.materialize:
                 for code in range(NUM_ROLES):
