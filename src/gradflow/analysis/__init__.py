@@ -5,11 +5,24 @@
 - :mod:`.profiles`: gradient-norm profiles and ratios per layer and role, rank tests, quantiles;
 - :mod:`.sublayers`: weight-gradient shares and coverage per sublayer, the last-block deficit;
 - :mod:`.compare`: several runs of one tokenizer side by side.
+- :mod:`.probes`: layer-wise linear probes, control tasks, online code length, sentence bootstrap CIs.
 
 Column lists, role and sublayer order live in :mod:`gradflow.runs.schema` (re-exported here).
 """
 
 from gradflow.analysis.compare import Comparison, check_same_tokenizer, compare_runs
+from gradflow.analysis.probes import (
+    CodeLength,
+    ProbeResult,
+    control_labels,
+    fit_probe,
+    last_layer_drop,
+    last_layer_drop_ci,
+    online_code_length,
+    paired_difference_ci,
+    selectivity,
+    sentence_bootstrap_ci,
+)
 from gradflow.analysis.profiles import (
     channel_quantiles,
     context_ratio,
@@ -34,9 +47,10 @@ from gradflow.runs.schema import CHANNEL_COLUMNS, LOSS, SEQUENCE_COLUMNS, SUBLAY
 from gradflow.runs.schema import REPORTED_ROLES as DEFAULT_ROLES
 
 __all__ = [
-    "CHANNEL_COLUMNS", "DEFAULT_ROLES", "LOSS", "SEQUENCE_COLUMNS", "SUBLAYER_COLUMNS", "SUBLAYER_ORDER", "Comparison",
-    "Run", "RunError", "bootstrap_ratio", "bootstrap_sums", "channel_quantiles", "check_same_tokenizer",
-    "compare_runs", "context_ratio", "context_share", "holm", "last_block_deficit", "layer_tests", "load_run",
-    "mann_whitney", "percentile_interval", "rank_biserial", "resample_weights", "role_profile", "role_ratios",
-    "sequence_means", "sublayer_shares",
+    "CHANNEL_COLUMNS", "DEFAULT_ROLES", "LOSS", "SEQUENCE_COLUMNS", "SUBLAYER_COLUMNS", "SUBLAYER_ORDER", "CodeLength",
+    "Comparison", "ProbeResult", "Run", "RunError", "bootstrap_ratio", "bootstrap_sums", "channel_quantiles",
+    "check_same_tokenizer", "compare_runs", "context_ratio", "context_share", "control_labels", "fit_probe", "holm",
+    "last_block_deficit", "last_layer_drop", "last_layer_drop_ci", "layer_tests", "load_run", "mann_whitney",
+    "online_code_length", "paired_difference_ci", "percentile_interval", "rank_biserial", "resample_weights",
+    "role_profile", "role_ratios", "selectivity", "sentence_bootstrap_ci", "sequence_means", "sublayer_shares",
 ]
