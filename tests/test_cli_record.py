@@ -183,20 +183,32 @@ def test_sigint_subprocess_leaves_loadable_partial_run(tmp_path, tiny_mlm_dir):
     texts.write_text("\n".join(["the treasury of the union and the nation"] * 40000) + "\n", encoding="utf-8")
     out = tmp_path / "sig"
     proc = subprocess.Popen([sys.executable, "-m", "gradflow", "record", "--model", str(tiny_mlm_dir), "--texts",
-                             str(texts), "--out", str(out), "--max-length", "24", "--quiet"],
+                             str(texts), "--out", str(out), "--max-length", "24"],
                             env=ENV, stderr=subprocess.PIPE, text=True,
                             # a shell's background job ignores SIGINT and children inherit that (then
                             # Python installs no KeyboardInterrupt handler): give the child the default
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    import time
+    import re
+    import threading
 
-    deadline = time.time() + 600  # generous: a loaded CI machine may take long to import torch
-    while time.time() < deadline and not (out / ".sequences.parquet.partial").exists():
-        time.sleep(0.2)
-    assert (out / ".sequences.parquet.partial").exists(), "recording never started"
-    time.sleep(0.5)
+    # interrupt once the progress bar shows recorded sequences (not after a fixed delay: a loaded
+    # machine may take seconds for the first batch)
+    stderr: list[str] = []
+    started = threading.Event()
+
+    def read() -> None:
+        while chunk := proc.stderr.read(1):
+            stderr.append(chunk)
+            if chunk in "q]" and re.search(r"recording: [1-9]\d*seq", "".join(stderr[-200:])):
+                started.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    assert started.wait(timeout=600), "recording never started: " + "".join(stderr)[-2000:]
     proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=600)
+    proc.wait(timeout=600)
+    reader.join(timeout=60)
+    err = "".join(stderr)
     assert proc.returncode == 130, err
     meta = json.loads((out / "meta.json").read_text())
     assert meta["complete"] is False

@@ -12,10 +12,10 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from gradflow.cli import finetune, models, record, report, views
+from gradflow.cli import finetune, models, record, repair, report, views
 from gradflow.errors import GradflowError
 
-COMMAND_MODULES = (record, report, views, models, finetune)
+COMMAND_MODULES = (record, report, views, models, finetune, repair)
 
 
 def build_parser() -> argparse.ArgumentParser:
