@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -107,16 +107,16 @@ def _ties_embeddings(model: torch.nn.Module) -> bool:
 
 
 class _Collator:
-    """Mask a group of (window, draw) items; the draw index seeds the masking, so every repeat differs."""
+    """Mask a group of training windows (the pipeline's :func:`mask_windows`); each item's
+    ``sequence_index`` is its draw number, which seeds the masking, so every repeat of a window differs."""
 
     def __init__(self, tokenizer, policy, max_length: int):
         self.tokenizer, self.policy, self.max_length = tokenizer, policy, max_length
 
-    def __call__(self, items: list[dict]) -> dict:
-        from gradflow.inputs.masking import mask_batch
+    def __call__(self, items: list) -> dict:
+        from gradflow.inputs.pipeline import mask_windows
 
-        batch = mask_batch(self.tokenizer, policy=self.policy, indices=[it["draw"] for it in items],
-                           encodings=[it["encoding"] for it in items], max_length=self.max_length)
+        batch = mask_windows(self.tokenizer, items, self.policy, self.max_length)
         return {**batch.model_inputs(), "labels": batch.labels, "repair_labels": all_positions_labels(batch)}
 
 
@@ -204,7 +204,7 @@ def repair(config: RepairConfig) -> RepairResult:
             p.requires_grad_(True)
         total = config.steps * config.batch_size
         offset = len(windows)  # draws of training items start after the held-out windows' masking indices
-        dataset = [{"encoding": train_windows[i % len(train_windows)].encoding, "draw": offset + i} for i in range(total)]
+        dataset = [replace(train_windows[i % len(train_windows)], sequence_index=offset + i) for i in range(total)]
         args = TrainingArguments(
             output_dir=str(out), max_steps=config.steps, per_device_train_batch_size=config.batch_size,
             learning_rate=config.lr, lr_scheduler_type="linear", warmup_steps=round(config.warmup * config.steps),

@@ -169,7 +169,7 @@ def record_corpus(config: RecordConfig, loaded: LoadedModel | None = None) -> Ru
     if world > 1:
         torch.distributed.barrier()
     loaded = loaded or load_model(config.model, config.device, config.dtype, config.trust_remote_code)
-    _check_max_length(config, loaded, out, world)
+    _check_max_length(config, loaded, out)
     policy = BertMasking(rate=config.mask_rate, split=tuple(config.mask_split), whole_word=config.whole_word,
                          seed=config.seed)
     TokenizerInfo.from_tokenizer(loaded.tokenizer)
@@ -179,7 +179,7 @@ def record_corpus(config: RecordConfig, loaded: LoadedModel | None = None) -> Ru
                SublayerAggregator(), start)
     failure = _stream(job, recorder)
     if isinstance(failure, GradflowError) and job.stats.sequences == 0:
-        _discard(out, world)
+        _discard(out)
         raise failure
     if job.complete and rank == 0 and world == 1:
         _check_nonempty(job)
@@ -191,10 +191,10 @@ def record_corpus(config: RecordConfig, loaded: LoadedModel | None = None) -> Ru
     return summary
 
 
-def _check_max_length(config: RecordConfig, loaded: LoadedModel, out: Path, world: int) -> None:
+def _check_max_length(config: RecordConfig, loaded: LoadedModel, out: Path) -> None:
     """Refuse a window longer than the model accepts (before anything is recorded)."""
     if config.max_length > loaded.max_positions():
-        _discard(out, world)
+        _discard(out)
         raise GradflowError(f"--max-length {config.max_length} is longer than the {loaded.max_positions()} positions "
                             f"{config.model} accepts; pass --max-length {loaded.max_positions()} or less.")
 
@@ -241,7 +241,7 @@ def _record_batch(job: _Job, recorder: GradFlowRecorder, batch: MaskedBatch, wri
     return True
 
 
-def _discard(out: Path, world: int) -> None:
+def _discard(out: Path) -> None:
     """Remove what this run wrote (nothing was recorded, so nothing is lost)."""
     for path in list(out.glob("sequences*.parquet")) + list(out.glob(".sequences*")):
         path.unlink(missing_ok=True)
@@ -253,11 +253,11 @@ def _check_nonempty(job: _Job) -> None:
     """Refuse a corpus with no document, or with nothing the tokenizer leaves maskable."""
     texts, counts = job.texts, job.counts
     if counts.documents == 0:
-        _discard(job.out, 1)
+        _discard(job.out)
         raise CorpusError(f"the corpus {texts} is empty: it has no non-blank document. Pass a corpus with at "
                           "least one line of text.")
     if counts.windows == 0 or job.stats.loss_tokens == 0:
-        _discard(job.out, 1)
+        _discard(job.out)
         raise CorpusError(f"nothing in {texts} can be masked: its {counts.documents} document(s) tokenize to no "
                           "maskable token (only special tokens, or text the tokenizer drops). Pass real text "
                           "in the model's language.")
