@@ -161,10 +161,37 @@ CHANNEL_VIEW_COLUMNS: tuple[str, ...] = (
 )
 """Column order of ``channel_view.csv`` (one row per site and position of one sentence)."""
 
+# ----------------------------------------------------------------------------------------------
+# Probe runs (``gradflow probe``)
+# ----------------------------------------------------------------------------------------------
+
+PROBES_FILE = "probes.csv"
+PROBE_DROPS_FILE = "probe_drops.csv"
+PROBE_DTYPES: dict[str, str] = {
+    "model": "str", "task": "str", "regime": "str", "site": "str", "layer": "int64", "depth_fraction": "float64",
+    "split": "str", "accuracy": "float64", "ci_low": "float64", "ci_high": "float64",
+    "control_accuracy": "float64", "selectivity": "float64", "code_length_bits": "float64",
+    "uniform_code_bits": "float64", "compression": "float64", "majority_accuracy": "float64",
+    "best_c": "float64", "n_tokens": "int64", "n_sentences": "int64",
+}
+"""One row per (regime, site) of a probe run: test accuracy with its sentence-bootstrap CI, the
+control task's accuracy, selectivity, and the online code length (bits) of the test labels."""
+PROBE_DROP_DTYPES: dict[str, str] = {
+    "model": "str", "task": "str", "regime": "str", "metric": "str", "last_layer_drop": "float64",
+    "ci_low": "float64", "ci_high": "float64", "last_score": "float64", "best_earlier_score": "float64",
+    "best_earlier_layer": "int64",
+}
+"""One row per (regime, metric) of a probe run: ``score(L) - max_{l<L} score(l)`` with its paired CI."""
+PROBE_REGIMES: tuple[str, ...] = ("unmasked", "masked")
+"""Probe input regimes: every word visible (fine-tuning's regime) or the probed word masked (pretraining's)."""
+PROBE_COLUMNS: tuple[str, ...] = tuple(PROBE_DTYPES)
+PROBE_DROP_COLUMNS: tuple[str, ...] = tuple(PROBE_DROP_DTYPES)
+
 __all__ = [
     "ANALYSIS_COLUMNS", "CHANNELS_FILE", "CHANNEL_COLUMNS", "CHANNEL_DTYPES", "CHANNEL_VIEW_COLUMNS",
     "DIAGNOSTIC_COLUMNS", "DIAGNOSTIC_GROUPS", "DIAGNOSTIC_ROLES", "LOSS", "LOSS_ROLES", "META_FILE", "PARAMS",
-    "POINTS", "PROVENANCE_KEYS", "REPORTED_ROLES", "REQUIRED_META_KEYS", "RUN_FILES", "SEQUENCES_FILE",
+    "POINTS", "PROBES_FILE", "PROBE_COLUMNS", "PROBE_DROPS_FILE", "PROBE_DROP_COLUMNS",
+    "PROBE_DROP_DTYPES", "PROBE_DTYPES", "PROBE_REGIMES", "PROVENANCE_KEYS", "REPORTED_ROLES", "REQUIRED_META_KEYS", "RUN_FILES", "SEQUENCES_FILE",
     "SEQUENCE_COLUMNS", "SEQUENCE_DTYPES", "SUBLAYERS_FILE", "SUBLAYER_COLUMNS", "SUBLAYER_DTYPES", "SUBLAYER_ORDER",
     "TABLE_DTYPES", "arrow_schema", "role_rank", "sorted_sublayers", "sublayer_key", "sublayer_rank",
 ]
