@@ -16,7 +16,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     add_figure_output(report, width="single")
     report.set_defaults(run=run)
     compare = subparsers.add_parser("compare", help="figures and summary.md across runs")
-    compare.add_argument("run_dirs", nargs="+", help="two or more run directories; the first is the baseline")
+    compare.add_argument("run_dirs", nargs="+", help="two or more run directories (the first is the baseline), or "
+                                                     "two or more probe directories written by `gradflow probe`")
     compare.add_argument("--labels", nargs="+", default=None, help="one label per run (default: directory names)")
     add_figure_output(compare, width="double")
     compare.set_defaults(run=run)
@@ -30,6 +31,13 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
         paths = write_report(args.run_dir, args.out, formats=formats(args.format), width=args.width)
     else:
         _check_comparable(args.run_dirs)
+        if _probe_dirs(args.run_dirs):
+            from gradflow.figures.probes import write_probe_figures
+
+            paths = write_probe_figures(args.run_dirs, args.labels, args.out, formats=formats(args.format),
+                                        width=args.width)
+            print(f"wrote {len(paths)} files to {args.out}")
+            return 0
         paths = write_comparison(args.run_dirs, args.labels, args.out, formats=formats(args.format),
                                  width=args.width)
     print(f"wrote {len(paths)} files to {args.out}")
@@ -41,3 +49,15 @@ def _check_comparable(run_dirs: Sequence[str]) -> None:
     if len(run_dirs) < 2:
         raise UsageError(f"gradflow compare needs at least two run directories, got {len(run_dirs)}; for a single "
                          "run use `gradflow report RUN_DIR --out DIR`.")
+
+
+def _probe_dirs(run_dirs: Sequence[str]) -> bool:
+    """True when every directory is a probe directory; a mix of probe and record runs is refused."""
+    from gradflow.analysis.probe_tables import is_probe_dir
+
+    kinds = [is_probe_dir(d) for d in run_dirs]
+    if any(kinds) and not all(kinds):
+        probes = [d for d, k in zip(run_dirs, kinds) if k]
+        raise UsageError(f"cannot compare probe directories ({', '.join(probes)}) with record runs; compare each kind "
+                         "on its own")
+    return all(kinds)

@@ -131,3 +131,12 @@ def styled(func: F) -> F:
         with gradflow_style(kwargs.get("width", "single")):
             return func(*args, **kwargs)
     return wrapper  # type: ignore[return-value]
+
+
+TOL_BRIGHT = ("#4477AA", "#EE6677", "#228833", "#CCBB44", "#66CCEE", "#AA3377", "#BBBBBB")
+"""Paul Tol's bright qualitative palette (colour-blind safe): one colour per model or run in a comparison."""
+
+
+def series_color(k: int) -> str:
+    """The colour of the k-th model or run in a comparison (cycles after seven)."""
+    return TOL_BRIGHT[k % len(TOL_BRIGHT)]

@@ -125,6 +125,10 @@ def load_model(spec: str = DEFAULT_MODEL, device: str = "cpu", dtype: str = "flo
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as err:
         raise ModelLoadError(f"could not load the tokenizer of {spec!r}: {err}") from None
+    if len(tokenizer) <= len(set(tokenizer.all_special_ids)):
+        # transformers 5 builds an empty tokenizer (special tokens only) when a directory has no tokenizer files
+        raise ModelLoadError(f"{spec!r} has no tokenizer (its vocabulary is only the {len(tokenizer)} special tokens): "
+                             "save the tokenizer next to the weights (tokenizer.save_pretrained(DIR)) and retry.")
     if tokenizer.mask_token_id is None:
         raise ModelLoadError(f"the tokenizer of {spec!r} has no mask token: it is not a masked-LM tokenizer.")
     model.to(device).eval()

@@ -1,0 +1,99 @@
+"""Probe figures: score against normalised depth, one line per model (``gradflow probe``, ``compare``).
+
+Three panels share the x axis (depth fraction: 0 = embeddings, 1 = last block's output):
+test accuracy with its 95% sentence-bootstrap band, selectivity (accuracy minus the control
+task's), and the online-code compression (uniform bits / online bits; higher = labels cheaper to
+transmit given the features). Colours are models (Paul Tol's bright palette); solid lines the
+unmasked regime, dashed the masked one. One figure per task: ``probes_<task>.pdf/.png``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+from matplotlib.artist import Artist
+from matplotlib.axes import Axes
+from matplotlib.lines import Line2D
+
+from gradflow.analysis.probe_tables import load_probe_dirs
+from gradflow.figures.canvas import add_banner, save_figure
+from gradflow.figures.style import figure_width, gradflow_style, series_color, styled
+
+PANELS: tuple[tuple[str, str], ...] = (("accuracy", "test accuracy"), ("selectivity", "selectivity"),
+                                       ("compression", "code compression"))
+REGIME_STYLES = {"unmasked": "-", "masked": "--"}
+
+
+@styled
+def probe_panels(frame: pd.DataFrame, axes: Sequence[Axes] | None = None, width: str | float = "single",
+                 title: str | None = None) -> list[Artist]:
+    """Draw one task's probe rows (``label``, ``regime``, ``site``, ``depth_fraction`` and the panel
+    columns; ``mid`` sites are left out) into three stacked panels; returns the lines, bands, legend."""
+    frame = frame[~frame["site"].str.endswith(".mid")]
+    panels = [p for p in PANELS if frame[p[0]].notna().any()]
+    if axes is None:
+        w = figure_width(width)
+        _, grid = plt.subplots(len(panels), 1, figsize=(w, 0.52 * w * len(panels) + 0.4), sharex=True,
+                               layout="constrained", squeeze=False)
+        axes = list(grid[:, 0])
+    drawn: list[Artist] = []
+    labels = list(dict.fromkeys(frame["label"]))
+    regimes = [r for r in REGIME_STYLES if r in set(frame["regime"])]
+    for ax, (column, ylabel) in zip(axes, panels):
+        for k, label in enumerate(labels):
+            for regime in regimes:
+                d = frame[(frame["label"] == label) & (frame["regime"] == regime)].sort_values("depth_fraction")
+                if d.empty:
+                    continue
+                x = d["depth_fraction"].to_numpy(dtype=float)
+                (line,) = ax.plot(x, d[column].to_numpy(dtype=float), color=series_color(k),
+                                  linestyle=REGIME_STYLES[regime], marker="o", markersize=2.5,
+                                  gid=f"probe:{label}:{regime}:{column}")
+                drawn.append(line)
+                if column == "accuracy":
+                    drawn.append(ax.fill_between(x, d["ci_low"].to_numpy(dtype=float), d["ci_high"].to_numpy(dtype=float),
+                                                 color=series_color(k), alpha=0.2, linewidth=0,
+                                                 gid=f"band:{label}:{regime}"))
+        ax.axvline(1.0, color="0.5", linewidth=0.6, linestyle=":", zorder=0)
+        ax.set_ylabel(ylabel)
+    axes[-1].set_xlabel("depth (0 = embeddings, 1 = last block)")
+    axes[-1].set_xticks(np.linspace(0, 1, 5))
+    handles = [Line2D([], [], color=series_color(k), marker="o", markersize=2.5, label=label)
+               for k, label in enumerate(labels)]
+    if len(regimes) > 1:
+        handles += [Line2D([], [], color="0.3", linestyle=REGIME_STYLES[r], label=r) for r in regimes]
+    legend = axes[0].legend(handles=handles, loc="lower left", bbox_to_anchor=(0, 1.02), ncols=min(len(handles), 3),
+                            frameon=False, fontsize=6.5)
+    if title:
+        axes[0].set_title(title, pad=18 + 9 * ((len(handles) - 1) // 3))
+    return [*drawn, legend]
+
+
+def write_probe_figures(probe_dirs: Sequence[str | Path], labels: Sequence[str] | None, out_dir: str | Path,
+                        formats: Sequence[str] = ("pdf", "png"), width: str | float = "single") -> list[Path]:
+    """One figure per task across ``probe_dirs`` (``probes_<task>.<fmt>``), plus ``probes.csv`` and
+    ``probe_drops.csv`` of all of them (with a ``label`` column) when there are several; returns the paths."""
+    tables = load_probe_dirs(probe_dirs, labels)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths: list[Path] = []
+    for task, frame in tables.probes.groupby("task", sort=True):
+        with gradflow_style(width):
+            artists = probe_panels(frame, width=width, title=f"linear probes: {task}")
+            fig = artists[0].figure
+            if tables.incomplete:
+                add_banner(fig, f"incomplete: {', '.join(tables.incomplete)}")
+            paths += save_figure(fig, out / f"probes_{task}", formats)
+            plt.close(fig)
+    if len(probe_dirs) > 1:
+        tables.probes.to_csv(out / "probes_compared.csv", index=False, float_format="%.10g")
+        tables.drops.to_csv(out / "probe_drops_compared.csv", index=False, float_format="%.10g")
+        paths += [out / "probes_compared.csv", out / "probe_drops_compared.csv"]
+    return paths
+
+
+__all__ = ["probe_panels", "write_probe_figures"]
