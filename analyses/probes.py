@@ -31,8 +31,8 @@ def gradflow(*args: str) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--limit", default="1000", help="sentences per split (default %(default)s)")
-    parser.add_argument("--masked-limit", default="150", help="sentences per split of the masked regime runs")
+    parser.add_argument("--limit", default="600", help="sentences per split (default %(default)s)")
+    parser.add_argument("--masked-limit", default="100", help="sentences per split of the masked regime runs")
     parser.add_argument("--out", default="figures/probes")
     args = parser.parse_args()
     out = ROOT / args.out

@@ -2,7 +2,8 @@
 
 For every regime (``unmasked``, and ``masked`` when asked) and every site, one probe recipe:
 :func:`gradflow.analysis.probes.fit_probe` (C chosen on validation, scored on test, sentence
-bootstrap CI), the Hewitt & Liang control task (word type -> random label) with the same recipe,
+bootstrap CI), the Hewitt & Liang control task (word type -> random label) with the same probe
+(the C the task probe chose at that site),
 and the Voita & Titov online code length of the **train** labels (bits; C = the site's chosen C).
 The headline, per regime and metric, is :func:`~gradflow.analysis.probes.last_layer_drop` over the
 block-output sites (``embeddings.out`` = layer 0 ... last block = layer L) with a paired CI.
@@ -179,7 +180,7 @@ class _Job:
             result = fit_probe(xs["train"], splits["train"].labels, xs["validation"], splits["validation"].labels,
                                xs["test"], splits["test"].labels, c.cs, seed=c.seed)
             ctrl = fit_probe(xs["train"], control_split["train"], xs["validation"], control_split["validation"],
-                             xs["test"], control_split["test"], c.cs, seed=c.seed)
+                             xs["test"], control_split["test"], (result.best_c,), seed=c.seed)
             low, high = sentence_bootstrap_ci(result.correct, test_ids, c.n_resamples, c.seed)
             code = (online_code_length(xs["train"], splits["train"].labels, len(self.task.labels), c=result.best_c,
                                        seed=c.seed) if c.code_length else None)
