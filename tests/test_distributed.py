@@ -48,3 +48,11 @@ def test_two_process_gloo_equals_one_process(tmp_path, tiny_mlm_dir, tiny_corpus
     seq1 = pd.read_parquet(one / "sequences.parquet")
     seq2 = pd.read_parquet(two / "sequences.parquet")
     assert len(seq1) == len(seq2) and seq2.sequence_index.is_monotonic_increasing
+    sub1 = pd.read_parquet(one / "sublayer_sequences.parquet")
+    sub2 = pd.read_parquet(two / "sublayer_sequences.parquet")
+    assert len(sub1) == len(sub2) and sub2.sequence_index.is_monotonic_increasing
+    assert not list(two.glob("*rank*"))  # the per-process parts are merged away
+    keys = ["sequence_index", "layer", "sublayer", "param", "role"]
+    sub1, sub2 = (s.sort_values(keys).reset_index(drop=True) for s in (sub1, sub2))
+    assert sub1[[*keys, "n_positions"]].equals(sub2[[*keys, "n_positions"]])
+    np.testing.assert_allclose(sub2.magnitude_sum, sub1.magnitude_sum, rtol=1e-5, atol=1e-30)

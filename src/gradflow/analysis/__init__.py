@@ -5,12 +5,14 @@
 - :mod:`.profiles`: gradient-norm profiles and ratios per layer and role, rank tests, quantiles;
 - :mod:`.sublayers`: weight-gradient shares and coverage per sublayer, the last-block deficit;
 - :mod:`.compare`: several runs of one tokenizer side by side.
+- :mod:`.pressure`: the counterfactual context pressure per sublayer (all-positions runs), with CIs;
 - :mod:`.probes`: layer-wise linear probes, control tasks, online code length, sentence bootstrap CIs.
 
 Column lists, role and sublayer order live in :mod:`gradflow.runs.schema` (re-exported here).
 """
 
 from gradflow.analysis.compare import Comparison, check_same_tokenizer, compare_runs
+from gradflow.analysis.pressure import context_pressure
 from gradflow.analysis.probes import (
     CodeLength,
     ProbeResult,
@@ -31,7 +33,7 @@ from gradflow.analysis.profiles import (
     role_ratios,
     sequence_means,
 )
-from gradflow.analysis.run_data import Run, load_run
+from gradflow.analysis.run_data import Run, load_run, read_sublayer_sequences
 from gradflow.analysis.stats import (
     bootstrap_ratio,
     bootstrap_sums,
@@ -49,8 +51,9 @@ from gradflow.runs.schema import REPORTED_ROLES as DEFAULT_ROLES
 __all__ = [
     "CHANNEL_COLUMNS", "DEFAULT_ROLES", "LOSS", "SEQUENCE_COLUMNS", "SUBLAYER_COLUMNS", "SUBLAYER_ORDER", "CodeLength",
     "Comparison", "ProbeResult", "Run", "RunError", "bootstrap_ratio", "bootstrap_sums", "channel_quantiles",
-    "check_same_tokenizer", "compare_runs", "context_ratio", "context_share", "control_labels", "fit_probe", "holm",
-    "last_block_deficit", "last_layer_drop", "last_layer_drop_ci", "layer_tests", "load_run", "mann_whitney",
-    "online_code_length", "paired_difference_ci", "percentile_interval", "rank_biserial", "resample_weights",
-    "role_profile", "role_ratios", "selectivity", "sentence_bootstrap_ci", "sequence_means", "sublayer_shares",
+    "check_same_tokenizer", "compare_runs", "context_pressure", "context_ratio", "context_share", "control_labels",
+    "fit_probe", "holm", "last_block_deficit", "last_layer_drop", "last_layer_drop_ci", "layer_tests", "load_run",
+    "mann_whitney", "online_code_length", "paired_difference_ci", "percentile_interval", "rank_biserial",
+    "read_sublayer_sequences", "resample_weights", "role_profile", "role_ratios", "selectivity",
+    "sentence_bootstrap_ci", "sequence_means", "sublayer_shares",
 ]

@@ -3,7 +3,8 @@
 A run directory holds ``channels.csv`` (per site and role), ``sublayers.csv`` (per layer,
 sublayer, parameter and role), ``sequences.parquet`` (per sequence, site and role) and
 ``meta.json``. :func:`load_run` reads and validates them into a :class:`Run`; every error is a
-:class:`gradflow.errors.RunError` that says what to do.
+:class:`gradflow.errors.RunError` that says what to do. The optional (and possibly large)
+``sublayer_sequences.parquet`` is read on demand by :func:`read_sublayer_sequences`.
 
 Conventions of the analysis modules (:mod:`.profiles`, :mod:`.sublayers`, :mod:`.compare`):
 
@@ -40,6 +41,8 @@ from gradflow.runs.schema import (
     REQUIRED_META_KEYS,
     RUN_FILES,
     SEQUENCES_FILE,
+    SUBLAYER_SEQUENCE_DTYPES,
+    SUBLAYER_SEQUENCES_FILE,
     SUBLAYERS_FILE,
     TABLE_DTYPES,
 )
@@ -94,6 +97,24 @@ def load_run(path: str | Path) -> Run:
     return run
 
 
+def read_sublayer_sequences(run: Run, param: str | None = "weight") -> pd.DataFrame:
+    """The run's optional ``sublayer_sequences.parquet`` (rows of ``param`` only; None: all), validated.
+
+    Raises :class:`RunError` when the run has no such table (recorded with ``--norms-only`` or by
+    an older gradflow) or it is malformed.
+    """
+    path = run.path / SUBLAYER_SEQUENCES_FILE
+    if not path.is_file():
+        raise RunError(
+            f"Run directory {str(run.path)!r} has no {SUBLAYER_SEQUENCES_FILE} (per-sequence sublayer sums): it was "
+            "recorded with --norms-only or by an older gradflow. Record it again with this version, e.g. "
+            f"`gradflow record --model {run.meta.get('model')} --loss all-positions --out DIR`.")
+    frame = _read_table(path, SUBLAYER_SEQUENCE_DTYPES, filters=None if param is None else [("param", "==", param)],
+                        allow_empty=True)
+    _check_roles(path, frame)
+    return frame
+
+
 def _check_directory(root: Path) -> None:
     """Raise unless ``root`` is a directory holding every run file."""
     files = ", ".join(RUN_FILES)
@@ -131,10 +152,12 @@ def _read_meta(path: Path) -> dict[str, Any]:
     return meta
 
 
-def _read_table(path: Path, dtypes: Mapping[str, str]) -> pd.DataFrame:
-    """Read a CSV or parquet table: it must have every column of ``dtypes`` and at least one row."""
+def _read_table(path: Path, dtypes: Mapping[str, str], filters: list | None = None,
+                allow_empty: bool = False) -> pd.DataFrame:
+    """Read a CSV or parquet table (parquet rows matching ``filters``): it must have every column of
+    ``dtypes`` and, unless ``allow_empty``, at least one row."""
     try:
-        frame = pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_csv(path)
+        frame = pd.read_parquet(path, filters=filters) if path.suffix == ".parquet" else pd.read_csv(path)
     except Exception as err:  # noqa: BLE001 - any reader failure becomes one actionable message
         raise RunError(f"Could not read {str(path)!r} ({type(err).__name__}: {err}). The file is damaged or "
                        "was still being written; rerun or resume the measurement.") from None
@@ -143,7 +166,7 @@ def _read_table(path: Path, dtypes: Mapping[str, str]) -> pd.DataFrame:
         raise RunError(f"{str(path)!r} lacks the columns {', '.join(missing)} (found: "
                        f"{', '.join(map(str, frame.columns))}). It was written by an incompatible gradflow "
                        "version; rerun the measurement with this version.")
-    if frame.empty:
+    if frame.empty and not allow_empty:
         raise RunError(f"{str(path)!r} has no rows: the run recorded no batches. Check that the corpus "
                        "is not empty and rerun the measurement.")
     return _coerce(path, frame.copy(), dtypes)
@@ -191,4 +214,4 @@ def _warn_if_inconsistent(run: Run) -> None:
                       "sequences.parquet; ratios and CIs use sequences.parquet.", RuntimeWarning, stacklevel=3)
 
 
-__all__ = ["Run", "load_run"]
+__all__ = ["Run", "load_run", "read_sublayer_sequences"]

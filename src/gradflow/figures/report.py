@@ -34,6 +34,7 @@ from gradflow.analysis import (
 )
 from gradflow.figures import canvas
 from gradflow.figures.comparison import comparison_last_block, comparison_profiles, comparison_ratios
+from gradflow.figures.pressure import PRESSURE_FIGURE, pressure_bars, pressure_csv, pressure_section, pressure_tables
 from gradflow.figures.profiles import depth_profile, distribution_ranges, ratio_heatmap
 from gradflow.figures.style import gradflow_style
 from gradflow.figures.sublayers import last_block_bars, sublayer_heatmap
@@ -170,6 +171,7 @@ def write_report(run_dir: str | Path, out_dir: str | Path, formats: Sequence[str
     shares = sublayer_shares(run)
     deficit = last_block_deficit(run)
     quantiles = channel_quantiles(run)
+    pressure = pressure_tables([run], [run.label], n_resamples, seed)  # only under a loss other than mlm
     banner = None if run.complete else canvas.INCOMPLETE_BANNER
     written: list[Path] = []
     figures: dict[str, Callable[[], list[Artist]]] = {
@@ -179,17 +181,18 @@ def write_report(run_dir: str | Path, out_dir: str | Path, formats: Sequence[str
         "distributions": lambda: distribution_ranges(quantiles, width=width),
         "context_coverage": lambda: sublayer_heatmap(shares, "coverage", width=width),
         "context_share": lambda: sublayer_heatmap(shares, "share", width=width),
+        **({PRESSURE_FIGURE: lambda: pressure_bars(pressure, width=width)} if pressure else {}),
     }
     for name, draw in figures.items():
         if name == "last_block" and deficit.empty:
             continue
         written += _render(draw, out / name, formats, banner, width)
     tables = {"role_profile": profile, "role_ratios": ratios, "layer_tests": tests, "sublayer_shares": shares,
-              "last_block": deficit, "channel_quantiles": quantiles}
+              "last_block": deficit, "channel_quantiles": quantiles, **pressure_csv(pressure)}
     written += _write_tables(out / "tables", tables)
     summary = out / "summary.md"
-    summary.write_text(_summary(run, ratios, tests, deficit, list(figures), formats, n_resamples, seed, out),
-                       encoding="utf-8")
+    summary.write_text(_summary(run, ratios, tests, deficit, list(figures), formats, n_resamples, seed, out,
+                                pressure_section(pressure, n_resamples, seed)), encoding="utf-8")
     return [summary, *written]
 
 
@@ -205,7 +208,7 @@ def _write_tables(folder: Path, tables: dict[str, pd.DataFrame]) -> list[Path]:
 
 
 def _summary(run: Run, ratios: pd.DataFrame, tests: pd.DataFrame, deficit: pd.DataFrame, figures: list[str],
-             formats: Sequence[str], n_resamples: int, seed: int, out: Path) -> str:
+             formats: Sequence[str], n_resamples: int, seed: int, out: Path, extra: Sequence[str] = ()) -> str:
     """The Markdown summary of one run (written to ``out``)."""
     lines = [f"# gradflow report: {run.meta.get('model')}", ""]
     if not run.complete:
@@ -225,7 +228,7 @@ def _summary(run: Run, ratios: pd.DataFrame, tests: pd.DataFrame, deficit: pd.Da
                   "from context channels, and coverage (fraction of context positions sending non-zero signal), "
                   "against the mean of the earlier blocks.", ""]
         lines += _deficit_table(deficit) + [""]
-    lines += _figure_list(figures, formats) + [""]
+    lines += [*extra, *_figure_list(figures, formats), ""]
     lines += ["## Provenance", ""] + _provenance(run, out) + [""]
     return "\n".join(lines)
 
@@ -323,6 +326,9 @@ def write_comparison(run_dirs: Sequence[str | Path], labels: Sequence[str] | Non
         "compare_ratios": lambda: comparison_ratios(comp, width=width),
         "compare_last_block": lambda: comparison_last_block(comp, width=width),
     }
+    pressure = pressure_tables(runs, comp.labels, n_resamples, seed)  # when every run has it
+    if pressure:
+        figures["compare_" + PRESSURE_FIGURE] = lambda: pressure_bars(pressure, width=width)
     written: list[Path] = []
     for name, draw in figures.items():
         if name == "compare_last_block" and comp.last_block.empty:
@@ -330,15 +336,16 @@ def write_comparison(run_dirs: Sequence[str | Path], labels: Sequence[str] | Non
         written += _render(draw, out / name, formats, banner, width)
     written += _write_tables(out / "tables", {
         "profiles": comp.profiles, "ratios": comp.ratios, "ratio_differences": comp.ratio_differences,
-        "shares": comp.shares, "last_block": comp.last_block, "layer_tests": comp.tests})
+        "shares": comp.shares, "last_block": comp.last_block, "layer_tests": comp.tests, **pressure_csv(pressure)})
     summary = out / "summary.md"
     summary.write_text(_comparison_summary(runs, comp, incomplete, list(figures), formats, n_resamples, seed,
-                                           out), encoding="utf-8")
+                                           out, pressure_section(pressure, n_resamples, seed)), encoding="utf-8")
     return [summary, *written]
 
 
 def _comparison_summary(runs: Sequence[Run], comp: Comparison, incomplete: list[str], figures: list[str],
-                        formats: Sequence[str], n_resamples: int, seed: int, out: Path) -> str:
+                        formats: Sequence[str], n_resamples: int, seed: int, out: Path,
+                        extra: Sequence[str] = ()) -> str:
     """The Markdown summary of a comparison (written to ``out``)."""
     lines = ["# gradflow comparison: " + ", ".join(comp.labels), ""]
     if incomplete:
@@ -357,7 +364,7 @@ def _comparison_summary(runs: Sequence[Run], comp: Comparison, incomplete: list[
     if not comp.last_block.empty:
         lines += ["## Last block: context share per sublayer", ""]
         lines += _comparison_last_table(comp) + [""]
-    lines += _figure_list(figures, formats) + [""]
+    lines += [*extra, *_figure_list(figures, formats), ""]
     lines += ["## Provenance", ""]
     for lab, run in zip(comp.labels, runs):
         lines += [f"### {lab}", ""] + _provenance(run, out) + [""]

@@ -21,7 +21,7 @@ import torch
 
 from gradflow.hooks.recorder import BatchRecord
 from gradflow.roles import ALL_ROLES, Role
-from gradflow.runs.schema import REPORTED_ROLES, sublayer_key
+from gradflow.runs.schema import REPORTED_ROLES, SUBLAYER_SEQUENCE_COLUMNS, sublayer_key
 
 SublayerKey = tuple[int, str, str, str]
 """(layer, sublayer, param, role) of a sublayers.csv row."""
@@ -240,6 +240,40 @@ def sequence_rows(record: BatchRecord) -> pd.DataFrame:
         "grad_norm_sum": g_sum[present].numpy(),
         "grad_norm_sq_sum": g_sq[present].numpy(),
         "act_norm_sum": a_sum[present].numpy(),
+    })
+
+
+def sublayer_sequence_rows(record: BatchRecord) -> pd.DataFrame:
+    """Per (sequence, layer, sublayer, param, role) sums for sublayer_sequences.parquet (pad skipped).
+
+    Sums the recorder's (B, T) per-position magnitudes ``||g_t|| * ||x_t||`` (weights) and ``||g_t||``
+    (biases) in float64 (the recorder must run with ``position_magnitudes``; parameters without them,
+    e.g. only ``relpos`` rows, are left out). Columns: :data:`gradflow.runs.schema.SUBLAYER_SEQUENCE_COLUMNS`.
+    """
+    recs = [r for r in record.sublayers if r.position_magnitude is not None]
+    if not recs:
+        return pd.DataFrame({c: [] for c in SUBLAYER_SEQUENCE_COLUMNS})
+    b, _ = record.roles.shape
+    r_count = len(REPORTED_ROLES)
+    roles = record.roles.long()
+    keep = (roles < Role.PAD).reshape(-1)
+    pos_group = (torch.arange(b).unsqueeze(1) * r_count + roles).reshape(-1)[keep]
+    group = (torch.arange(len(recs)).unsqueeze(1) * (b * r_count) + pos_group.unsqueeze(0)).reshape(-1)
+    size = len(recs) * b * r_count
+    mags = torch.stack([r.position_magnitude.reshape(-1) for r in recs])[:, keep].double().reshape(-1)
+    n = torch.bincount(group, minlength=size)
+    sums = torch.zeros(size, dtype=torch.float64).index_add_(0, group, mags)
+    present = torch.nonzero(n).squeeze(1)
+    rec_i = (present // (b * r_count)).numpy()
+    seq_i = (present // r_count) % b
+    return pd.DataFrame({
+        "sequence_index": record.sequence_index[seq_i].numpy().astype(np.int64),
+        "layer": np.array([r.depth + 1 for r in recs], dtype=np.int64)[rec_i],
+        "sublayer": np.array([r.sublayer for r in recs])[rec_i],
+        "param": np.array([r.param for r in recs])[rec_i],
+        "role": np.array(REPORTED_ROLES)[(present % r_count).numpy()],
+        "n_positions": n[present].numpy().astype(np.int64),
+        "magnitude_sum": sums[present].numpy(),
     })
 
 

@@ -1,4 +1,4 @@
-"""Run-directory files: channels.csv, sublayers.csv, sequences.parquet, meta.json.
+"""Run-directory files: channels.csv, sublayers.csv, sequences.parquet, sublayer_sequences.parquet, meta.json.
 
 Every file is written atomically (a temporary file in the same directory, then ``os.replace``), so
 a reader never sees a half-written table. Floats are written with 10 significant digits, so two
@@ -18,9 +18,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from gradflow.errors import OutputDirError
-from gradflow.runs.schema import RUN_FILES, SEQUENCE_DTYPES, arrow_schema
+from gradflow.runs.schema import OPTIONAL_RUN_FILES, RUN_FILES, SEQUENCE_DTYPES, SUBLAYER_SEQUENCE_DTYPES, arrow_schema
 
 SEQUENCE_SCHEMA = arrow_schema(SEQUENCE_DTYPES)
+SUBLAYER_SEQUENCE_SCHEMA = arrow_schema(SUBLAYER_SEQUENCE_DTYPES)
 
 
 def prepare_output_dir(out: Path, overwrite: bool) -> None:
@@ -32,7 +33,7 @@ def prepare_output_dir(out: Path, overwrite: bool) -> None:
                              "its run files, or choose another --out.")
     out.mkdir(parents=True, exist_ok=True)
     if overwrite:
-        for name in RUN_FILES:
+        for name in (*RUN_FILES, *OPTIONAL_RUN_FILES):
             (out / name).unlink(missing_ok=True)
 
 
@@ -61,19 +62,21 @@ def write_meta(path: Path, meta: dict) -> None:
 
 
 class SequenceWriter:
-    """Appends per-sequence rows to ``sequences.parquet`` as they come (one row group per flush).
+    """Appends per-sequence rows to a parquet table as they come (one row group per flush).
 
-    Rows go to a hidden partial file that :meth:`close` renames into place, so the visible file is
-    always a complete parquet file.
+    ``schema``: :data:`SEQUENCE_SCHEMA` (``sequences.parquet``, the default) or
+    :data:`SUBLAYER_SEQUENCE_SCHEMA` (``sublayer_sequences.parquet``). Rows go to a hidden partial
+    file that :meth:`close` renames into place, so the visible file is always a complete parquet file.
     """
 
-    def __init__(self, path: Path, flush_rows: int = 10_000):
+    def __init__(self, path: Path, flush_rows: int = 10_000, schema: pa.Schema = SEQUENCE_SCHEMA):
         self.path = path
         self.partial = path.with_name(f".{path.name}.partial")
         self.flush_rows = flush_rows
+        self.schema = schema
         self._pending: list[pd.DataFrame] = []
         self._rows = 0
-        self._writer = pq.ParquetWriter(self.partial, SEQUENCE_SCHEMA)
+        self._writer = pq.ParquetWriter(self.partial, schema)
 
     def add(self, frame: pd.DataFrame) -> None:
         self._pending.append(frame)
@@ -83,7 +86,7 @@ class SequenceWriter:
 
     def flush(self) -> None:
         if self._pending:
-            table = pa.Table.from_pandas(pd.concat(self._pending, ignore_index=True), schema=SEQUENCE_SCHEMA,
+            table = pa.Table.from_pandas(pd.concat(self._pending, ignore_index=True), schema=self.schema,
                                          preserve_index=False)
             self._writer.write_table(table)
         self._pending, self._rows = [], 0
@@ -95,10 +98,10 @@ class SequenceWriter:
         os.replace(self.partial, self.path)
 
 
-def merge_sequence_parts(parts: list[Path], path: Path) -> None:
-    """Concatenate per-process parquet parts, sorted by sequence, into ``path`` (atomically)."""
+def merge_sequence_parts(parts: list[Path], path: Path, schema: pa.Schema = SEQUENCE_SCHEMA) -> None:
+    """Concatenate per-process parquet parts of ``schema``, sorted by sequence, into ``path`` (atomically)."""
     tables = [pq.read_table(p) for p in parts if p.exists()]
-    table = pa.concat_tables(tables) if tables else SEQUENCE_SCHEMA.empty_table()
+    table = pa.concat_tables(tables) if tables else schema.empty_table()
     table = table.sort_by([("sequence_index", "ascending")])
     tmp = path.with_name(f".{path.name}.merge")
     pq.write_table(table, tmp)

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import pandas as pd
 import torch
 
 from gradflow.errors import CorpusError, GradflowError
@@ -22,8 +24,21 @@ from gradflow.inputs.pipeline import masked_batches
 from gradflow.models import DEFAULT_MODEL, LoadedModel, load_model
 from gradflow.provenance import portable_path
 from gradflow.roles import LOSS_ROLES, TOKEN_ROLES, role_counts
-from gradflow.runs.aggregate import SiteAggregator, SublayerAggregator, record_is_finite, sequence_rows
-from gradflow.runs.files import SequenceWriter, merge_sequence_parts, prepare_output_dir, write_csv, write_meta
+from gradflow.runs.aggregate import (
+    SiteAggregator,
+    SublayerAggregator,
+    record_is_finite,
+    sequence_rows,
+    sublayer_sequence_rows,
+)
+from gradflow.runs.files import (
+    SUBLAYER_SEQUENCE_SCHEMA,
+    SequenceWriter,
+    merge_sequence_parts,
+    prepare_output_dir,
+    write_csv,
+    write_meta,
+)
 from gradflow.runs.meta import JobInputs, JobOutcome, job_meta
 from gradflow.runs.schema import (
     CHANNEL_COLUMNS,
@@ -31,6 +46,7 @@ from gradflow.runs.schema import (
     META_FILE,
     SEQUENCES_FILE,
     SUBLAYER_COLUMNS,
+    SUBLAYER_SEQUENCES_FILE,
     SUBLAYERS_FILE,
 )
 
@@ -173,7 +189,8 @@ def record_corpus(config: RecordConfig, loaded: LoadedModel | None = None) -> Ru
     policy = BertMasking(rate=config.mask_rate, split=tuple(config.mask_split), whole_word=config.whole_word,
                          seed=config.seed)
     TokenizerInfo.from_tokenizer(loaded.tokenizer)
-    recorder = GradFlowRecorder(loaded.model, RecorderConfig(sublayers=config.sublayers), loaded.adapter)
+    recorder = GradFlowRecorder(loaded.model, RecorderConfig(sublayers=config.sublayers,
+                                                             position_magnitudes=config.sublayers), loaded.adapter)
     job = _Job(config, loaded, policy, out, texts, rank, world, recorder.num_blocks,
                SiteAggregator(recorder.site_names, recorder.site_layers, recorder.site_points),
                SublayerAggregator(), start)
@@ -205,7 +222,7 @@ def _stream(job: _Job, recorder: GradFlowRecorder) -> BaseException | None:
     An interrupt sets ``job.error`` and returns None; partial results are flushed either way.
     """
     cfg = job.config
-    writer = SequenceWriter(job.out / (f"sequences.rank{job.rank}.parquet" if job.world > 1 else SEQUENCES_FILE))
+    writers = _writers(job)
     progress = _progress(cfg.quiet or job.rank != 0)
     failure: BaseException | None = None
     try:
@@ -214,7 +231,7 @@ def _stream(job: _Job, recorder: GradFlowRecorder) -> BaseException | None:
                                 counts=job.counts)
         with recorder:
             for batch in stream:
-                if _record_batch(job, recorder, batch, writer):
+                if _record_batch(job, recorder, batch, writers):
                     progress.update(len(batch.sequence_index), int(batch.attention_mask.sum()))
         job.complete = True
     except KeyboardInterrupt:
@@ -223,11 +240,30 @@ def _stream(job: _Job, recorder: GradFlowRecorder) -> BaseException | None:
         failure, job.error = err, f"{type(err).__name__}: {err}"
     finally:
         progress.close()
-        writer.close()
+        for writer, _ in writers:
+            writer.close()
     return failure
 
 
-def _record_batch(job: _Job, recorder: GradFlowRecorder, batch: MaskedBatch, writer: SequenceWriter) -> bool:
+def _part(job: _Job, name: str, rank: int) -> Path:
+    """This run's file ``name`` or, with several processes, rank ``rank``'s part of it."""
+    return job.out / (name.replace(".parquet", f".rank{rank}.parquet") if job.world > 1 else name)
+
+
+def _writers(job: _Job) -> list[tuple[SequenceWriter, Callable[[BatchRecord], pd.DataFrame]]]:
+    """The per-sequence tables of this process and the function that makes each one's rows of a record.
+
+    ``sublayer_sequences.parquet`` is written whenever sublayers are recorded (see its schema entry).
+    """
+    writers = [(SequenceWriter(_part(job, SEQUENCES_FILE, job.rank)), sequence_rows)]
+    if job.config.sublayers:
+        writers.append((SequenceWriter(_part(job, SUBLAYER_SEQUENCES_FILE, job.rank), 50_000,
+                                       SUBLAYER_SEQUENCE_SCHEMA), sublayer_sequence_rows))
+    return writers
+
+
+def _record_batch(job: _Job, recorder: GradFlowRecorder, batch: MaskedBatch,
+                  writers: list[tuple[SequenceWriter, Callable[[BatchRecord], pd.DataFrame]]]) -> bool:
     """Record one batch and fold it into the job; False (and counted) when it is not finite."""
     record = recorder.record(batch, loss=job.config.loss, reduction=job.config.reduction)
     sequences = len(batch.sequence_index)
@@ -236,14 +272,16 @@ def _record_batch(job: _Job, recorder: GradFlowRecorder, batch: MaskedBatch, wri
         return False
     job.sites.add(record)
     job.subs.add(record)
-    writer.add(sequence_rows(record))
+    for writer, rows in writers:
+        writer.add(rows(record))
     job.stats.add(record, sequences)
     return True
 
 
 def _discard(out: Path) -> None:
     """Remove what this run wrote (nothing was recorded, so nothing is lost)."""
-    for path in list(out.glob("sequences*.parquet")) + list(out.glob(".sequences*")):
+    for path in [p for pattern in ("sequences*.parquet", ".sequences*", "sublayer_sequences*.parquet",
+                                   ".sublayer_sequences*") for p in out.glob(pattern)]:
         path.unlink(missing_ok=True)
     if out.exists() and not any(out.iterdir()):
         out.rmdir()
@@ -271,8 +309,10 @@ def _finish(job: _Job) -> RunSummary:
         torch.distributed.barrier()
         return job.summary()
     if job.world > 1:
-        merge_sequence_parts([job.out / f"sequences.rank{r}.parquet" for r in range(job.world)],
-                             job.out / SEQUENCES_FILE)
+        merge_sequence_parts([_part(job, SEQUENCES_FILE, r) for r in range(job.world)], job.out / SEQUENCES_FILE)
+        if job.config.sublayers:
+            merge_sequence_parts([_part(job, SUBLAYER_SEQUENCES_FILE, r) for r in range(job.world)],
+                                 job.out / SUBLAYER_SEQUENCES_FILE, SUBLAYER_SEQUENCE_SCHEMA)
     write_csv(job.sites.frame(), job.out / CHANNELS_FILE, CHANNEL_COLUMNS)
     write_csv(job.subs.frame(), job.out / SUBLAYERS_FILE, SUBLAYER_COLUMNS)
     meta = _meta(job)

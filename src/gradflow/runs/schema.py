@@ -8,6 +8,8 @@ Record runs (``gradflow record``):
 - ``channels.csv``: one row per (site, role): gradient- and activation-norm statistics;
 - ``sublayers.csv``: one row per (layer, sublayer, param, role): the weight-gradient split;
 - ``sequences.parquet``: one row per (sequence, site, role): sums for sequence-level bootstraps;
+- ``sublayer_sequences.parquet`` (optional): one row per (sequence, layer, sublayer, param, role):
+  sums of per-position weight-gradient magnitudes, for sequence-level bootstraps of sublayer metrics;
 - ``meta.json``: model, masking, seed, counts, versions, the command.
 
 Diagnostics runs (``gradflow diagnose``): ``logit_lens.csv``, ``input_shift.csv``,
@@ -162,6 +164,32 @@ CHANNEL_VIEW_COLUMNS: tuple[str, ...] = (
 """Column order of ``channel_view.csv`` (one row per site and position of one sentence)."""
 
 # ----------------------------------------------------------------------------------------------
+# Per-sequence sublayer sums and the counterfactual context pressure (issue 14, part 2)
+# ----------------------------------------------------------------------------------------------
+
+SUBLAYER_SEQUENCES_FILE = "sublayer_sequences.parquet"
+"""Per (sequence, layer, sublayer, param, role) sums of the per-position weight-gradient magnitudes.
+
+Written by ``gradflow record`` whenever sublayers are recorded (not with ``--norms-only``); summed
+over sequences it gives ``sublayers.csv``'s ``n_positions`` and (to float32 rounding)
+``magnitude_sum`` of every token role but ``pad``. Optional: not in :data:`RUN_FILES`, older runs
+lack it, and :func:`gradflow.analysis.load_run` does not read it (it can be large)."""
+OPTIONAL_RUN_FILES: tuple[str, ...] = (SUBLAYER_SEQUENCES_FILE,)
+"""Run files a record run may lack; ``--overwrite`` removes them with :data:`RUN_FILES`."""
+SUBLAYER_SEQUENCE_DTYPES: dict[str, str] = {
+    "sequence_index": "int64", "layer": "int64", "sublayer": "str", "param": "str", "role": "str",
+    "n_positions": "int64", "magnitude_sum": "float64",
+}
+SUBLAYER_SEQUENCE_COLUMNS: tuple[str, ...] = tuple(SUBLAYER_SEQUENCE_DTYPES)
+PRESSURE_COLUMNS: tuple[str, ...] = (
+    "layer", "sublayer", "param", "loss", "last_block", "pressure", "ci_low", "ci_high", "context_per_position",
+    "loss_per_position", "n_context", "n_loss", "n_sequences", "earlier_mean", "vs_earlier", "vs_earlier_ci_low",
+    "vs_earlier_ci_high",
+)
+"""Columns of :func:`gradflow.analysis.context_pressure` (one row per layer and sublayer)."""
+ANALYSIS_COLUMNS["context_pressure"] = PRESSURE_COLUMNS
+
+# ----------------------------------------------------------------------------------------------
 # Probe runs (``gradflow probe``)
 # ----------------------------------------------------------------------------------------------
 
@@ -193,5 +221,7 @@ __all__ = [
     "POINTS", "PROBES_FILE", "PROBE_COLUMNS", "PROBE_DROPS_FILE", "PROBE_DROP_COLUMNS",
     "PROBE_DROP_DTYPES", "PROBE_DTYPES", "PROBE_REGIMES", "PROVENANCE_KEYS", "REPORTED_ROLES", "REQUIRED_META_KEYS", "RUN_FILES", "SEQUENCES_FILE",
     "SEQUENCE_COLUMNS", "SEQUENCE_DTYPES", "SUBLAYERS_FILE", "SUBLAYER_COLUMNS", "SUBLAYER_DTYPES", "SUBLAYER_ORDER",
+    "OPTIONAL_RUN_FILES", "PRESSURE_COLUMNS", "SUBLAYER_SEQUENCES_FILE", "SUBLAYER_SEQUENCE_COLUMNS",
+    "SUBLAYER_SEQUENCE_DTYPES",
     "TABLE_DTYPES", "arrow_schema", "role_rank", "sorted_sublayers", "sublayer_key", "sublayer_rank",
 ]
