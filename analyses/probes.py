@@ -2,7 +2,7 @@
 
 Regenerates every probe number quoted in README.md:
 
-    python analyses/probes.py            # ~25 min on 2 cores (repair included when build/ lacks it)
+    python analyses/probes.py            # ~30 min on 2 cores (repair included when build/ lacks it)
 
 Writes ``figures/probes/runs/<label>-<task>/`` (probes.csv, probe_drops.csv, meta.json), the comparison
 figures ``figures/probes/probes_<task>.{pdf,png}`` and ``figures/probes/drops.md`` (the README table).
@@ -11,8 +11,10 @@ figures ``figures/probes/probes_<task>.{pdf,png}`` and ``figures/probes/drops.md
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pandas as pd
@@ -23,10 +25,18 @@ MODELS = {"mini-en": "gradflow-mini-en", "twin": "gradflow-mini-en-alltoken", "r
 TASKS = ("brown-pos", "brown-propn")
 
 
-def gradflow(*args: str) -> None:
+def gradflow(*args: str, threads: int | None = None) -> None:
     command = [sys.executable, "-m", "gradflow", *args]
     print("+", " ".join(command), flush=True)
-    subprocess.run(command, cwd=ROOT, check=True)
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)} if threads else None
+    subprocess.run(command, cwd=ROOT, check=True, env=env)
+
+
+def run_all(commands: list[list[str]], jobs: int) -> None:
+    """Run gradflow commands, ``jobs`` at a time (one thread each when parallel)."""
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        for future in [pool.submit(gradflow, *c, threads=1 if jobs > 1 else None) for c in commands]:
+            future.result()
 
 
 def main() -> int:
@@ -34,29 +44,61 @@ def main() -> int:
     parser.add_argument("--limit", default="600", help="sentences per split (default %(default)s)")
     parser.add_argument("--masked-limit", default="100", help="sentences per split of the masked regime runs")
     parser.add_argument("--out", default="figures/probes")
+    parser.add_argument("--jobs", type=int, default=2, help="probe runs at a time, one thread each (default 2)")
+    parser.add_argument("--tables-only", action="store_true", help="only rewrite the markdown tables from the runs")
     args = parser.parse_args()
-    out = ROOT / args.out
+    if args.tables_only:
+        write_tables(args.out)
+        return 0
     if not (ROOT / REPAIRED / "model").is_dir():
         gradflow("repair", "--model", "gradflow-mini-en", "--out", REPAIRED)
     dirs: dict[str, list[str]] = {task: [] for task in TASKS}
+    commands = []
     for task in TASKS:
         for label, model in MODELS.items():
             run = f"{args.out}/runs/{label}-{task}"
-            gradflow("probe", "--model", model, "--task", task, "--out", run, "--limit", args.limit, "--overwrite",
-                     "--quiet", "--format", "png")
+            commands.append(["probe", "--model", model, "--task", task, "--out", run, "--limit", args.limit,
+                             "--overwrite", "--quiet", "--format", "png"])
             dirs[task].append(run)
     masked = []
     for label in ("mini-en", "twin"):
         run = f"{args.out}/runs/{label}-brown-pos-masked"
-        gradflow("probe", "--model", MODELS[label], "--task", "brown-pos", "--masked", "--out", run, "--limit",
-                 args.masked_limit, "--overwrite", "--quiet", "--format", "png")
+        commands.append(["probe", "--model", MODELS[label], "--task", "brown-pos", "--masked", "--out", run,
+                         "--limit", args.masked_limit, "--overwrite", "--quiet", "--format", "png"])
         masked.append(run)
+    run_all(commands[-2:] + commands[:-2], args.jobs)  # the slow masked runs first
     for task in TASKS:
         gradflow("compare", *dirs[task], "--labels", *MODELS, "--out", args.out)
     gradflow("compare", *masked, "--labels", "mini-en", "twin", "--out", f"{args.out}/masked")
-    (out / "drops.md").write_text(drops_table([*dirs["brown-pos"], *dirs["brown-propn"], *masked]), encoding="utf-8")
-    print((out / "drops.md").read_text(encoding="utf-8"))
+    write_tables(args.out)
     return 0
+
+
+def write_tables(out_dir: str) -> None:
+    """``drops.md`` (last-layer drops) and ``layers_<task>.md`` (every layer) from the committed runs."""
+    out = ROOT / out_dir
+    runs = [f"{out_dir}/runs/{label}-{task}" for task in TASKS for label in MODELS]
+    runs += [f"{out_dir}/runs/{label}-brown-pos-masked" for label in ("mini-en", "twin")]
+    (out / "drops.md").write_text(drops_table(runs), encoding="utf-8")
+    for task in TASKS:
+        (out / f"layers_{task}.md").write_text(layers_table(out_dir, task), encoding="utf-8")
+    for name in ("drops.md", *(f"layers_{task}.md" for task in TASKS)):
+        print((out / name).read_text(encoding="utf-8"))
+
+
+def layers_table(out_dir: str, task: str) -> str:
+    """Every layer of every model: test accuracy [95% CI], selectivity, online code length (kbits)."""
+    frames = {label: pd.read_csv(ROOT / out_dir / "runs" / f"{label}-{task}" / "probes.csv") for label in MODELS}
+    header = "| layer | " + " | ".join(f"{label}: accuracy [95% CI] | selectivity | code (kbits)" for label in MODELS)
+    lines = [header + " |", "|---" * (1 + 3 * len(MODELS)) + "|"]
+    for i, site in enumerate(frames["mini-en"]["site"]):
+        cells = []
+        for frame in frames.values():
+            r = frame.iloc[i]
+            cells += [f"{r.accuracy:.4f} [{r.ci_low:.4f}, {r.ci_high:.4f}]", f"{r.selectivity:.3f}",
+                      f"{r.code_length_bits / 1000:.2f}"]
+        lines.append(f"| {int(frames['mini-en'].iloc[i].layer)} ({site}) | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def drops_table(runs: list[str]) -> str:

@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 
 from gradflow.cli.options import (
     AT_LEAST_ONE,
+    POSITIVE,
     add_figure_output,
     add_max_length,
     add_model,
@@ -36,6 +37,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--mid", action="store_true", help="also probe the FFN inputs (blocks.{i}.mid)")
     p.add_argument("--no-code-length", dest="code_length", action="store_false",
                    help="skip the online code length (faster)")
+    add_number(p, "--code-c", float, POSITIVE, "inverse L2 strength of the online-code probe, the same at every "
+               "site", 0.01)
     add_max_length(p, 128)
     add_number(p, "--batch-size", int, AT_LEAST_ONE, "sequences per forward pass", 32)
     add_number(p, "--resamples", int, AT_LEAST_ONE, "bootstrap resamples for the CIs", 1000)
@@ -77,7 +80,7 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     config = ProbeConfig(model=args.model, task=args.task, out=args.out,
                          regimes=("unmasked", "masked") if args.masked else ("unmasked",), pooling=args.pooling,
                          mid=args.mid, limit=args.limit, max_length=args.max_length, batch_size=args.batch_size,
-                         seed=args.seed, n_resamples=args.resamples, code_length=args.code_length,
+                         seed=args.seed, n_resamples=args.resamples, code_length=args.code_length, code_c=args.code_c,
                          feature_dtype=args.feature_dtype, device=args.device, data_root=args.data_root,
                          overwrite=args.overwrite, command=["gradflow", *argv])
     result = run_probes(config, progress=_progress(args.quiet))

@@ -4,7 +4,8 @@ For every regime (``unmasked``, and ``masked`` when asked) and every site, one p
 :func:`gradflow.analysis.probes.fit_probe` (C chosen on validation, scored on test, sentence
 bootstrap CI), the Hewitt & Liang control task (word type -> random label) with the same probe
 (the C the task probe chose at that site),
-and the Voita & Titov online code length of the **train** labels (bits; C = the site's chosen C).
+and the Voita & Titov online code length of the **train** labels (bits), with one fixed C
+(``code_c``) at every site so that code lengths compare across layers and models.
 The headline, per regime and metric, is :func:`~gradflow.analysis.probes.last_layer_drop` over the
 block-output sites (``embeddings.out`` = layer 0 ... last block = layer L) with a paired CI.
 
@@ -71,6 +72,7 @@ class ProbeConfig:
     n_resamples: int = 1000
     cs: tuple[float, ...] = DEFAULT_CS
     code_length: bool = True
+    code_c: float = 0.01
     feature_dtype: str = "float16"
     device: str = "cpu"
     data_root: str | None = None
@@ -182,7 +184,7 @@ class _Job:
             ctrl = fit_probe(xs["train"], control_split["train"], xs["validation"], control_split["validation"],
                              xs["test"], control_split["test"], (result.best_c,), seed=c.seed)
             low, high = sentence_bootstrap_ci(result.correct, test_ids, c.n_resamples, c.seed)
-            code = (online_code_length(xs["train"], splits["train"].labels, len(self.task.labels), c=result.best_c,
+            code = (online_code_length(xs["train"], splits["train"].labels, len(self.task.labels), c=c.code_c,
                                        seed=c.seed) if c.code_length else None)
             layer = layer_of(site)
             self.rows.append({
