@@ -69,7 +69,7 @@ def main() -> int:
     run_all(commands[-2:] + commands[:-2], args.jobs)  # the slow masked runs first
     for task in TASKS:
         gradflow("compare", *dirs[task], "--labels", *MODELS, "--out", args.out)
-    gradflow("compare", *masked, "--labels", "mini-en", "twin", "--out", f"{args.out}/masked")
+    gradflow("compare", *masked, "--labels", "mini-en", "twin", "--out", f"{args.out}/masked", "--width", "single")
     write_tables(args.out)
     return 0
 

@@ -21,7 +21,7 @@ from matplotlib.lines import Line2D
 
 from gradflow.analysis.probe_tables import load_probe_dirs
 from gradflow.figures.canvas import add_banner, save_figure
-from gradflow.figures.style import figure_width, gradflow_style, series_color, styled
+from gradflow.figures.style import RUN_MARKERS, figure_width, gradflow_style, series_color, styled
 
 PANELS: tuple[tuple[str, str], ...] = (("accuracy", "test accuracy"), ("selectivity", "selectivity"),
                                        ("compression", "code compression"))
@@ -35,11 +35,16 @@ def probe_panels(frame: pd.DataFrame, axes: Sequence[Axes] | None = None, width:
     columns; ``mid`` sites are left out) into three stacked panels; returns the lines, bands, legend."""
     frame = frame[~frame["site"].str.endswith(".mid")]
     panels = [p for p in PANELS if frame[p[0]].notna().any()]
-    if axes is None:
+    if axes is None:  # stacked at column width, side by side at page width
         w = figure_width(width)
-        _, grid = plt.subplots(len(panels), 1, figsize=(w, 0.52 * w * len(panels) + 0.4), sharex=True,
-                               layout="constrained", squeeze=False)
-        axes = list(grid[:, 0])
+        wide = w >= 6
+        rows, cols = (1, len(panels)) if wide else (len(panels), 1)
+        height = (0.62 * w / cols + 0.5) if wide else (0.42 * w * rows + 0.5)
+        _, grid = plt.subplots(rows, cols, figsize=(w, height), sharex=True, layout="constrained", squeeze=False)
+        axes = list(grid.ravel())
+        bottom = list(grid[-1])
+    else:
+        bottom = [axes[-1]]
     drawn: list[Artist] = []
     labels = list(dict.fromkeys(frame["label"]))
     regimes = [r for r in REGIME_STYLES if r in set(frame["regime"])]
@@ -50,8 +55,11 @@ def probe_panels(frame: pd.DataFrame, axes: Sequence[Axes] | None = None, width:
                 if d.empty:
                     continue
                 x = d["depth_fraction"].to_numpy(dtype=float)
+                # earlier models drawn wider with bigger markers, so identical layers (a repaired model's
+                # frozen blocks) stay visible under the later ones
                 (line,) = ax.plot(x, d[column].to_numpy(dtype=float), color=series_color(k),
-                                  linestyle=REGIME_STYLES[regime], marker="o", markersize=2.5,
+                                  linestyle=REGIME_STYLES[regime], marker=RUN_MARKERS[k % len(RUN_MARKERS)],
+                                  markersize=max(3.5 - 0.75 * k, 1.8), linewidth=max(1.6 - 0.4 * k, 0.8),
                                   gid=f"probe:{label}:{regime}:{column}")
                 drawn.append(line)
                 if column == "accuracy":
@@ -60,17 +68,19 @@ def probe_panels(frame: pd.DataFrame, axes: Sequence[Axes] | None = None, width:
                                                  gid=f"band:{label}:{regime}"))
         ax.axvline(1.0, color="0.5", linewidth=0.6, linestyle=":", zorder=0)
         ax.set_ylabel(ylabel)
-    axes[-1].set_xlabel("depth (0 = embeddings, 1 = last block)")
-    axes[-1].set_xticks(np.linspace(0, 1, 5))
-    handles = [Line2D([], [], color=series_color(k), marker="o", markersize=2.5, label=label)
-               for k, label in enumerate(labels)]
+    for ax in bottom:
+        ax.set_xlabel("depth (0 = embeddings, 1 = last block)")
+        ax.set_xticks(np.linspace(0, 1, 5))
+    handles = [Line2D([], [], color=series_color(k), marker=RUN_MARKERS[k % len(RUN_MARKERS)], markersize=3.5,
+                      label=label) for k, label in enumerate(labels)]
     if len(regimes) > 1:
         handles += [Line2D([], [], color="0.3", linestyle=REGIME_STYLES[r], label=r) for r in regimes]
-    legend = axes[0].legend(handles=handles, loc="lower left", bbox_to_anchor=(0, 1.02), ncols=min(len(handles), 3),
-                            frameon=False, fontsize=6.5)
+    fig = axes[0].figure
+    legend = fig.legend(handles=handles, loc="outside upper center", ncols=min(len(handles), 5), frameon=False)
     if title:
-        axes[0].set_title(title, pad=18 + 9 * ((len(handles) - 1) // 3))
+        axes[0].set_title(title, loc="left", fontsize="medium")
     return [*drawn, legend]
+
 
 
 def write_probe_figures(probe_dirs: Sequence[str | Path], labels: Sequence[str] | None, out_dir: str | Path,
