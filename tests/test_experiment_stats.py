@@ -8,8 +8,13 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from gradflow.analysis.experiment_stats import (area_under_curve, minimum_detectable_effect, paired_power,
-                                                paired_test, steps_to_threshold)
+from gradflow.analysis.experiment_stats import (
+    area_under_curve,
+    minimum_detectable_effect,
+    paired_power,
+    paired_test,
+    steps_to_threshold,
+)
 from gradflow.analysis.stats import holm
 from gradflow.errors import UsageError
 
