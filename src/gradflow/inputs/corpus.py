@@ -16,8 +16,11 @@ import sys
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from gradflow.errors import CorpusError
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -194,9 +197,9 @@ def shard(windows: Iterable[Window], rank: int, world_size: int) -> Iterator[Win
             yield window
 
 
-def batches(windows: Iterable[Window], batch_size: int) -> Iterator[list[Window]]:
-    """Consecutive groups of ``batch_size`` windows (the last may be shorter)."""
-    batch: list[Window] = []
+def batches(windows: Iterable[T], batch_size: int) -> Iterator[list[T]]:
+    """Consecutive groups of ``batch_size`` items (windows, or any other; the last may be shorter)."""
+    batch: list[T] = []
     for window in windows:
         batch.append(window)
         if len(batch) == batch_size:

@@ -24,6 +24,7 @@ import torch
 
 from gradflow.errors import TaskError
 from gradflow.hooks.sites import SiteLayer, model_device
+from gradflow.inputs.corpus import batches
 from gradflow.inputs.labelled import SPLIT_NAMES, LabelledSentences, LabelledSplits
 from gradflow.models import LoadedModel
 
@@ -83,17 +84,6 @@ def _items(tokenizer, sentences: LabelledSentences, max_length: int, masked: boo
             yield _Item(copy, [(s, w, p)])
 
 
-def _batches(items: Iterator[_Item], batch_size: int) -> Iterator[list[_Item]]:
-    batch: list[_Item] = []
-    for item in items:
-        batch.append(item)
-        if len(batch) == batch_size:
-            yield batch
-            batch = []
-    if batch:
-        yield batch
-
-
 def _pooling_matrix(batch: list[_Item], width: int, pooling: str) -> tuple[torch.Tensor, list[tuple[int, int]]]:
     """(n_words, B * T) weights turning the batch's hidden states into word features, and each row's
     (sentence, word); words without positions are left out."""
@@ -125,7 +115,7 @@ def extract_split(loaded: LoadedModel, sentences: LabelledSentences, label_ids: 
     store: dict[str, torch.Tensor] = {}
     try:
         with torch.no_grad(), sites.hooks(lambda site, hidden: store.__setitem__(site, hidden.detach())):
-            for batch in _batches(_items(tokenizer, sentences, max_length, regime == "masked"), batch_size):
+            for batch in batches(_items(tokenizer, sentences, max_length, regime == "masked"), batch_size):
                 width = max(len(item.ids) for item in batch)
                 ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
                 attention = torch.zeros((len(batch), width), dtype=torch.long)
