@@ -1,0 +1,69 @@
+"""Issue 15, regime (a): convergence of fine-tuning with the last block full, dropped, re-initialised or repaired.
+
+Pre-registered in ``figures/finetune/issue15/plan.md`` (committed before any run). Per model
+(gradflow-mini-en: ``full``, ``drop1``, ``reinit1``, ``repair1``; the all-token twin: ``full``,
+``drop1``, ``reinit1``), task (brown-pos accuracy, brown-propn entity F1 with balanced class weights)
+and seed: lr 1e-4, 240 steps of 16 sentences from a seeded 8,000-sentence training subset,
+validation every 30 steps on a seeded 250-sentence subset, final validation and test scores.
+``repair1`` is ``build/mini-repaired/model`` (made by ``gradflow repair`` with its defaults when
+missing). Runs are resumable (``grid.run_grid``); ``--seeds 0`` is the budget-measuring first slice.
+
+    python analyses/finetune/issue15_convergence.py --seeds 0        # first slice: 14 runs
+    python analyses/finetune/issue15_convergence.py                  # all 10 seeds (resumes)
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from grid import GridRun, run_grid, write_plan  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+REPAIRED = "build/mini-repaired/model"
+ARMS = {
+    "gradflow-mini-en": {"full": {}, "drop1": {"drop_last": 1}, "reinit1": {"reinit_last": 1},
+                         "repair1": {"model": REPAIRED}},
+    "gradflow-mini-en-alltoken": {"full": {}, "drop1": {"drop_last": 1}, "reinit1": {"reinit_last": 1}},
+}
+TASKS = {"brown-pos": {}, "brown-propn": {"class_weights": "balanced"}}
+
+
+def plan(args: argparse.Namespace) -> list[GridRun]:
+    runs = []
+    for seed, task, (model, arms) in itertools.product(args.seeds, TASKS, ARMS.items()):
+        for arm, change in arms.items():
+            config = dict(model=model, task=task, lr=1e-4, steps=240, batch_size=16, eval_every=30, eval_limit=250,
+                          train_limit=8000, seed=seed, warmup=0.1, max_length=128, autocast=args.autocast,
+                          data_root=args.data_root, device=args.device, **TASKS[task])
+            config.update({k: (str(ROOT / v) if k == "model" else v) for k, v in change.items()})
+            factors = dict(model=model, arm=arm, task=task, seed=seed, regime="convergence")
+            runs.append(GridRun(f"{model}__{task}__{arm}__s{seed}", factors, config))
+    return runs
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=ROOT / "figures/finetune/issue15/convergence")
+    parser.add_argument("--seeds", type=int, nargs="+", default=list(range(10)))
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--autocast", default="bfloat16")
+    parser.add_argument("--data-root", default=str(ROOT / "data/tasks"))
+    args = parser.parse_args()
+    if not (ROOT / REPAIRED).is_dir():
+        subprocess.run([sys.executable, "-m", "gradflow", "repair", "--model", "gradflow-mini-en", "--out",
+                        str(Path(REPAIRED).parent)], cwd=ROOT, check=True)
+    runs = plan(args)
+    args.out.mkdir(parents=True, exist_ok=True)
+    write_plan(runs, args.out, {"regime": "convergence", "plan": "figures/finetune/issue15/plan.md"})
+    run_grid(runs, args.out, workers=args.workers)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
