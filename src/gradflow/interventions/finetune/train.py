@@ -43,6 +43,7 @@ from gradflow.interventions.finetune.data import (
     label_counts,
     train_batches,
 )
+from gradflow.interventions.finetune.early_stopping import BestCheckpoint
 from gradflow.interventions.finetune.tasks import Task, check_rows, load_split, load_task, score
 from gradflow.interventions.surgery import SurgeryPlan, apply_surgery
 
@@ -57,7 +58,8 @@ class FinetuneConfig:
     ``class_weights``: ``None``, ``"balanced"`` or one weight per label (training loss only).
     ``train_limit`` / ``eval_limit``: use a seeded sample of that many examples (quick runs).
     ``autocast``: ``None`` (float32) or ``"bfloat16"``: mixed precision for the forward passes
-    (weights, optimiser state and the loss stay float32).
+    (weights, optimiser state and the loss stay float32). ``patience``: stop after that many
+    evaluations without a better ``eval_split`` score and score the best checkpoint (None: never).
     """
 
     model: str
@@ -82,14 +84,15 @@ class FinetuneConfig:
     head_only: bool = False
     train_limit: int | None = None
     eval_limit: int | None = None
+    patience: int | None = None
     device: str = "cpu"
     autocast: str | None = None
     progress: bool = True
     save_model: bool = False
 
     def __post_init__(self) -> None:
-        if self.steps < 1 or self.batch_size < 1 or self.eval_every < 1:
-            raise GradflowError("steps, batch_size and eval_every must be >= 1")
+        if min(self.steps, self.batch_size, self.eval_every, 1 if self.patience is None else self.patience) < 1:
+            raise GradflowError("steps, batch_size, eval_every and patience must be >= 1")
         if not 0.0 <= self.warmup < 1.0:
             raise GradflowError(f"warmup is a fraction of the steps in [0, 1), got {self.warmup}")
         if self.head_only and self.reinit_last:
@@ -132,6 +135,8 @@ class FinetuneResult:
     seconds: float = 0.0
     out_dir: str | None = None
     max_length: int = 0
+    best_step: int | None = None
+    stopped_step: int | None = None
 
     def frame(self) -> pd.DataFrame:
         """The evaluation history as a tidy frame (``step, split, metric, value``)."""
@@ -142,7 +147,8 @@ class FinetuneResult:
     def to_dict(self) -> dict:
         return {"config": asdict(self.config), "task": self.task, "final": self.final, "surgery": self.surgery,
                 "trainable_parameters": self.trainable_parameters, "total_parameters": self.total_parameters,
-                "seconds": self.seconds, "steps": self.config.steps, "max_length": self.max_length}
+                "seconds": self.seconds, "steps": self.config.steps, "max_length": self.max_length,
+                "best_step": self.best_step, "stopped_step": self.stopped_step}
 
 
 # ---------------------------------------------------------------------------------------- model
@@ -332,6 +338,7 @@ def finetune(config: FinetuneConfig, *, task: Task | None = None,
     torch.manual_seed(config.seed)
     batches = train_batches(len(encoded["train"]), config.batch_size, config.seed)
     running: list[float] = []
+    keeper = BestCheckpoint(task.metric, config.patience) if config.patience else None
     bar = tqdm(range(1, config.steps + 1), desc=f"finetune {task.name}", disable=not config.progress)
     for step in bar:
         idx = next(batches)
@@ -357,8 +364,14 @@ def finetune(config: FinetuneConfig, *, task: Task | None = None,
                                    config.eval_batch_size, config.device)
             result.history.append(EvalRecord(step, config.eval_split, metrics))
             _write_history(result, out)
+            if keeper is not None and keeper.update(model, step, metrics):
+                break
+    if keeper is not None:
+        keeper.restore(model)
+        result.best_step, result.stopped_step = keeper.best_step, keeper.stopped_step
+    final_step = result.best_step if keeper is not None else config.steps
     for split in config.final_splits:
-        last = [r for r in result.history if r.step == config.steps and r.split == split]
+        last = [r for r in result.history if r.step == final_step == config.steps and r.split == split]
         if last:
             result.final[split] = last[0].metrics
             continue
