@@ -1,15 +1,22 @@
-"""Issue 15, regime (a): convergence of fine-tuning with the last block full, dropped, re-initialised or repaired.
+"""Issue 15: fine-tuning with the last block full, dropped, re-initialised or repaired, in two regimes.
 
 Pre-registered in ``figures/finetune/issue15/plan.md`` (committed before any run). Per model
 (gradflow-mini-en: ``full``, ``drop1``, ``reinit1``, ``repair1``; the all-token twin: ``full``,
 ``drop1``, ``reinit1``), task (brown-pos accuracy, brown-propn entity F1 with balanced class weights)
-and seed: lr 1e-4, 240 steps of 16 sentences from a seeded 8,000-sentence training subset,
-validation every 30 steps on a seeded 250-sentence subset, final validation and test scores.
+and seed:
+
+- ``--regime convergence`` (a): lr 1e-4, 240 steps of 16 sentences from a seeded 8,000-sentence
+  training subset, validation every 30 steps on a seeded 250-sentence subset, final scores;
+- ``--regime few-sample`` (b): 250 training sentences (``--train-sentences``), lr 5e-4, at most
+  160 steps of 16, validation every 20 steps (250 sentences), early stopping with patience 3,
+  the best checkpoint scored.
+
 ``repair1`` is ``build/mini-repaired/model`` (made by ``gradflow repair`` with its defaults when
 missing). Runs are resumable (``grid.run_grid``); ``--seeds 0`` is the budget-measuring first slice.
+Outputs under ``figures/finetune/issue15/<regime>/``.
 
-    python analyses/finetune/issue15_convergence.py --seeds 0        # first slice: 14 runs
-    python analyses/finetune/issue15_convergence.py                  # all 10 seeds (resumes)
+    python analyses/finetune/issue15_finetune.py --regime convergence --seeds 0   # first slice: 14 runs
+    python analyses/finetune/issue15_finetune.py --regime few-sample              # all 10 seeds (resumes)
 """
 
 from __future__ import annotations
@@ -31,24 +38,32 @@ ARMS = {
     "gradflow-mini-en-alltoken": {"full": {}, "drop1": {"drop_last": 1}, "reinit1": {"reinit_last": 1}},
 }
 TASKS = {"brown-pos": {}, "brown-propn": {"class_weights": "balanced"}}
+REGIMES = {
+    "convergence": dict(lr=1e-4, steps=240, batch_size=16, eval_every=30, eval_limit=250, train_limit=8000),
+    "few-sample": dict(lr=5e-4, steps=160, batch_size=16, eval_every=20, eval_limit=250, train_limit=250, patience=3),
+}
 
 
 def plan(args: argparse.Namespace) -> list[GridRun]:
     runs = []
     for seed, task, (model, arms) in itertools.product(args.seeds, TASKS, ARMS.items()):
         for arm, change in arms.items():
-            config = dict(model=model, task=task, lr=1e-4, steps=240, batch_size=16, eval_every=30, eval_limit=250,
-                          train_limit=8000, seed=seed, warmup=0.1, max_length=128, autocast=args.autocast,
-                          data_root=args.data_root, device=args.device, **TASKS[task])
+            regime = {**REGIMES[args.regime], **({"train_limit": args.train_sentences}
+                                                 if args.regime == "few-sample" else {})}
+            config = dict(model=model, task=task, seed=seed, warmup=0.1, max_length=128, autocast=args.autocast,
+                          data_root=args.data_root, device=args.device, **regime, **TASKS[task])
             config.update({k: (str(ROOT / v) if k == "model" else v) for k, v in change.items()})
-            factors = dict(model=model, arm=arm, task=task, seed=seed, regime="convergence")
+            factors = dict(model=model, arm=arm, task=task, seed=seed, regime=args.regime,
+                           train_sentences=config["train_limit"])
             runs.append(GridRun(f"{model}__{task}__{arm}__s{seed}", factors, config))
     return runs
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=ROOT / "figures/finetune/issue15/convergence")
+    parser.add_argument("--regime", choices=REGIMES, required=True)
+    parser.add_argument("--train-sentences", type=int, default=250, help="few-sample regime only (250 or 1000)")
+    parser.add_argument("--out", type=Path, default=None, help="default figures/finetune/issue15/<regime>[-<n>]")
     parser.add_argument("--seeds", type=int, nargs="+", default=list(range(10)))
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--device", default="cpu")
@@ -58,9 +73,12 @@ def main() -> int:
     if not (ROOT / REPAIRED).is_dir():
         subprocess.run([sys.executable, "-m", "gradflow", "repair", "--model", "gradflow-mini-en", "--out",
                         str(Path(REPAIRED).parent)], cwd=ROOT, check=True)
+    if args.out is None:
+        suffix = f"-{args.train_sentences}" if args.regime == "few-sample" else ""
+        args.out = ROOT / "figures/finetune/issue15" / f"{args.regime}{suffix}"
     runs = plan(args)
     args.out.mkdir(parents=True, exist_ok=True)
-    write_plan(runs, args.out, {"regime": "convergence", "plan": "figures/finetune/issue15/plan.md"})
+    write_plan(runs, args.out, {"regime": args.regime, "plan": "figures/finetune/issue15/plan.md"})
     run_grid(runs, args.out, workers=args.workers)
     return 0
 
