@@ -1,0 +1,121 @@
+"""Issue 15's tables from the committed runs: per-run curve summaries, the primary contrasts with
+Holm's correction, and the minimum detectable effect of every null (the plan's rules, see
+``figures/finetune/issue15/plan.md``).
+
+    python analyses/finetune/issue15_report.py      # reads figures/finetune/issue15/<regime>/runs
+
+Writes ``figures/finetune/issue15/run_summaries.csv`` (one row per run: AUC, steps to 90% of
+``full``'s mean final validation score, final test score) and ``contrasts.csv`` / ``contrasts.md``
+(the 14 primary contrasts: mean paired difference, 95% t-interval, p, Holm-adjusted p, and for a
+null the minimum detectable effect at 80% power at alpha 0.05 and 0.05/14).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from grid import collect  # noqa: E402
+
+from gradflow.analysis.experiment_stats import (  # noqa: E402
+    area_under_curve,
+    minimum_detectable_effect,
+    paired_test,
+    steps_to_threshold,
+)
+from gradflow.analysis.stats import holm  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+OUT = ROOT / "figures/finetune/issue15"
+METRIC = {"brown-pos": "accuracy", "brown-propn": "entity_f1"}
+MINI, TWIN = "gradflow-mini-en", "gradflow-mini-en-alltoken"
+FAMILY = 14
+
+
+def run_summaries(regime_dir: Path) -> pd.DataFrame:
+    """One row per finished run: factors, AUC of the validation curve, final validation and test scores."""
+    curves, finals = collect(regime_dir)
+    rows = []
+    for run_id, curve in curves.groupby("run_id"):
+        task = curve["task"].iloc[0]
+        val = curve[(curve.split == "validation") & (curve.metric == METRIC[task])].sort_values("step")
+        fin = finals[(finals.run_id == run_id) & (finals.metric == METRIC[task])].set_index("split")["value"]
+        factors = {k: curve[k].iloc[0] for k in ("model", "arm", "task", "seed", "regime")}
+        rows.append({**factors, "run_id": run_id, "auc": area_under_curve(val.step.to_numpy(), val.value.to_numpy()),
+                     "steps": val.step.tolist(), "values": val.value.tolist(),
+                     "final_validation": fin.get("validation", math.nan), "test": fin.get("test", math.nan)})
+    frame = pd.DataFrame(rows)
+    if frame.empty:
+        return frame
+    target = frame[frame.arm == "full"].groupby(["model", "task"])["final_validation"].mean() * 0.9
+    frame["steps_to_90"] = [steps_to_threshold(np.array(r.steps), np.array(r.values), target.get((r.model, r.task), math.inf))
+                            for r in frame.itertuples()]
+    return frame.drop(columns=["steps", "values"])
+
+
+def _diff(frame: pd.DataFrame, model: str, task: str, arm: str, value: str) -> pd.Series:
+    sub = frame[(frame.model == model) & (frame.task == task)].set_index(["arm", "seed"])[value]
+    return (sub.loc[arm] - sub.loc["full"]).dropna() if {arm, "full"} <= set(sub.index.get_level_values(0)) \
+        else pd.Series(dtype=float)
+
+
+def contrasts(convergence: pd.DataFrame, few: pd.DataFrame) -> pd.DataFrame:
+    """The plan's 14 primary contrasts, paired by seed; Holm over those with at least 2 pairs."""
+    rows = []
+    for regime, frame, value in (("convergence", convergence, "auc"), ("few-sample-250", few, "test")):
+        for arm in ("repair1", "drop1", "reinit1"):
+            for task in METRIC:
+                d = _diff(frame, MINI, task, arm, value) if not frame.empty else pd.Series(dtype=float)
+                rows.append({"regime": regime, "contrast": f"mini-en {arm} - full", "task": task, "value": value,
+                             "diffs": d})
+    for task in METRIC:
+        d = pd.Series(dtype=float)
+        if not convergence.empty:
+            mini, twin = _diff(convergence, MINI, task, "drop1", "auc"), _diff(convergence, TWIN, task, "drop1", "auc")
+            d = (mini - twin).dropna()
+        rows.append({"regime": "convergence", "contrast": "(mini-en drop1 - full) - (twin drop1 - full)",
+                     "task": task, "value": "auc", "diffs": d})
+    out = []
+    for row in rows:
+        d = row.pop("diffs").to_numpy()
+        if d.size >= 2:
+            t = paired_test(d)
+            row.update(mean=t.mean, ci_low=t.ci_low, ci_high=t.ci_high, p=t.p_value, sd=t.sd, n_pairs=t.n)
+        else:
+            row.update(mean=float(d.mean()) if d.size else math.nan, ci_low=math.nan, ci_high=math.nan, p=math.nan,
+                       sd=math.nan, n_pairs=int(d.size))
+        out.append(row)
+    table = pd.DataFrame(out)
+    table["p_holm"] = holm(table["p"].to_numpy())
+    table["significant"] = table["p_holm"] < 0.05
+    for alpha, name in ((0.05, "mde_alpha05"), (0.05 / FAMILY, "mde_bonferroni")):
+        table[name] = [minimum_detectable_effect(r.sd, r.n_pairs, alpha) if r.n_pairs >= 2 and not r.significant
+                       else math.nan for r in table.itertuples()]
+    return table
+
+
+def main() -> int:
+    convergence = run_summaries(OUT / "convergence") if (OUT / "convergence/runs").is_dir() else pd.DataFrame()
+    few = run_summaries(OUT / "few-sample-250") if (OUT / "few-sample-250/runs").is_dir() else pd.DataFrame()
+    summaries = pd.concat([convergence, few], ignore_index=True)
+    summaries.to_csv(OUT / "run_summaries.csv", index=False, float_format="%.6g")
+    table = contrasts(convergence, few)
+    table.to_csv(OUT / "contrasts.csv", index=False, float_format="%.6g")
+    lines = ["| regime | contrast | task | mean difference [95% CI] | n | p (Holm) | MDE at 80% power (alpha .05 / .05/14) |",
+             "|---|---|---|---|---|---|---|"]
+    for r in table.itertuples():
+        mde = "-" if math.isnan(r.mde_alpha05) else f"{r.mde_alpha05:.4f} / {r.mde_bonferroni:.4f}"
+        lines.append(f"| {r.regime} | {r.contrast} | {r.task} | {r.mean:+.4f} [{r.ci_low:+.4f}, {r.ci_high:+.4f}] | "
+                     f"{r.n_pairs} | {r.p_holm:.3g} | {mde} |")
+    (OUT / "contrasts.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
