@@ -42,6 +42,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     _add_schedule(p)
     add_limit(p, "training examples (a seeded sample)", "--train-limit", "all")
     add_limit(p, "evaluation examples per split (a seeded sample)", "--eval-limit", "all")
+    add_limit(p, "examples of the splits scored only at the end, e.g. test (a seeded sample)", "--test-limit",
+              "as --eval-limit")
     p.add_argument("--class-weights", action=CheckedAction, check=class_weights, default=None,
                    help=f"training-loss weights: {', '.join(CLASS_WEIGHT_SCHEMES)} or one non-negative number per "
                         "label, comma-separated (default: unweighted)")

@@ -19,8 +19,6 @@ parameters (head, and pooler where the checkpoint has none) are trained.
 from __future__ import annotations
 
 import contextlib
-import json
-import math
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
@@ -44,6 +42,7 @@ from gradflow.interventions.finetune.data import (
     train_batches,
 )
 from gradflow.interventions.finetune.early_stopping import BestCheckpoint
+from gradflow.interventions.finetune.outputs import write_history, write_outputs
 from gradflow.interventions.finetune.tasks import Task, check_rows, load_split, load_task, score
 from gradflow.interventions.surgery import SurgeryPlan, apply_surgery
 
@@ -56,7 +55,8 @@ class FinetuneConfig:
 
     ``warmup``: fraction of ``steps`` with a linearly rising learning rate (then linear decay to 0).
     ``class_weights``: ``None``, ``"balanced"`` or one weight per label (training loss only).
-    ``train_limit`` / ``eval_limit``: use a seeded sample of that many examples (quick runs).
+    ``train_limit`` / ``eval_limit``: use a seeded sample of that many examples (quick runs);
+    ``test_limit``: the same for the splits scored only at the end (default: ``eval_limit``).
     ``autocast``: ``None`` (float32) or ``"bfloat16"``: mixed precision for the forward passes
     (weights, optimiser state and the loss stay float32). ``patience``: stop after that many
     evaluations without a better ``eval_split`` score and score the best checkpoint (None: never).
@@ -84,6 +84,7 @@ class FinetuneConfig:
     head_only: bool = False
     train_limit: int | None = None
     eval_limit: int | None = None
+    test_limit: int | None = None
     patience: int | None = None
     device: str = "cpu"
     autocast: str | None = None
@@ -304,8 +305,9 @@ def _task_and_data(config: FinetuneConfig, task: Task | None,
     if missing:
         raise GradflowError(f"no rows for split(s) {', '.join(sorted(missing))}")
     out = {"train": _sample(data["train"], config.train_limit, config.seed)}
+    final_only_limit = config.eval_limit if config.test_limit is None else config.test_limit
     for s in splits - {"train"}:
-        out[s] = _sample(data[s], config.eval_limit, config.seed)
+        out[s] = _sample(data[s], config.eval_limit if s == config.eval_split else final_only_limit, config.seed)
     return task, out
 
 
@@ -363,7 +365,7 @@ def finetune(config: FinetuneConfig, *, task: Task | None = None,
                 metrics = evaluate(model, task, rows[config.eval_split], encoded[config.eval_split], pad_id,
                                    config.eval_batch_size, config.device)
             result.history.append(EvalRecord(step, config.eval_split, metrics))
-            _write_history(result, out)
+            write_history(result, out)
             if keeper is not None and keeper.update(model, step, metrics):
                 break
     if keeper is not None:
@@ -379,41 +381,5 @@ def finetune(config: FinetuneConfig, *, task: Task | None = None,
             result.final[split] = evaluate(model, task, rows[split], encoded[split], pad_id,
                                            config.eval_batch_size, config.device)
     result.seconds = time.perf_counter() - start
-    _write_outputs(result, out, model, tokenizer)
+    write_outputs(result, out, model, tokenizer)
     return result
-
-
-def _write_history(result: FinetuneResult, out: Path | None) -> None:
-    if out is not None:
-        result.frame().to_csv(out / "eval.csv", index=False)
-
-
-def _write_outputs(result: FinetuneResult, out: Path | None, model: nn.Module, tokenizer) -> None:
-    if out is None:
-        return
-    _write_history(result, out)
-    (out / "result.json").write_text(json.dumps(_portable(result.to_dict(), out), indent=2, default=_json_default)
-                                     + "\n")
-    if result.config.save_model:
-        model.save_pretrained(out / "model")
-        tokenizer.save_pretrained(out / "model")
-
-
-def _portable(record: dict, out: Path) -> dict:
-    """``record`` with the config's paths (model or task directory, out_dir, data_root) portable: see
-    :func:`gradflow.provenance.portable_path` (model names and hub names are kept as given)."""
-    from gradflow.provenance import portable_path
-
-    config = dict(record["config"])
-    for key in ("model", "task", "out_dir", "data_root"):
-        if isinstance(config.get(key), (str, Path)):
-            config[key] = portable_path(config[key], out)
-    return {**record, "config": config}
-
-
-def _json_default(value):
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, Path):
-        return str(value)
-    raise TypeError(f"not JSON serialisable: {type(value).__name__}")

@@ -1,0 +1,48 @@
+"""Where a fine-tuning run's results go: ``eval.csv`` (rewritten after every evaluation),
+``result.json`` (paths portable, non-finite floats as null) and, on request, the model."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from torch import nn
+
+
+def write_history(result, out: Path | None) -> None:
+    """Rewrite ``out/eval.csv`` from ``result`` (a ``FinetuneResult``); nothing when ``out`` is None."""
+    if out is not None:
+        result.frame().to_csv(out / "eval.csv", index=False)
+
+
+def write_outputs(result, out: Path | None, model: nn.Module, tokenizer) -> None:
+    """``eval.csv``, ``result.json`` and (``config.save_model``) ``model/`` under ``out``."""
+    if out is None:
+        return
+    write_history(result, out)
+    (out / "result.json").write_text(json.dumps(_portable(result.to_dict(), out), indent=2, default=_json_default)
+                                     + "\n")
+    if result.config.save_model:
+        model.save_pretrained(out / "model")
+        tokenizer.save_pretrained(out / "model")
+
+
+def _portable(record: dict, out: Path) -> dict:
+    """``record`` with the config's paths (model or task directory, out_dir, data_root) portable: see
+    :func:`gradflow.provenance.portable_path` (model names and hub names are kept as given)."""
+    from gradflow.provenance import portable_path
+
+    config = dict(record["config"])
+    for key in ("model", "task", "out_dir", "data_root"):
+        if isinstance(config.get(key), (str, Path)):
+            config[key] = portable_path(config[key], out)
+    return {**record, "config": config}
+
+
+def _json_default(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, Path):
+        return str(value)
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
