@@ -114,3 +114,36 @@ def test_report_and_compare_bad_input_exit_2(tmp_path, capsys, tiny_mlm_dir, tin
     (run / "meta.json").write_text(json.dumps(meta))
     assert main(["report", str(run), "--out", str(tmp_path / "inc")]) == 0
     assert "complete" in (tmp_path / "inc" / "summary.md").read_text().lower()
+
+
+def test_finetune_extends_the_vocabulary_and_logs_the_new_rows(tmp_path, capsys, tiny_mlm_dir):
+    pytest.importorskip("accelerate", reason="transformers.Trainer needs accelerate")
+    words = tmp_path / "words.txt"
+    words.write_text("Treasuries\nstockholder\n", encoding="utf-8")
+    out = tmp_path / "ft"
+    code = main(["finetune", "--model", str(tiny_mlm_dir), "--task", _toy_task(tmp_path / "toy"), "--out", str(out),
+                 "--steps", "2", "--batch-size", "4", "--eval-every", "1", "--train-limit", "8", "--eval-limit", "4",
+                 "--test-limit", "3", "--max-length", "32", "--extend-vocabulary", str(words), "--continue-mlm", "2",
+                 "--no-progress"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    config = json.loads((out / "result.json").read_text())["config"]
+    assert config["extend_vocabulary"] == ["Treasuries", "stockholder"]  # as given; normalised when added
+    assert config["continue_mlm_steps"] == 2 and config["test_limit"] == 3
+    continued = out / "encoder" / "continued"
+    meta = json.loads((continued / "continued.json").read_text())
+    assert meta["vocabulary_extension"]["words"] == ["treasuries", "stockholder"]
+    rows = (continued / "new_rows.csv").read_text().splitlines()
+    assert rows[0] == "step,side,role,grad_norm,n_positions" and len(rows) > 1
+    # words only: an extended checkpoint, no continued MLM
+    code = main(["finetune", "--model", str(tiny_mlm_dir), "--task", _toy_task(tmp_path / "toy2"), "--out",
+                 str(tmp_path / "ft2"), "--steps", "1", "--batch-size", "4", "--train-limit", "4", "--eval-limit", "4",
+                 "--max-length", "32", "--extend-vocabulary", str(words), "--no-progress"])
+    assert code == 0
+    extension = json.loads((tmp_path / "ft2" / "encoder" / "extended" / "vocabulary.json").read_text())
+    assert len(extension["new_ids"]) == 2
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n", encoding="utf-8")
+    assert main(["finetune", "--model", str(tiny_mlm_dir), "--task", _toy_task(tmp_path / "toy3"), "--out",
+                 str(tmp_path / "ft3"), "--extend-vocabulary", str(empty), "--no-progress"]) == 2
+    assert "has no words" in capsys.readouterr().err

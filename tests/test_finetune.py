@@ -236,3 +236,16 @@ def test_builtin_task_files_when_fetched():
         task = load_task(name, root)
         rows = load_split(task, "validation")
         assert len(rows) > 500 and task.name == name
+
+
+def test_test_limit_samples_only_the_splits_scored_at_the_end():
+    from gradflow.interventions.finetune.train import _task_and_data
+
+    rows = _seq_rows(40)
+    data = {"train": rows, "validation": rows[:20], "test": rows[20:40]}
+    task = Task("toy", "sequence", "accuracy", ("neg", "pos"))
+    _, sampled = _task_and_data(_config("unused", eval_limit=8, test_limit=5), task, data)
+    assert (len(sampled["train"]), len(sampled["validation"]), len(sampled["test"])) == (40, 8, 5)
+    _, sampled = _task_and_data(_config("unused", eval_limit=8), task, data)
+    assert len(sampled["test"]) == 8  # test_limit defaults to eval_limit
+    assert set(map(str, sampled["test"])) <= set(map(str, data["test"]))

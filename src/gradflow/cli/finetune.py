@@ -48,6 +48,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help=f"training-loss weights: {', '.join(CLASS_WEIGHT_SCHEMES)} or one non-negative number per "
                         "label, comma-separated (default: unweighted)")
     p.add_argument("--head-only", action="store_true", help="train only the newly initialised head")
+    p.add_argument("--extend-vocabulary", metavar="WORDS_FILE", default=None,
+                   help="add these words (one per line) to the vocabulary first, each new embedding the mean of its "
+                        "old sub-word pieces; the prepared checkpoint is saved under OUT/encoder/")
+    add_number(p, "--continue-mlm", int, NON_NEGATIVE, "steps of continued MLM on the training text before "
+               "fine-tuning (gradient flow logged; with --extend-vocabulary also new_rows.csv: where the new rows get "
+               "their gradient)", 0)
+    add_number(p, "--continue-mlm-lr", float, POSITIVE, "learning rate of the continued MLM", DEFAULTS["continue_mlm_lr"])
     p.add_argument("--device", default=DEFAULTS["device"], help="torch device (default %(default)s)")
     p.add_argument("--autocast", choices=AUTOCAST, default=None,
                    help="mixed-precision forward passes (fast on GPUs and on CPUs with AVX512-BF16)")
@@ -86,8 +93,12 @@ def class_weights(text: str) -> str | tuple[float, ...]:
 def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     """Fine-tune and print the final metrics per split as JSON."""
     from gradflow.interventions.finetune.train import finetune
+    from gradflow.interventions.vocabulary import read_word_list
 
     options = {k: v for k, v in vars(args).items() if k in DEFAULTS}
+    options["continue_mlm_steps"] = args.continue_mlm
+    if args.extend_vocabulary:
+        options["extend_vocabulary"] = tuple(read_word_list(args.extend_vocabulary))
     result = finetune(FinetuneConfig(**options))
     print(json.dumps(result.final, indent=2))
     return 0

@@ -13,6 +13,8 @@ lose updates), trains it with ``transformers.Trainer`` on ``texts`` (BERT maskin
 - ``continued.json``: the arguments (model paths as :func:`gradflow.provenance.portable_path`
   writes them), the number of texts, wall and CPU seconds and the final loss (mean of the last
   ``log_every`` steps);
+- ``new_rows.csv`` (with ``new_words``): where the new vocabulary rows get their gradient, per side
+  (input / output) and role (:class:`gradflow.interventions.new_rows.NewRowsCallback`);
 - ``model/``: the trained ``*ForMaskedLM`` and its tokenizer (``save_pretrained``, float32), which
   :func:`gradflow.interventions.finetune.finetune` loads with ``model=str(path)``.
 
@@ -25,6 +27,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import pandas as pd
@@ -40,17 +43,22 @@ MODEL_DIR = "model"
 def continue_mlm(model_spec: str, texts: list[str], out_dir: str | Path, steps: int, batch_size: int, lr: float,
                  seed: int, log_every: int = 50, max_length: int = 128, *, warmup: float = 0.1,
                  weight_decay: float = 0.01, mlm_probability: float = 0.15, bf16: bool = False,
-                 device: str = "cpu") -> Path:
+                 device: str = "cpu", new_words: Sequence[str] = ()) -> Path:
     """Continue MLM training of ``model_spec`` on ``texts``; return the saved model's directory.
 
     ``warmup``: fraction of ``steps`` with a linearly rising learning rate (then linear decay to
-    0); ``bf16``: bfloat16 autocast for the forward passes (weights and optimiser stay float32).
+    0); ``bf16``: bfloat16 autocast for the forward passes (weights and optimiser stay float32);
+    ``new_words``: first add them to the vocabulary (:func:`gradflow.interventions.vocabulary.extend_vocabulary`)
+    and log where their rows get their gradient.
     """
     from transformers import DataCollatorForLanguageModeling, Trainer, TrainingArguments
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
     from gradflow.interventions.callback import GradFlowCallback
     from gradflow.interventions.finetune.train import _quiet_transformers
+    from gradflow.interventions.new_rows import CSV_NAME as NEW_ROWS_CSV
+    from gradflow.interventions.new_rows import NewRowsCallback
+    from gradflow.interventions.vocabulary import extend_vocabulary
     from gradflow.models import load_model
     from gradflow.provenance import portable_path
 
@@ -63,13 +71,14 @@ def continue_mlm(model_spec: str, texts: list[str], out_dir: str | Path, steps: 
         raise GradflowError("continue_mlm: no non-empty texts to train on")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    for stale in ("gradflow_callback.csv", LOG_NAME, META_NAME):
+    for stale in ("gradflow_callback.csv", LOG_NAME, META_NAME, NEW_ROWS_CSV):
         (out / stale).unlink(missing_ok=True)
 
     start, cpu_start = time.perf_counter(), time.process_time()
     with _quiet_transformers():
         loaded = load_model(model_spec, device=device, dtype="float32")
         model, tokenizer = loaded.model, loaded.tokenizer
+        extension = extend_vocabulary(model, tokenizer, new_words) if new_words else None
         limit = min(max_length, loaded.max_positions())
         enc = tokenizer(texts, truncation=True, max_length=limit, return_token_type_ids=False)
         dataset = [{"input_ids": ids, "attention_mask": am} for ids, am in zip(enc["input_ids"], enc["attention_mask"])]
@@ -88,6 +97,9 @@ def continue_mlm(model_spec: str, texts: list[str], out_dir: str | Path, steps: 
         for quiet in (PrinterCallback, ProgressCallback):
             trainer.remove_callback(quiet)
         GradFlowCallback.attach(trainer, every=log_every)
+        if extension is not None:
+            trainer.add_callback(NewRowsCallback(extension.new_ids, out / NEW_ROWS_CSV, every=log_every,
+                                                 tokenizer=tokenizer))
         trainer.train()
     model.eval()
     model_dir = out / MODEL_DIR
@@ -102,6 +114,7 @@ def continue_mlm(model_spec: str, texts: list[str], out_dir: str | Path, steps: 
             "warmup": warmup, "weight_decay": weight_decay, "mlm_probability": mlm_probability, "bf16": bf16,
             "device": device, "torch_threads": torch.get_num_threads(),
             "final_loss": float(log.loss.tail(log_every).mean()),
+            "vocabulary_extension": extension.to_dict() if extension is not None else None,
             "seconds": time.perf_counter() - start, "cpu_seconds": time.process_time() - cpu_start}
     (out / META_NAME).write_text(json.dumps(meta, indent=2) + "\n")
     return model_dir

@@ -43,6 +43,7 @@ from gradflow.interventions.finetune.data import (
 )
 from gradflow.interventions.finetune.early_stopping import BestCheckpoint
 from gradflow.interventions.finetune.outputs import write_history, write_outputs
+from gradflow.interventions.finetune.prepare import prepare_encoder
 from gradflow.interventions.finetune.tasks import Task, check_rows, load_split, load_task, score
 from gradflow.interventions.surgery import SurgeryPlan, apply_surgery
 
@@ -60,6 +61,9 @@ class FinetuneConfig:
     ``autocast``: ``None`` (float32) or ``"bfloat16"``: mixed precision for the forward passes
     (weights, optimiser state and the loss stay float32). ``patience``: stop after that many
     evaluations without a better ``eval_split`` score and score the best checkpoint (None: never).
+    ``extend_vocabulary`` (words) / ``continue_mlm_steps``: prepare the encoder first (new vocabulary
+    rows from their pieces; continued MLM on the training text at ``continue_mlm_lr``), see
+    :mod:`gradflow.interventions.finetune.prepare`.
     """
 
     model: str
@@ -86,6 +90,9 @@ class FinetuneConfig:
     eval_limit: int | None = None
     test_limit: int | None = None
     patience: int | None = None
+    extend_vocabulary: tuple[str, ...] = ()
+    continue_mlm_steps: int = 0
+    continue_mlm_lr: float = 1e-4
     device: str = "cpu"
     autocast: str | None = None
     progress: bool = True
@@ -101,6 +108,9 @@ class FinetuneConfig:
                                 "Use head_only with drop_last only.")
         if isinstance(self.class_weights, list):
             self.class_weights = tuple(self.class_weights)
+        self.extend_vocabulary = tuple(self.extend_vocabulary or ())
+        if self.continue_mlm_steps < 0:
+            raise GradflowError(f"continue_mlm_steps must be >= 0, got {self.continue_mlm_steps}")
         if self.autocast not in (None, "bfloat16"):
             raise GradflowError(f"autocast must be None or 'bfloat16', got {self.autocast!r}")
 
@@ -319,7 +329,7 @@ def finetune(config: FinetuneConfig, *, task: Task | None = None,
 
     start = time.perf_counter()
     task, rows = _task_and_data(config, task, data)
-    model, tokenizer, new_params = load_task_model(config.model, task, config.seed)
+    model, tokenizer, new_params = load_task_model(prepare_encoder(config, task, rows["train"]), task, config.seed)
     model, surgery = apply_surgery(model, SurgeryPlan(config.drop_last, config.reinit_last, config.seed))
     if config.head_only:
         freeze_loaded(model, new_params)
