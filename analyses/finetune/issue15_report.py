@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from grid import collect  # noqa: E402
+from grid import collect, mean_ci  # noqa: E402
 
 from gradflow.analysis.experiment_stats import (  # noqa: E402
     area_under_curve,
@@ -45,10 +45,14 @@ def run_summaries(regime_dir: Path) -> pd.DataFrame:
         task = curve["task"].iloc[0]
         val = curve[(curve.split == "validation") & (curve.metric == METRIC[task])].sort_values("step")
         fin = finals[(finals.run_id == run_id) & (finals.metric == METRIC[task])].set_index("split")["value"]
+        recall = finals[(finals.run_id == run_id) & (finals.metric == "recall") & (finals.split == "test")]["value"]
+        seconds = finals[finals.run_id == run_id]["seconds"]
         factors = {k: curve[k].iloc[0] for k in ("model", "arm", "task", "seed", "regime")}
         rows.append({**factors, "run_id": run_id, "auc": area_under_curve(val.step.to_numpy(), val.value.to_numpy()),
                      "steps": val.step.tolist(), "values": val.value.tolist(),
-                     "final_validation": fin.get("validation", math.nan), "test": fin.get("test", math.nan)})
+                     "final_validation": fin.get("validation", math.nan), "test": fin.get("test", math.nan),
+                     "test_recall": float(recall.iloc[0]) if len(recall) else math.nan,
+                     "seconds": float(seconds.iloc[0]) if len(seconds) else math.nan})
     frame = pd.DataFrame(rows)
     if frame.empty:
         return frame
@@ -99,6 +103,35 @@ def contrasts(convergence: pd.DataFrame, few: pd.DataFrame) -> pd.DataFrame:
     return table
 
 
+def cells(summaries: pd.DataFrame) -> pd.DataFrame:
+    """Per regime, model, task and arm: AUC and test score (mean, 95% t-interval), median steps to 90%,
+    runs that collapsed to ``O`` (brown-propn: test recall < 0.01, no proper noun found) and run seconds."""
+    rows = []
+    for (regime, model, task, arm), sub in summaries.groupby(["regime", "model", "task", "arm"]):
+        row = {"regime": regime, "model": model, "task": task, "arm": arm, "n": len(sub)}
+        for value in ("auc", "test"):
+            v = sub[value].dropna().to_numpy()
+            mean, low, high, _ = mean_ci(v) if v.size >= 2 else (float(v.mean()) if v.size else math.nan, math.nan,
+                                                                  math.nan, v.size)
+            row.update({value: mean, f"{value}_ci_low": low, f"{value}_ci_high": high})
+        row["median_steps_to_90"] = float(np.median(sub.steps_to_90))
+        row["collapsed_to_O"] = int((sub.test_recall < 0.01).sum()) if task == "brown-propn" else 0
+        row["seconds_mean"], row["seconds_total"] = float(sub.seconds.mean()), float(sub.seconds.sum())
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def cells_markdown(table: pd.DataFrame) -> str:
+    lines = ["| regime | model | task | arm | n | AUC [95% CI] | test [95% CI] | median steps to 90% | collapsed to O |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in table.itertuples():
+        auc = "-" if math.isnan(r.auc) else f"{r.auc:.4f} [{r.auc_ci_low:.4f}, {r.auc_ci_high:.4f}]"
+        lines.append(f"| {r.regime} | {r.model.replace('gradflow-', '')} | {r.task} | {r.arm} | {r.n} | {auc} | "
+                     f"{r.test:.4f} [{r.test_ci_low:.4f}, {r.test_ci_high:.4f}] | {r.median_steps_to_90:g} | "
+                     f"{r.collapsed_to_O} |")
+    return "\n".join(lines) + "\n"
+
+
 def main() -> int:
     convergence = run_summaries(OUT / "convergence") if (OUT / "convergence/runs").is_dir() else pd.DataFrame()
     few = run_summaries(OUT / "few-sample-250") if (OUT / "few-sample-250/runs").is_dir() else pd.DataFrame()
@@ -114,6 +147,13 @@ def main() -> int:
                      f"{r.n_pairs} | {r.p_holm:.3g} | {mde} |")
     (OUT / "contrasts.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
     print("\n".join(lines))
+    if not summaries.empty:
+        table = cells(summaries)
+        table.to_csv(OUT / "cells.csv", index=False, float_format="%.6g")
+        (OUT / "cells.md").write_text(cells_markdown(table), encoding="utf-8")
+        print(cells_markdown(table))
+        cost = summaries.groupby(["regime", "model"])["seconds"].agg(["count", "sum", "mean"])
+        print("run seconds (one thread each) per regime and model:\n" + cost.round(1).to_string())
     return 0
 
 

@@ -1,0 +1,111 @@
+"""Issue 15's figures from the committed runs: the convergence curves (regime a) and the few-sample
+test scores (regime b), each arm's mean over seeds with its 95% t-interval.
+
+    python analyses/finetune/issue15_figures.py     # figures/finetune/issue15/{convergence_curves,few_sample}.{pdf,png}
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from grid import collect, mean_ci  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+OUT = ROOT / "figures/finetune/issue15"
+METRIC = {"brown-pos": ("accuracy", "word accuracy"), "brown-propn": ("entity_f1", "proper-noun entity F1")}
+ARM_COLOURS = {"full": "#4477AA", "drop1": "#EE6677", "reinit1": "#228833", "repair1": "#AA3377"}
+ARM_STYLES = {"full": "-", "drop1": "--", "reinit1": ":", "repair1": "-."}
+MODELS = {"gradflow-mini-en": "gradflow-mini-en", "gradflow-mini-en-alltoken": "all-token twin"}
+
+
+def curve_table(regime_dir: Path) -> pd.DataFrame:
+    """Per model, task, arm and step: the validation score's mean and 95% t-interval over seeds."""
+    curves, _ = collect(regime_dir)
+    rows = []
+    for (model, task, arm, step), sub in curves.groupby(["model", "task", "arm", "step"]):
+        values = sub[(sub.split == "validation") & (sub.metric == METRIC[task][0])].value.to_numpy()
+        if values.size:
+            mean, low, high, n = mean_ci(values)
+            rows.append({"model": model, "task": task, "arm": arm, "step": step, "mean": mean, "ci_low": low,
+                         "ci_high": high, "n": n})
+    return pd.DataFrame(rows)
+
+
+def draw_curves(table: pd.DataFrame, out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from gradflow.figures import save_figure
+    from gradflow.figures.style import gradflow_style
+
+    models = [m for m in MODELS if m in set(table.model)]
+    with gradflow_style("double"):
+        fig, axes = plt.subplots(len(models), len(METRIC), figsize=(7.0, 2.3 * len(models)), squeeze=False,
+                                 sharex=True)
+        for i, model in enumerate(models):
+            for j, (task, (_, label)) in enumerate(METRIC.items()):
+                ax = axes[i][j]
+                for arm, colour in ARM_COLOURS.items():
+                    sub = table[(table.model == model) & (table.task == task) & (table.arm == arm)].sort_values("step")
+                    if sub.empty:
+                        continue
+                    ax.plot(sub.step, sub["mean"], color=colour, ls=ARM_STYLES[arm], marker="o", ms=2.5,
+                            label=f"{arm} (n={int(sub.n.min())})")
+                    ax.fill_between(sub.step, sub.ci_low, sub.ci_high, color=colour, alpha=0.15, lw=0)
+                ax.set_title(f"{MODELS[model]}: {task}")
+                ax.set_ylabel(f"validation {label}")
+                if i == len(models) - 1:
+                    ax.set_xlabel("fine-tuning step (batch 8, lr 1e-4)")
+                ax.legend(frameon=False, fontsize="x-small", loc="lower right")
+        save_figure(fig, out / "convergence_curves")
+        plt.close(fig)
+
+
+def draw_few_sample(regime_dir: Path, out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from gradflow.figures import save_figure
+    from gradflow.figures.style import gradflow_style
+
+    _, finals = collect(regime_dir)
+    with gradflow_style("double"):
+        fig, axes = plt.subplots(1, len(METRIC), figsize=(7.0, 2.4))
+        for ax, (task, (metric, label)) in zip(axes, METRIC.items()):
+            sub = finals[(finals.task == task) & (finals.split == "test") & (finals.metric == metric)]
+            for x, (arm, colour) in enumerate(ARM_COLOURS.items()):
+                values = sub[(sub.model == "gradflow-mini-en") & (sub.arm == arm)].sort_values("seed").value.to_numpy()
+                if not values.size:
+                    continue
+                jitter = np.linspace(-0.15, 0.15, values.size)
+                ax.scatter(x + jitter, values, s=8, color=colour, alpha=0.6, lw=0)
+                mean, low, high, _ = mean_ci(values)
+                ax.errorbar([x + 0.3], [mean], yerr=[[mean - low], [high - mean]], fmt="o", ms=4, capsize=2,
+                            color=colour)
+            ax.set_xticks(range(len(ARM_COLOURS)), list(ARM_COLOURS))
+            ax.set_ylabel(f"test {label}")
+            ax.set_title(f"gradflow-mini-en, 250 sentences: {task}")
+        save_figure(fig, out / "few_sample")
+        plt.close(fig)
+
+
+def main() -> int:
+    table = curve_table(OUT / "convergence")
+    table.to_csv(OUT / "convergence_curves.csv", index=False, float_format="%.6g")
+    draw_curves(table, OUT)
+    if (OUT / "few-sample-250" / "runs").is_dir():
+        draw_few_sample(OUT / "few-sample-250", OUT)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

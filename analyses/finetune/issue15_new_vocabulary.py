@@ -1,0 +1,137 @@
+"""Seed 004's remaining row: where new vocabulary rows get their gradient during continued MLM.
+
+The 40 most frequent words of the Brown training text that gradflow-mini-en's tokenizer splits into
+two or more pieces become whole tokens (``extend_vocabulary``: each new row the mean of its old
+pieces); then continued MLM on that text (``continue_mlm``, BERT masking) logs, every 10 steps,
+the gradient the new rows receive, split into the **input side** by the role of the position that
+reads the token and the **output side** (the tied decoder) by the role of the loss position
+(:class:`gradflow.interventions.new_rows.NewRowGradients`, exact: the two sides sum to autograd).
+
+Writes ``figures/finetune/issue15/new_vocabulary/``: ``words.txt``, ``new_rows.csv``,
+``continued.json``, ``mlm_log.csv``, ``summary.csv`` (per side and role: mean gradient norm over
+the logged steps, positions per logged batch) and ``new_vocabulary.{pdf,png}``. The trained model
+goes to ``build/new-vocabulary/`` (not committed).
+
+    python analyses/finetune/issue15_new_vocabulary.py        # ~4 min on one core
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parents[2]
+OUT = ROOT / "figures/finetune/issue15/new_vocabulary"
+WORK = ROOT / "build/new-vocabulary"
+SIDES = {("input", "kept"): "#228833", ("input", "random"): "#CCBB44", ("input", "context"): "#66CCEE",
+         ("output", "masked"): "#4477AA", ("output", "random"): "#AA3377", ("output", "kept"): "#EE6677"}
+
+
+def brown_texts(data_root: Path) -> list[str]:
+    rows = [json.loads(line) for line in (data_root / "brown-pos" / "train.jsonl").read_text().splitlines()]
+    return [" ".join(r["tokens"]) for r in rows]
+
+
+def pick_words(texts: list[str], model: str, count: int) -> list[str]:
+    """The ``count`` most frequent (lower-cased, alphabetic) words that the tokenizer splits into >= 2 pieces."""
+    from gradflow.models import load_model
+
+    tokenizer = load_model(model).tokenizer
+    frequency = Counter(w.lower() for t in texts for w in t.split() if w.isalpha() and len(w) > 3)
+    words = []
+    for word, _ in frequency.most_common():
+        if len(tokenizer(word, add_special_tokens=False)["input_ids"]) >= 2:
+            words.append(word)
+        if len(words) == count:
+            break
+    return words
+
+
+def summarise(rows: pd.DataFrame) -> pd.DataFrame:
+    rows = rows[rows.role != "all"]
+    return (rows.groupby(["side", "role"], sort=False)
+            .agg(mean_grad_norm=("grad_norm", "mean"), positions_per_batch=("n_positions", "mean"),
+                 logged_steps=("step", "nunique")).reset_index())
+
+
+def draw(rows: pd.DataFrame, summary: pd.DataFrame, out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from gradflow.figures import save_figure
+    from gradflow.figures.style import gradflow_style
+
+    with gradflow_style("double"):
+        fig, axes = plt.subplots(1, 2, figsize=(7.0, 2.6), gridspec_kw={"width_ratios": [1.4, 1]})
+        ax = axes[0]
+        for (side, role), colour in SIDES.items():
+            sub = rows[(rows.side == side) & (rows.role == role)].sort_values("step")
+            if not sub.empty:
+                ax.plot(sub.step, sub.grad_norm, marker="o" if side == "output" else "s", ms=2.5, color=colour,
+                        ls="-" if side == "output" else "--", label=f"{side}, {role}")
+        ax.set_yscale("log")
+        ax.set_xlabel("continued-MLM step")
+        ax.set_ylabel("gradient norm of the new rows")
+        ax.set_title("where the new rows' gradient comes from")
+        ax.legend(frameon=False, fontsize="x-small", ncol=2)
+        ax = axes[1]
+        labels, values, colours = [], [], []
+        for (side, role), colour in SIDES.items():
+            hit = summary[(summary.side == side) & (summary.role == role)]
+            labels.append(f"{side}\n{role}")
+            values.append(float(hit.mean_grad_norm.iloc[0]) if len(hit) else 0.0)
+            colours.append(colour)
+        labels.append("input\nmasked")
+        values.append(0.0)
+        colours.append("#BBBBBB")
+        bars = ax.bar(range(len(values)), values, color=colours)
+        bars[-1].set_hatch("///")
+        ax.annotate("0: never read", (len(values) - 1, 0), textcoords="offset points", xytext=(0, 4),
+                    ha="center", fontsize="x-small", rotation=90)
+        ax.set_xticks(range(len(values)), labels, fontsize="x-small")
+        ax.set_ylabel("mean gradient norm")
+        ax.set_title("mean over logged steps")
+        save_figure(fig, out / "new_vocabulary")
+        plt.close(fig)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="gradflow-mini-en")
+    parser.add_argument("--words", type=int, default=40)
+    parser.add_argument("--steps", type=int, default=120)
+    parser.add_argument("--data-root", type=Path, default=ROOT / "data/tasks")
+    parser.add_argument("--figure-only", action="store_true")
+    args = parser.parse_args()
+    OUT.mkdir(parents=True, exist_ok=True)
+    if not args.figure_only:
+        import torch
+
+        torch.set_num_threads(1)
+        from gradflow.interventions.finetune import continue_mlm
+
+        texts = brown_texts(args.data_root)
+        words = pick_words(texts, args.model, args.words)
+        (OUT / "words.txt").write_text("\n".join(words) + "\n", encoding="utf-8")
+        continue_mlm(args.model, texts, WORK, steps=args.steps, batch_size=16, lr=1e-4, seed=0, log_every=10,
+                     max_length=128, new_words=words)
+        for name in ("new_rows.csv", "continued.json", "mlm_log.csv"):
+            shutil.copy(WORK / name, OUT / name)
+    rows = pd.read_csv(OUT / "new_rows.csv")
+    summary = summarise(rows)
+    summary.to_csv(OUT / "summary.csv", index=False, float_format="%.6g")
+    print(summary.to_string(index=False))
+    draw(rows, summary, OUT)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
