@@ -2,7 +2,8 @@
 
 The 40 most frequent words of the Brown training text that gradflow-mini-en's tokenizer splits into
 two or more pieces become whole tokens (``extend_vocabulary``: each new row the mean of its old
-pieces); then continued MLM on that text (``continue_mlm``, BERT masking) logs, every 10 steps,
+pieces); then continued MLM on the Brown training sentences that contain at least one of them (the
+"domain text" of the new words; ``continue_mlm``, BERT masking) logs, every 5 steps,
 the gradient the new rows receive, split into the **input side** by the role of the position that
 reads the token and the **output side** (the tied decoder) by the role of the loss position
 (:class:`gradflow.interventions.new_rows.NewRowGradients`, exact: the two sides sum to autograd).
@@ -121,7 +122,10 @@ def main() -> int:
         texts = brown_texts(args.data_root)
         words = pick_words(texts, args.model, args.words)
         (OUT / "words.txt").write_text("\n".join(words) + "\n", encoding="utf-8")
-        continue_mlm(args.model, texts, WORK, steps=args.steps, batch_size=16, lr=1e-4, seed=0, log_every=10,
+        wanted = set(words)
+        domain = [t for t in texts if wanted & {w.lower() for w in t.split()}]
+        print(f"{len(words)} new words; {len(domain)} of {len(texts)} training sentences contain one", flush=True)
+        continue_mlm(args.model, domain, WORK, steps=args.steps, batch_size=16, lr=1e-4, seed=0, log_every=5,
                      max_length=128, new_words=words)
         for name in ("new_rows.csv", "continued.json", "mlm_log.csv"):
             shutil.copy(WORK / name, OUT / name)
