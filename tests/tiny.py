@@ -33,6 +33,14 @@ FAMILY_CONFIGS: dict[str, dict] = {
     "roberta-prelayernorm": dict(pad_token_id=1),
     "megatron-bert": {},
     "xlm-roberta-xl": dict(pad_token_id=1),
+    "rembert": dict(input_embedding_size=16, output_embedding_size=24),
+    "yoso": dict(pad_token_id=1),
+    "big_bird": dict(attention_type="original_full"),  # block_sparse: tests/test_mlm_coverage.py
+    "luke": dict(pad_token_id=1, entity_vocab_size=10, entity_emb_size=16),
+    "convbert": dict(embedding_size=24),
+    "gte": {},
+    "nomic_bert": dict(head_dim=16),
+    "jina_embeddings_v3": {},
 }
 FAMILIES = tuple(FAMILY_CONFIGS)
 PRE_LN = {"modernbert", "esm", "roberta-prelayernorm", "megatron-bert", "xlm-roberta-xl"}

@@ -25,7 +25,10 @@ from gradflow.adapters.base import (
     get_module,
 )
 from gradflow.adapters.bert import BERT, ELECTRA, ROBERTA
+from gradflow.adapters.bertlike import BIG_BIRD, CONVBERT, LUKE, REMBERT, YOSO
+from gradflow.adapters.coverage import refusal
 from gradflow.adapters.esm import ESM
+from gradflow.adapters.gte import GTE, JINA_EMBEDDINGS_V3, NOMIC_BERT
 from gradflow.adapters.others import DEBERTA_V2, DISTILBERT, MODERNBERT, MPNET
 from gradflow.adapters.prenorm import MEGATRON_BERT, ROBERTA_PRELAYERNORM, XLM_ROBERTA_XL
 from gradflow.errors import UnsupportedArchitectureError
@@ -55,6 +58,11 @@ def adapter_for(model_or_config: object) -> Adapter:
     """
     config = getattr(model_or_config, "config", model_or_config)
     model_type = getattr(config, "model_type", None)
+    if model_type not in _REGISTRY and refusal(model_type) is not None:
+        raise UnsupportedArchitectureError(
+            f"gradflow does not support model_type {model_type!r}: {refusal(model_type)} "
+            "(see docs/mlm-coverage.md)."
+        )
     if model_type not in _REGISTRY:
         raise UnsupportedArchitectureError(
             f"gradflow has no adapter for model_type {model_type!r}. Supported: "
@@ -66,7 +74,8 @@ def adapter_for(model_or_config: object) -> Adapter:
 
 
 for _adapter in (BERT, ROBERTA, ELECTRA, DISTILBERT, ALBERT, DEBERTA_V2, MODERNBERT, ESM, MPNET,
-                 ROBERTA_PRELAYERNORM, MEGATRON_BERT, XLM_ROBERTA_XL):
+                 ROBERTA_PRELAYERNORM, MEGATRON_BERT, XLM_ROBERTA_XL, REMBERT, YOSO, BIG_BIRD, LUKE, CONVBERT,
+                 GTE, NOMIC_BERT, JINA_EMBEDDINGS_V3):
     register_adapter(_adapter)
 
 __all__ = [

@@ -1,0 +1,103 @@
+"""Every model type transformers maps to a masked-LM class is either supported or refused with a reason.
+
+A transformers release that maps a new type fails ``test_every_masked_lm_type_is_decided`` until
+the type gets an adapter (and a tiny config in tests/tiny.py) or an entry in the refusal table.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoConfig
+
+from gradflow import GradFlowRecorder, mlm_loss
+from gradflow.adapters import adapter_for, block_modules, supported_model_types
+from gradflow.adapters.coverage import REFUSED, coverage_markdown, masked_lm_model_types
+from gradflow.errors import ModelLoadError, UnsupportedArchitectureError
+from gradflow.models.loading import load_model
+from gradflow.roles import Role
+from tiny import FAMILY_CONFIGS, tiny_batch, tiny_model
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "mlm-coverage.md"
+MLM_TYPES = masked_lm_model_types()
+
+
+def test_every_masked_lm_type_is_decided():
+    supported = set(supported_model_types())
+    undecided = sorted(set(MLM_TYPES) - supported - set(REFUSED))
+    assert undecided == [], f"masked-LM model types with neither an adapter nor a refusal: {undecided}"
+    assert set(REFUSED) <= set(MLM_TYPES), "refusals of types transformers no longer maps"
+    assert not supported & set(REFUSED)
+    # a supported masked-LM type is certified by the family tests: it needs a tiny config
+    assert supported & set(MLM_TYPES) <= set(FAMILY_CONFIGS)
+
+
+@pytest.mark.parametrize("model_type", sorted(REFUSED))
+def test_refusal_states_its_kind_and_is_raised(model_type):
+    reason = REFUSED[model_type]
+    assert reason.startswith(("does not hold: ", "not supported yet: ")), model_type
+    with pytest.raises(UnsupportedArchitectureError) as err:
+        adapter_for(AutoConfig.for_model(model_type))
+    assert reason in str(err.value) and repr(model_type) in str(err.value)
+
+
+def test_loading_a_refused_type_names_the_reason(tmp_path):
+    AutoConfig.for_model("fnet", vocab_size=64, hidden_size=16, num_hidden_layers=1,
+                         intermediate_size=16).save_pretrained(tmp_path)
+    with pytest.raises(ModelLoadError, match="Fourier transform"):
+        load_model(str(tmp_path))
+
+
+def test_coverage_doc_is_current():
+    assert DOC.read_text(encoding="utf-8") == coverage_markdown(), \
+        "docs/mlm-coverage.md is out of date: run analyses/make_mlm_coverage.py"
+    assert len(coverage_markdown().splitlines()) == 10 + len(MLM_TYPES)
+
+
+def _module_output_grads(model, batch, paths: dict[str, str]) -> dict[str, torch.Tensor]:
+    """Loss gradient w.r.t. the outputs of modules of the last block, (B, T, D) each."""
+    last = block_modules(adapter_for(model), model.base_model)[-1]
+    outputs: dict[str, torch.Tensor] = {}
+    handles = [last.get_submodule(path).register_forward_hook(
+        lambda mod, args, out, name=name: outputs.__setitem__(name, out)) for name, path in paths.items()]
+    try:
+        loss = mlm_loss(model(**batch.model_inputs()).logits, batch)
+    finally:
+        for handle in handles:
+            handle.remove()
+    grads = torch.autograd.grad(loss, list(outputs.values()))
+    return dict(zip(outputs, grads))
+
+
+def test_convbert_span_convolution_zero_and_nonzero_modules():
+    """The notes' statement: conv_kernel_layer and key_conv_attn_layer get exactly zero gradient at
+    context outputs; conv_out_layer, unfolded over neighbours, does not (nor do the query's neighbours)."""
+    model = tiny_model("convbert")
+    batch = tiny_batch()
+    grads = _module_output_grads(model, batch, {
+        "kernel": "attention.self.conv_kernel_layer", "key_conv": "attention.self.key_conv_attn_layer",
+        "conv_out": "attention.self.conv_out_layer", "query": "attention.self.query"})
+    context = batch.roles == Role.CONTEXT
+    assert torch.all(grads["kernel"][context] == 0) and torch.all(grads["query"][context] == 0)
+    key_conv = grads["key_conv"].transpose(1, 2)  # SeparableConv1D outputs (B, D, T)
+    assert torch.all(key_conv[context] == 0)
+    assert torch.all(grads["conv_out"][context].norm(dim=-1) > 0)
+    assert torch.all(grads["kernel"][batch.roles == Role.MASKED].norm(dim=-1) > 0)
+
+
+def test_big_bird_block_sparse_keeps_the_exact_zero():
+    model = tiny_model("big_bird", attention_type="block_sparse", block_size=2, num_random_blocks=1)
+    batch = tiny_batch(t=32)
+    with GradFlowRecorder(model) as rec:
+        record = rec.record(batch)
+    assert model.base_model.attention_type == "block_sparse"  # (a too short input switches it to full)
+    last = record.num_blocks - 1
+    grad, _ = record.site(f"blocks.{last}.out")
+    assert torch.all(grad[batch.roles == Role.CONTEXT] == 0)
+    frame = record.sublayer_frame()
+    rows = frame[(frame.layer == record.num_blocks) & (frame.role == "context")]
+    zero = set(adapter_for(model).after_mixing())
+    assert (rows[rows.sublayer.isin(zero)].contribution_norm == 0).all()
+    assert (rows[rows.sublayer.isin({"attn.k", "attn.v"}) & (rows.param == "weight")].contribution_norm > 0).all()
