@@ -101,3 +101,13 @@ def test_big_bird_block_sparse_keeps_the_exact_zero():
     zero = set(adapter_for(model).after_mixing())
     assert (rows[rows.sublayer.isin(zero)].contribution_norm == 0).all()
     assert (rows[rows.sublayer.isin({"attn.k", "attn.v"}) & (rows.param == "weight")].contribution_norm > 0).all()
+
+
+def test_esmc_query_norm_zero_key_norm_not():
+    """The notes' statement: in the last block q_norm gets exactly zero gradient at context positions, k_norm not."""
+    model = tiny_model("esmc")
+    batch = tiny_batch()
+    grads = _module_output_grads(model, batch, {"q_norm": "self_attn.q_norm", "k_norm": "self_attn.k_norm"})
+    context = batch.roles == Role.CONTEXT
+    assert torch.all(grads["q_norm"][context] == 0)
+    assert torch.all(grads["k_norm"][context].norm(dim=-1) > 0)

@@ -62,6 +62,10 @@ def _reload(model, path):
 def test_drop_last_block_round_trip(family, tmp_path):
     batch = tiny_batch()
     model = tiny_model(family)  # ModernBERT: its over-long layer_types are trimmed by the drop
+    if family == "esmc":  # its residual scaling depends on the number of blocks
+        with pytest.raises(SurgeryError, match="sqrt"):
+            drop_last_blocks(model, 1)
+        return
     before, _ = _block_outputs(model, batch)
     model, record = drop_last_blocks(model, 1)
     assert (record.blocks_before, record.blocks_after, record.blocks) == (3, 2, (2,))

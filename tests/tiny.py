@@ -41,9 +41,10 @@ FAMILY_CONFIGS: dict[str, dict] = {
     "gte": {},
     "nomic_bert": dict(head_dim=16),
     "jina_embeddings_v3": {},
+    "esmc": dict(head_dim=16, num_key_value_heads=2),
 }
 FAMILIES = tuple(FAMILY_CONFIGS)
-PRE_LN = {"modernbert", "esm", "roberta-prelayernorm", "megatron-bert", "xlm-roberta-xl"}
+PRE_LN = {"modernbert", "esm", "roberta-prelayernorm", "megatron-bert", "xlm-roberta-xl", "esmc"}
 
 
 def tiny_model(family: str, seed: int = 0, **overrides) -> torch.nn.Module:

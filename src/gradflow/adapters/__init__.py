@@ -27,7 +27,7 @@ from gradflow.adapters.base import (
 from gradflow.adapters.bert import BERT, ELECTRA, ROBERTA
 from gradflow.adapters.bertlike import BIG_BIRD, CONVBERT, LUKE, REMBERT, YOSO
 from gradflow.adapters.coverage import refusal
-from gradflow.adapters.esm import ESM
+from gradflow.adapters.esm import ESM, ESMC
 from gradflow.adapters.gte import GTE, JINA_EMBEDDINGS_V3, NOMIC_BERT
 from gradflow.adapters.others import DEBERTA_V2, DISTILBERT, MODERNBERT, MPNET
 from gradflow.adapters.prenorm import MEGATRON_BERT, ROBERTA_PRELAYERNORM, XLM_ROBERTA_XL
@@ -75,7 +75,7 @@ def adapter_for(model_or_config: object) -> Adapter:
 
 for _adapter in (BERT, ROBERTA, ELECTRA, DISTILBERT, ALBERT, DEBERTA_V2, MODERNBERT, ESM, MPNET,
                  ROBERTA_PRELAYERNORM, MEGATRON_BERT, XLM_ROBERTA_XL, REMBERT, YOSO, BIG_BIRD, LUKE, CONVBERT,
-                 GTE, NOMIC_BERT, JINA_EMBEDDINGS_V3):
+                 GTE, NOMIC_BERT, JINA_EMBEDDINGS_V3, ESMC):
     register_adapter(_adapter)
 
 __all__ = [

@@ -30,8 +30,6 @@ REFUSED: dict[str, str] = {
                 "are interleaved per head (q, k, v of head 0, then of head 1, ...), which SublayerSpec's "
                 "contiguous row chunks cannot split, and its norms are DebertaLayerNorm modules, not "
                 "nn.LayerNorm, which the recorder's sublayer statistics do not read"),
-    "esmc": ("not supported yet: no adapter has been written and checked for its layout (pre-LN blocks "
-             "with query and key LayerNorms inside attention)"),
     "eurobert": _RMSNORM.format(norm="EuroBertRMSNorm"),
     "ultrabert": _RMSNORM.format(norm="UltrabertRMSNorm"),
     "flaubert": ("not supported yet: FlaubertModel has no block module: attentions, layer_norm1, ffns and "

@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from gradflow.adapters.base import LM_HEAD, Adapter, SublayerSpec
+from gradflow.errors import SurgeryError
 
 
 def trim_contact_head(model: nn.Module, before: int, after: int) -> str:
@@ -49,4 +50,38 @@ ESM = Adapter(
     head=LM_HEAD,
     final_norm="encoder.emb_layer_norm_after",
     drop_extras=trim_contact_head,
+)
+
+def esmc_drop(model: nn.Module, k: int) -> tuple[int, str]:
+    """Refuse: ESMC scales every residual branch by ``sqrt(num_hidden_layers / 36)``."""
+    raise SurgeryError("ESMC divides every residual branch by sqrt(num_hidden_layers / 36), so a model with "
+                       f"{k} fewer block(s) computes a different function of the kept blocks' weights once "
+                       "reloaded; gradflow does not drop ESMC blocks")
+
+
+ESMC = Adapter(
+    family="esmc",
+    model_types=("esmc",),
+    embeddings="embed_tokens",
+    blocks="layers",
+    mid=("post_attention_layernorm", "input"),
+    sublayers={
+        "attn.q": SublayerSpec("self_attn.q_proj"),
+        "attn.k": SublayerSpec("self_attn.k_proj"),
+        "attn.v": SublayerSpec("self_attn.v_proj"),
+        "attn.out": SublayerSpec("self_attn.o_proj"),
+        "attn.norm": SublayerSpec("input_layernorm"),
+        "ffn.in": SublayerSpec("mlp.up_proj"),
+        "ffn.gate": SublayerSpec("mlp.gate_proj"),
+        "ffn.out": SublayerSpec("mlp.down_proj"),
+        "ffn.norm": SublayerSpec("post_attention_layernorm"),
+    },
+    attn_norm="pre",
+    head=LM_HEAD,
+    final_norm="norm",
+    drop_blocks=esmc_drop,
+    notes="pre-LN, rotary positions, gated FFN, residual branches scaled by sqrt(num_hidden_layers / 36) (so blocks are not dropped); attention also normalises the "
+          "projected queries and keys (self_attn.q_norm, self_attn.k_norm, outside the standard sublayers): "
+          "in the last block q_norm gets exactly zero gradient from context positions, like attn.q, and "
+          "k_norm does not, like attn.k",
 )
