@@ -18,9 +18,10 @@ REMBERT = replace(BERT, family="rembert", model_types=("rembert",),
                         "input-embedding width to the hidden width, so embeddings.out has the embedding width")
 
 YOSO = replace(BERT, family="yoso", model_types=("yoso",), positions_after_padding=True,
-               notes="post-LN; position ids start at 2 (pad_token_id + 1 for YOSO's pad id 1); "
-                     "the expected-LSH kernel (use_expectation=True, the only mode that runs without "
-                     "YOSO's CUDA kernels) forms each position's attention row from its own query")
+               notes="post-LN; position ids start at 2 (pad_token_id + 1 for YOSO's pad id 1); with "
+                     "use_expectation=True (the default, tested) attention is the expected-LSH kernel computed "
+                     "in PyTorch and forms each position's row from its own query; use_expectation=False "
+                     "samples hashes with YOSO's CUDA kernels and is not checked")
 
 BIG_BIRD = replace(BERT, family="big_bird", model_types=("big_bird",),
                    notes="post-LN; original_full and block_sparse attention alike (block_sparse falls "
