@@ -75,31 +75,37 @@ def draw(rows: pd.DataFrame, summary: pd.DataFrame, out: Path) -> None:
         ax = axes[0]
         for (side, role), colour in SIDES.items():
             sub = rows[(rows.side == side) & (rows.role == role)].sort_values("step")
-            if not sub.empty:
-                ax.plot(sub.step, sub.grad_norm, marker="o" if side == "output" else "s", ms=2.5, color=colour,
-                        ls="-" if side == "output" else "--", label=f"{side}, {role}")
+            values = sub.grad_norm.where(sub.n_positions > 0)  # no such position in the batch: no point
+            if values.notna().any():
+                ax.plot(sub.step, values, marker="o" if side == "output" else "s", ms=2.5, color=colour,
+                        ls="-" if side == "output" else "--", lw=0.8, label=f"{side}, {role}")
         ax.set_yscale("log")
         ax.set_xlabel("continued-MLM step")
         ax.set_ylabel("gradient norm of the new rows")
-        ax.set_title("where the new rows' gradient comes from")
-        ax.legend(frameon=False, fontsize="x-small", ncol=2)
+        ax.set_title("gradient of the 40 new rows, per logged batch")
+        ax.set_ylim(1e-4, 30)
+        ax.legend(frameon=False, fontsize="x-small", ncol=3, loc="upper center")
         ax = axes[1]
-        labels, values, colours = [], [], []
+        labels, values, colours, counts = [], [], [], []
         for (side, role), colour in SIDES.items():
             hit = summary[(summary.side == side) & (summary.role == role)]
             labels.append(f"{side}\n{role}")
             values.append(float(hit.mean_grad_norm.iloc[0]) if len(hit) else 0.0)
+            counts.append(float(hit.positions_per_batch.iloc[0]) if len(hit) else 0.0)
             colours.append(colour)
         labels.append("input\nmasked")
         values.append(0.0)
         colours.append("#BBBBBB")
         bars = ax.bar(range(len(values)), values, color=colours)
         bars[-1].set_hatch("///")
+        for x, (value, count) in enumerate(zip(values, counts)):
+            ax.annotate(f"{count:.1f}", (x, value), textcoords="offset points", xytext=(0, 2), ha="center",
+                        fontsize="x-small")
         ax.annotate("0: never read", (len(values) - 1, 0), textcoords="offset points", xytext=(0, 4),
                     ha="center", fontsize="x-small", rotation=90)
         ax.set_xticks(range(len(values)), labels, fontsize="x-small")
         ax.set_ylabel("mean gradient norm")
-        ax.set_title("mean over logged steps")
+        ax.set_title("mean over 25 logged batches\n(number: positions per batch)")
         save_figure(fig, out / "new_vocabulary")
         plt.close(fig)
 
