@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "analyses" / "finetune"))
-from issue15_report import contrasts, run_summaries  # noqa: E402
+from issue15_report import cells, contrasts, run_summaries  # noqa: E402
 
 STEPS = (30, 60, 90)
 
@@ -63,3 +63,16 @@ def test_planted_effect_is_found_and_nulls_get_an_mde(planted):
     assert few["n_pairs"].eq(0).all() and few["p_holm"].isna().all()  # no runs: nothing tested, Holm m counts only tests
     twin = table[table.contrast.str.startswith("(mini-en drop1")]
     assert (twin.n_pairs == 10).all() and not math.isnan(twin["mean"].iloc[0])
+
+
+def test_cells_count_runs_collapsed_to_O(tmp_path):
+    for seed, recall in enumerate((0.0, 0.5, 0.004)):
+        _write_run(tmp_path, "gradflow-mini-en", "full", "brown-propn", seed, 0.3)
+        result = tmp_path / "runs" / f"gradflow-mini-en__brown-propn__full__s{seed}" / "result.json"
+        record = json.loads(result.read_text())
+        record["final"]["test"]["recall"] = recall
+        result.write_text(json.dumps(record))
+    table = cells(run_summaries(tmp_path))
+    row = table.iloc[0]
+    assert (row.n, row.collapsed_to_O) == (3, 2)  # recall < 0.01: no proper noun found
+    assert math.isclose(row.auc, 0.3) and math.isclose(row.seconds_total, 3.0)
