@@ -7,6 +7,8 @@
 - :mod:`.compare`: several runs of one tokenizer side by side.
 - :mod:`.pressure`: the counterfactual context pressure per sublayer (all-positions runs), with CIs;
 - :mod:`.probes`: layer-wise linear probes, control tasks, online code length, sentence bootstrap CIs.
+- :mod:`.structural_check` (with :mod:`.check_flops`): ``gradflow check``, the structural-zero lint on one
+  recorded batch (not imported here: it loads models).
 
 Column lists, role and sublayer order live in :mod:`gradflow.runs.schema` (re-exported here).
 """
