@@ -95,6 +95,15 @@ def test_json_output_has_the_documented_keys(tiny_mlm_dir, tiny_corpus, capsys):
     assert 0 < data["skippable_share"] < 1
 
 
+def test_check_model_takes_a_loaded_model(tiny_mlm_dir, tiny_corpus):
+    from gradflow.models import load_model
+
+    loaded = load_model(str(tiny_mlm_dir))
+    result = check_model(loaded, str(tiny_corpus), batch_size=2, max_length=32, seed=1)
+    assert result.model == str(tiny_mlm_dir) and result.batch["sequences"] == 2 and result.disagreements == []
+    assert {s.sublayer for s in result.flagged(2)} == set(loaded.adapter.after_mixing())
+
+
 def test_text_output_is_a_table(tiny_mlm_dir, tiny_corpus, capsys):
     assert main(["check", "--model", str(tiny_mlm_dir), "--texts", str(tiny_corpus), "--max-length", "32"]) == 0
     out = capsys.readouterr().out

@@ -43,6 +43,7 @@ from gradflow.errors import CorpusError, UsageError
 from gradflow.hooks.recorder import GradFlowRecorder, RecorderConfig
 from gradflow.hooks.records import BatchRecord
 from gradflow.inputs.masking import MaskedBatch
+from gradflow.models import LoadedModel, load_model
 from gradflow.roles import ALL_ROLES, LOSS_ROLES, Role, role_counts
 
 OTHER = "other:"
@@ -132,14 +133,15 @@ class CheckResult:
         }
 
 
-def check_model(model: str = "gradflow-mini-en", texts: str | None = None, *, seed: int = 0, batch_size: int = 8,
-                max_length: int = 128, device: str = "cpu", trust_remote_code: bool = False) -> CheckResult:
-    """Load ``model``, mask the first ``batch_size`` windows of ``texts`` (default: the committed SOTU
-    sample, as ``gradflow record`` uses) with BERT masking seeded by ``seed``, and check it."""
+def check_model(model: str | LoadedModel = "gradflow-mini-en", texts: str | None = None, *, seed: int = 0,
+                batch_size: int = 8, max_length: int = 128, device: str = "cpu",
+                trust_remote_code: bool = False) -> CheckResult:
+    """Load ``model`` (a spec as ``gradflow record`` takes, or a :class:`LoadedModel`, used as it is), mask
+    the first ``batch_size`` windows of ``texts`` (default: the committed SOTU sample, as ``gradflow
+    record`` uses) with BERT masking seeded by ``seed``, and check that batch."""
     from gradflow.inputs.corpus import check_corpus_path, default_texts, read_documents
     from gradflow.inputs.masking import BertMasking
     from gradflow.inputs.pipeline import masked_batches
-    from gradflow.models import load_model
     from gradflow.provenance import portable_path
 
     for flag, value in (("--batch-size", batch_size), ("--max-length", max_length)):
@@ -149,9 +151,10 @@ def check_model(model: str = "gradflow-mini-en", texts: str | None = None, *, se
         raise UsageError(f"--seed must be >= 0, got {seed}")
     source = texts if texts is not None else default_texts()
     check_corpus_path(source)
-    loaded = load_model(model, device, "float32", trust_remote_code)
+    loaded = model if isinstance(model, LoadedModel) else load_model(model, device, "float32", trust_remote_code)
+    name = loaded.name
     if max_length > loaded.max_positions():
-        raise UsageError(f"--max-length {max_length} is longer than the {loaded.max_positions()} positions {model} "
+        raise UsageError(f"--max-length {max_length} is longer than the {loaded.max_positions()} positions {name} "
                          f"accepts; pass --max-length {loaded.max_positions()} or less.")
     stream = masked_batches(loaded.tokenizer, read_documents(source), BertMasking(seed=seed), max_length, batch_size,
                             limit=batch_size)
@@ -159,7 +162,7 @@ def check_model(model: str = "gradflow-mini-en", texts: str | None = None, *, se
     if batch is None:
         raise CorpusError(f"the corpus {source} has no document with a maskable token: pass real text in the "
                           "model's language.")
-    result = check_batch(loaded.model, batch, loaded.adapter, model_name=model)
+    result = check_batch(loaded.model, batch, loaded.adapter, model_name=name)
     result.batch.update(texts=portable_path(source, "."), seed=seed, batch_size=batch_size, max_length=max_length)
     return result
 
