@@ -215,8 +215,44 @@ PROBE_REGIMES: tuple[str, ...] = ("unmasked", "masked")
 PROBE_COLUMNS: tuple[str, ...] = tuple(PROBE_DTYPES)
 PROBE_DROP_COLUMNS: tuple[str, ...] = tuple(PROBE_DROP_DTYPES)
 
+# ----------------------------------------------------------------------------------------------
+# The atlas across checkpoints (``gradflow atlas``)
+# ----------------------------------------------------------------------------------------------
+
+ATLAS_FILE = "atlas.csv"
+ATLAS_DONE_FILE = "atlas_done.json"
+"""Completion marker of one model's atlas directory, written last (a directory without it is redone)."""
+ATLAS_STARTED_FILE = "atlas_started.json"
+"""Written first into a model's atlas directory: marks it as the atlas's own (safe to replace when unfinished)."""
+ATLAS_DTYPES: dict[str, str] = {
+    "model": "str", "family": "str", "n_layers": "int64", "depth_fraction": "float64", "metric": "str",
+    "value": "float64", "ci_low": "float64", "ci_high": "float64",
+}
+"""One row per (model, metric, depth) of ``atlas.csv``: ``depth_fraction`` = layer / n_layers (0 = embeddings
+output, 1 = the last block); ``ci_low``/``ci_high`` NaN where the metric has no interval."""
+ATLAS_COLUMNS: tuple[str, ...] = tuple(ATLAS_DTYPES)
+ATLAS_METRICS: dict[str, str] = {
+    "context_loss_ratio": "context / loss-position mean gradient norm at each block output (95% sequence-bootstrap CI)",
+    "context_share": "context share of a sublayer's weight-gradient signal, per block (``context_share:<sublayer>``)",
+    "logit_lens_top1_context": "logit-lens top-1 recovery of the original token at context positions, per layer",
+    "probe_accuracy": "linear-probe test accuracy of unmasked word features per layer (``probe_accuracy:<task>``, "
+                      "95% sentence-bootstrap CI)",
+    "pressure": "counterfactual context pressure of a sublayer under the all-positions loss, per block "
+                "(``pressure:<sublayer>``, 95% sequence-bootstrap CI)",
+    "skippable_flop_share": "share of one batch's forward+backward matmul FLOPs the last block spends where it gets "
+                            "exactly zero gradient (gradflow check)",
+    "theory_disagreements": "(block, sublayer) pairs where gradflow check's measured zeros disagree with the theory",
+}
+"""Metric kinds of ``atlas.csv`` in row order (a ``kind:detail`` metric is listed under its kind)."""
+ATLAS_STEP_DIRS: dict[str, str] = {"record": "record", "pressure": "pressure", "check": "check",
+                                   "diagnostics": "diagnostics", "probes": "probes"}
+"""Step -> its output directory inside a model's atlas directory (each step's own files and meta.json)."""
+CHECK_FILE = "check.json"
+"""``gradflow check --json``'s object, as the atlas's check step writes it."""
+
 __all__ = [
-    "ANALYSIS_COLUMNS", "CHANNELS_FILE", "CHANNEL_COLUMNS", "CHANNEL_DTYPES", "CHANNEL_VIEW_COLUMNS",
+    "ANALYSIS_COLUMNS", "ATLAS_COLUMNS", "ATLAS_DONE_FILE", "ATLAS_DTYPES", "ATLAS_FILE", "ATLAS_METRICS",
+    "ATLAS_STARTED_FILE", "ATLAS_STEP_DIRS", "CHANNELS_FILE", "CHECK_FILE", "CHANNEL_COLUMNS", "CHANNEL_DTYPES", "CHANNEL_VIEW_COLUMNS",
     "DIAGNOSTIC_COLUMNS", "DIAGNOSTIC_GROUPS", "DIAGNOSTIC_ROLES", "LOSS", "LOSS_ROLES", "META_FILE", "PARAMS",
     "POINTS", "PROBES_FILE", "PROBE_COLUMNS", "PROBE_DROPS_FILE", "PROBE_DROP_COLUMNS",
     "PROBE_DROP_DTYPES", "PROBE_DTYPES", "PROBE_REGIMES", "PROVENANCE_KEYS", "REPORTED_ROLES", "REQUIRED_META_KEYS", "RUN_FILES", "SEQUENCES_FILE",

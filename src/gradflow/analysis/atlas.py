@@ -1,0 +1,149 @@
+"""The atlas table: per-model metrics of ``gradflow atlas`` directories on one normalised depth axis.
+
+One row per (model, metric, depth), columns :data:`gradflow.runs.schema.ATLAS_COLUMNS`, metric kinds
+:data:`gradflow.runs.schema.ATLAS_METRICS`. ``depth_fraction`` = layer / n_layers: 0 is the
+embeddings output, ``i / L`` block i's output (sublayer metrics of block i sit at ``i / L`` too), 1 the
+last block; the check's whole-model numbers describe the last block and sit at 1.
+
+- ``context_loss_ratio``: :func:`gradflow.analysis.profiles.context_ratio` of the MLM record run
+  (point ``out``), sequence-bootstrap CI;
+- ``context_share:<sublayer>``: :func:`gradflow.analysis.sublayers.context_share` (weight; no CI);
+- ``logit_lens_top1_context``: the diagnostics' ``logit_lens.csv`` at context positions (no CI);
+- ``probe_accuracy:<task>``: ``probes.csv`` (unmasked regime, block outputs), sentence-bootstrap CI;
+- ``pressure:<sublayer>``: :func:`gradflow.analysis.pressure.context_pressure` of the all-positions
+  run (weight), where one was recorded;
+- ``skippable_flop_share`` and ``theory_disagreements``: from ``check.json``.
+
+The bootstraps are seeded, so the same directories always give the same table.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from gradflow.analysis.pressure import context_pressure
+from gradflow.analysis.profiles import context_ratio
+from gradflow.analysis.run_data import load_run
+from gradflow.analysis.sublayers import context_share
+from gradflow.errors import UsageError
+from gradflow.hooks.sites import point_of
+from gradflow.runs.schema import (
+    ATLAS_COLUMNS,
+    ATLAS_DONE_FILE,
+    ATLAS_DTYPES,
+    ATLAS_METRICS,
+    ATLAS_STEP_DIRS,
+    CHECK_FILE,
+    PROBES_FILE,
+    sublayer_rank,
+)
+
+CONTEXT = "context"
+
+
+def find_model_dirs(atlas_dirs: Sequence[str | Path]) -> tuple[list[tuple[Path, dict]], list[Path]]:
+    """(finished model directories with their ``atlas_done.json``, unfinished ones) under ``atlas_dirs``.
+
+    Finished models are ordered by their place in the atlas's model list, then by name; a model found
+    finished in two different directories raises :class:`UsageError`.
+    """
+    done: dict[str, tuple[Path, dict]] = {}
+    unfinished: list[Path] = []
+    seen: set[Path] = set()
+    for root in atlas_dirs:
+        root = Path(root)
+        if not root.is_dir():
+            raise UsageError(f"{root} is not a directory; --merge takes the --out directories of gradflow atlas runs")
+        if root.resolve() in seen:
+            continue
+        seen.add(root.resolve())
+        for sub in sorted(p for p in root.iterdir() if p.is_dir()):
+            marker = sub / ATLAS_DONE_FILE
+            if marker.is_file():
+                info = json.loads(marker.read_text(encoding="utf-8"))
+                if info["model"] in done:
+                    raise UsageError(f"model {info['model']!r} is finished in both {done[info['model']][0]} and "
+                                     f"{sub}; merge each model once")
+                done[info["model"]] = (sub, info)
+            elif any(sub.glob("atlas_*.json")):
+                unfinished.append(sub)
+    ordered = sorted(done.values(), key=lambda d: (int(d[1].get("index", 0)), str(d[1]["model"])))
+    return ordered, unfinished
+
+
+def model_rows(path: str | Path, info: dict | None = None, n_resamples: int = 2000, seed: int = 0) -> pd.DataFrame:
+    """The atlas rows of one finished model directory (``info``: its ``atlas_done.json``)."""
+    path = Path(path)
+    info = info if info is not None else json.loads((path / ATLAS_DONE_FILE).read_text(encoding="utf-8"))
+    n = int(info["n_layers"])
+    rows: list[dict] = []
+
+    def add(metric: str, layers, values, low=None, high=None) -> None:
+        values = np.asarray(values, dtype=np.float64)
+        for k, (layer, value) in enumerate(zip(layers, values)):
+            rows.append({"depth_fraction": int(layer) / n, "metric": metric, "value": value,
+                         "ci_low": np.nan if low is None else float(low[k]),
+                         "ci_high": np.nan if high is None else float(high[k])})
+
+    run = load_run(path / ATLAS_STEP_DIRS["record"])
+    ratio = context_ratio(run, n_resamples=n_resamples, seed=seed)
+    add("context_loss_ratio", ratio["layer"], ratio["ratio"], ratio["ci_low"].to_numpy(), ratio["ci_high"].to_numpy())
+    shares = context_share(run)
+    for sub, group in shares.groupby("sublayer", sort=False):
+        add(f"context_share:{sub}", group["layer"], group["share"])
+    lens_file = path / ATLAS_STEP_DIRS["diagnostics"] / "logit_lens.csv"
+    if lens_file.is_file():
+        lens = pd.read_csv(lens_file)
+        lens = lens[lens["role"] == CONTEXT]
+        add("logit_lens_top1_context", lens["layer"], lens["top1_original"])
+    probes_file = path / ATLAS_STEP_DIRS["probes"] / PROBES_FILE
+    if probes_file.is_file():
+        probes = pd.read_csv(probes_file)
+        probes = probes[(probes["regime"] == "unmasked") & probes["site"].map(lambda s: point_of(s) == "out")]
+        for task, group in probes.groupby("task", sort=True):
+            add(f"probe_accuracy:{task}", group["layer"], group["accuracy"], group["ci_low"].to_numpy(),
+                group["ci_high"].to_numpy())
+    if (path / ATLAS_STEP_DIRS["pressure"]).is_dir():
+        pressure = context_pressure(load_run(path / ATLAS_STEP_DIRS["pressure"]), n_resamples=n_resamples, seed=seed)
+        for sub, group in pressure.groupby("sublayer", sort=False):
+            add(f"pressure:{sub}", group["layer"], group["pressure"], group["ci_low"].to_numpy(),
+                group["ci_high"].to_numpy())
+    check = json.loads((path / ATLAS_STEP_DIRS["check"] / CHECK_FILE).read_text(encoding="utf-8"))
+    add("skippable_flop_share", [n], [check["skippable_share"]])
+    add("theory_disagreements", [n], [len(check["theory"]["disagreements"])])
+    frame = pd.DataFrame(rows)
+    frame.insert(0, "n_layers", n)
+    frame.insert(0, "family", str(info["family"]))
+    frame.insert(0, "model", str(info["model"]))
+    return _ordered(frame)
+
+
+def _metric_key(metric: str) -> tuple[int, int, str]:
+    kind, _, detail = metric.partition(":")
+    kinds = list(ATLAS_METRICS)
+    return (kinds.index(kind) if kind in kinds else len(kinds), sublayer_rank(detail) if detail else -1, detail)
+
+
+def _ordered(frame: pd.DataFrame) -> pd.DataFrame:
+    keys = frame["metric"].map(_metric_key)
+    frame = frame.assign(_k=keys).sort_values(["_k", "depth_fraction"], kind="stable").drop(columns="_k")
+    return frame[list(ATLAS_COLUMNS)].astype({c: t for c, t in ATLAS_DTYPES.items() if t != "str"})\
+        .reset_index(drop=True)
+
+
+def atlas_table(atlas_dirs: Sequence[str | Path], n_resamples: int = 2000, seed: int = 0) -> pd.DataFrame:
+    """``atlas.csv`` of every finished model under ``atlas_dirs`` (models in their list order)."""
+    done, _ = find_model_dirs(atlas_dirs)
+    if not done:
+        raise UsageError(f"no finished model (no {ATLAS_DONE_FILE}) under {', '.join(map(str, atlas_dirs))}; run "
+                         "gradflow atlas MODEL... --out DIR first")
+    frames = [model_rows(path, info, n_resamples, seed) for path, info in done]
+    return pd.concat(frames, ignore_index=True)[list(ATLAS_COLUMNS)]
+
+
+__all__ = ["atlas_table", "find_model_dirs", "model_rows"]
