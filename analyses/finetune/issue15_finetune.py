@@ -35,9 +35,10 @@ from grid import GridRun, run_grid, write_plan  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 REPAIRED = "build/mini-repaired/model"
+REPAIRED_MLM = "build/mini-repaired-mlm/model"  # the exploratory control (deviation 3): same repair, MLM objective
 ARMS = {
     "gradflow-mini-en": {"full": {}, "drop1": {"drop_last": 1}, "reinit1": {"reinit_last": 1},
-                         "repair1": {"model": REPAIRED}},
+                         "repair1": {"model": REPAIRED}, "repair1-mlm": {"model": REPAIRED_MLM}},
     "gradflow-mini-en-alltoken": {"full": {}, "drop1": {"drop_last": 1}, "reinit1": {"reinit_last": 1}},
 }
 TASKS = {"brown-pos": {}, "brown-propn": {"class_weights": "balanced"}}
@@ -50,6 +51,7 @@ REGIMES = {
                        train_limit=250, patience=3),
 }
 SECONDARY_ARMS = {("gradflow-mini-en-alltoken", "reinit1")}  # run only with --secondary
+EXPLORATORY_ARMS = {("gradflow-mini-en", "repair1-mlm")}  # run only with --exploratory (and only they)
 TWIN_REGIMES = ("convergence",)  # the twin enters a primary contrast only in regime (a)
 
 
@@ -57,6 +59,8 @@ def plan(args: argparse.Namespace) -> list[GridRun]:
     runs = []
     for seed, task, (model, arms) in itertools.product(args.seeds, TASKS, ARMS.items()):
         for arm, change in arms.items():
+            if ((model, arm) in EXPLORATORY_ARMS) != args.exploratory:
+                continue
             if not args.secondary and ((model, arm) in SECONDARY_ARMS or
                                        (model != "gradflow-mini-en" and args.regime not in TWIN_REGIMES)):
                 continue
@@ -80,17 +84,21 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--secondary", action="store_true", help="also the secondary cells (the twin's reinit1; the "
                         "twin in the few-sample regime)")
+    parser.add_argument("--exploratory", action="store_true", help="run only the exploratory arms (deviation 3: "
+                        "repair1-mlm, the last block retrained with the MLM objective), into <regime>-exploratory")
     parser.add_argument("--device", default="cpu")
     # float32 by default: on this project's 2-core AMD EPYC machine (no AVX512-BF16) a bfloat16 CPU matmul
     # measured 1.1 GFLOP/s against 36.6 for float32 (torch 2.13, one thread), so autocast is opt-in
     parser.add_argument("--autocast", default=None, choices=["bfloat16"])
     parser.add_argument("--data-root", default=str(ROOT / "data/tasks"))
     args = parser.parse_args()
-    if not (ROOT / REPAIRED).is_dir():
-        subprocess.run([sys.executable, "-m", "gradflow", "repair", "--model", "gradflow-mini-en", "--out",
-                        str(Path(REPAIRED).parent)], cwd=ROOT, check=True)
+    for model_dir, objective in ((REPAIRED, "all-positions"), (REPAIRED_MLM, "mlm")):
+        if not (ROOT / model_dir).is_dir() and (objective == "mlm") == args.exploratory:
+            subprocess.run([sys.executable, "-m", "gradflow", "repair", "--model", "gradflow-mini-en", "--objective",
+                            objective, "--out", str(Path(model_dir).parent)], cwd=ROOT, check=True)
     if args.out is None:
         suffix = f"-{args.train_sentences}" if args.regime == "few-sample" else ""
+        suffix += "-exploratory" if args.exploratory else ""
         args.out = ROOT / "figures/finetune/issue15" / f"{args.regime}{suffix}"
     runs = plan(args)
     args.out.mkdir(parents=True, exist_ok=True)
