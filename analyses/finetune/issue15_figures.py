@@ -18,8 +18,9 @@ from grid import collect, mean_ci  # noqa: E402
 ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "figures/finetune/issue15"
 METRIC = {"brown-pos": ("accuracy", "word accuracy"), "brown-propn": ("entity_f1", "proper-noun entity F1")}
-ARM_COLOURS = {"full": "#4477AA", "drop1": "#EE6677", "reinit1": "#228833", "repair1": "#AA3377"}
-ARM_STYLES = {"full": "-", "drop1": "--", "reinit1": ":", "repair1": "-."}
+ARM_COLOURS = {"full": "#4477AA", "drop1": "#EE6677", "reinit1": "#228833", "repair1": "#AA3377",
+               "repair1-mlm": "#BBBBBB"}
+ARM_STYLES = {"full": "-", "drop1": "--", "reinit1": ":", "repair1": "-.", "repair1-mlm": (0, (1, 1))}
 MODELS = {"gradflow-mini-en": "gradflow-mini-en", "gradflow-mini-en-alltoken": "all-token twin"}
 
 
@@ -58,7 +59,8 @@ def draw_curves(table: pd.DataFrame, out: Path) -> None:
                         continue
                     ax.plot(sub.step, sub["mean"], color=colour, ls=ARM_STYLES[arm], marker="o", ms=2.5,
                             label=f"{arm} (n={int(sub.n.min())})")
-                    ax.fill_between(sub.step, sub.ci_low, sub.ci_high, color=colour, alpha=0.15, lw=0)
+                    ax.fill_between(sub.step, sub.ci_low.clip(0, 1), sub.ci_high.clip(0, 1), color=colour, alpha=0.15,
+                                    lw=0)
                 ax.set_title(f"{MODELS[model]}: {task}")
                 ax.set_ylabel(f"validation {label}")
                 if i == len(models) - 1:
@@ -82,7 +84,7 @@ def draw_few_sample(regime_dir: Path, out: Path) -> None:
         fig, axes = plt.subplots(1, len(METRIC), figsize=(7.0, 2.4))
         for ax, (task, (metric, label)) in zip(axes, METRIC.items()):
             sub = finals[(finals.task == task) & (finals.split == "test") & (finals.metric == metric)]
-            for x, (arm, colour) in enumerate(ARM_COLOURS.items()):
+            for x, (arm, colour) in enumerate(list(ARM_COLOURS.items())[:4]):
                 values = sub[(sub.model == "gradflow-mini-en") & (sub.arm == arm)].sort_values("seed").value.to_numpy()
                 if not values.size:
                     continue
@@ -91,7 +93,7 @@ def draw_few_sample(regime_dir: Path, out: Path) -> None:
                 mean, low, high, _ = mean_ci(values)
                 ax.errorbar([x + 0.3], [mean], yerr=[[mean - low], [high - mean]], fmt="o", ms=4, capsize=2,
                             color=colour)
-            ax.set_xticks(range(len(ARM_COLOURS)), list(ARM_COLOURS))
+            ax.set_xticks(range(4), list(ARM_COLOURS)[:4])
             ax.set_ylabel(f"test {label}")
             ax.set_title(f"gradflow-mini-en, 250 sentences: {task}")
         save_figure(fig, out / "few_sample")
@@ -100,6 +102,8 @@ def draw_few_sample(regime_dir: Path, out: Path) -> None:
 
 def main() -> int:
     table = curve_table(OUT / "convergence")
+    if (OUT / "convergence-exploratory" / "runs").is_dir():  # deviation 3's control arm, drawn beside the others
+        table = pd.concat([table, curve_table(OUT / "convergence-exploratory")], ignore_index=True)
     table.to_csv(OUT / "convergence_curves.csv", index=False, float_format="%.6g")
     draw_curves(table, OUT)
     if (OUT / "few-sample-250" / "runs").is_dir():

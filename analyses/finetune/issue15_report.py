@@ -132,6 +132,26 @@ def cells_markdown(table: pd.DataFrame) -> str:
     return "\n".join(lines) + "\n"
 
 
+def exploratory(convergence: pd.DataFrame, extra: pd.DataFrame) -> pd.DataFrame:
+    """Deviation 3's contrasts on the regime (a) AUC, paired by seed, outside the Holm family."""
+    frame = pd.concat([convergence, extra], ignore_index=True)
+    rows = []
+    for task in METRIC:
+        for arm, baseline in (("repair1-mlm", "full"), ("repair1", "repair1-mlm")):
+            sub = frame[(frame.model == MINI) & (frame.task == task)].pivot_table(index="seed", columns="arm",
+                                                                                   values="auc")
+            if not {arm, baseline} <= set(sub.columns):
+                continue
+            d = (sub[arm] - sub[baseline]).dropna().to_numpy()
+            if d.size < 2:
+                continue
+            t = paired_test(d)
+            rows.append({"contrast": f"mini-en {arm} - {baseline}", "task": task, "mean": t.mean, "ci_low": t.ci_low,
+                         "ci_high": t.ci_high, "p": t.p_value, "n_pairs": t.n,
+                         "mde_alpha05": minimum_detectable_effect(t.sd, t.n) if t.p_value >= 0.05 else math.nan})
+    return pd.DataFrame(rows)
+
+
 def main() -> int:
     convergence = run_summaries(OUT / "convergence") if (OUT / "convergence/runs").is_dir() else pd.DataFrame()
     few = run_summaries(OUT / "few-sample-250") if (OUT / "few-sample-250/runs").is_dir() else pd.DataFrame()
@@ -154,6 +174,19 @@ def main() -> int:
         print(cells_markdown(table))
         cost = summaries.groupby(["regime", "model"])["seconds"].agg(["count", "sum", "mean"])
         print("run seconds (one thread each) per regime and model:\n" + cost.round(1).to_string())
+    if (OUT / "convergence-exploratory/runs").is_dir() and not convergence.empty:
+        extra = run_summaries(OUT / "convergence-exploratory")
+        extra.to_csv(OUT / "run_summaries_exploratory.csv", index=False, float_format="%.6g")
+        table = exploratory(convergence, extra)
+        table.to_csv(OUT / "exploratory.csv", index=False, float_format="%.6g")
+        lines = ["| contrast (exploratory, regime (a) AUC) | task | mean difference [95% CI] | n | p | MDE (alpha .05) |",
+                 "|---|---|---|---|---|---|"]
+        for r in table.itertuples():
+            mde = "-" if math.isnan(r.mde_alpha05) else f"{r.mde_alpha05:.4f}"
+            lines.append(f"| {r.contrast} | {r.task} | {r.mean:+.4f} [{r.ci_low:+.4f}, {r.ci_high:+.4f}] | {r.n_pairs} | "
+                         f"{r.p:.3g} | {mde} |")
+        (OUT / "exploratory.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+        print("\n".join(lines))
     return 0
 
 
