@@ -28,10 +28,11 @@ from gradflow.adapters.bert import BERT, ELECTRA, ROBERTA
 from gradflow.adapters.bertlike import BIG_BIRD, CONVBERT, LUKE, REMBERT, YOSO
 from gradflow.adapters.coverage import refusal
 from gradflow.adapters.esm import ESM, ESMC
+from gradflow.adapters.generic import discover_adapter
 from gradflow.adapters.gte import GTE, JINA_EMBEDDINGS_V3, NOMIC_BERT
 from gradflow.adapters.others import DEBERTA_V2, DISTILBERT, MODERNBERT, MPNET
 from gradflow.adapters.prenorm import MEGATRON_BERT, ROBERTA_PRELAYERNORM, XLM_ROBERTA_XL
-from gradflow.errors import UnsupportedArchitectureError
+from gradflow.errors import UnsupportedArchitectureError, UsageError
 
 _REGISTRY: dict[str, Adapter] = {}
 
@@ -73,13 +74,35 @@ def adapter_for(model_or_config: object) -> Adapter:
     return _REGISTRY[model_type]
 
 
+def registered_family(model_type: str | None) -> str | None:
+    """The family of the adapter registered for ``model_type``, or None."""
+    adapter = _REGISTRY.get(model_type) if model_type is not None else None
+    return adapter.family if adapter is not None else None
+
+
+ADAPTER_CHOICES = ("registered", "auto")
+"""``registered``: the adapter registered for ``config.model_type`` (refused without one); ``auto``: the
+generic adapter, discovered from the module tree (opt-in; see :mod:`gradflow.adapters.generic`)."""
+
+
+def resolve_adapter(model: object, adapter: "Adapter | str | None" = None) -> Adapter:
+    """An :class:`Adapter` as is; None or ``"registered"``: :func:`adapter_for`; ``"auto"``: discovered."""
+    if isinstance(adapter, Adapter):
+        return adapter
+    if adapter is None or adapter == "registered":
+        return adapter_for(model)
+    if adapter == "auto":
+        return discover_adapter(model)
+    raise UsageError(f"adapter must be an Adapter or one of {', '.join(ADAPTER_CHOICES)}, got {adapter!r}")
+
+
 for _adapter in (BERT, ROBERTA, ELECTRA, DISTILBERT, ALBERT, DEBERTA_V2, MODERNBERT, ESM, MPNET,
                  ROBERTA_PRELAYERNORM, MEGATRON_BERT, XLM_ROBERTA_XL, REMBERT, YOSO, BIG_BIRD, LUKE, CONVBERT,
                  GTE, NOMIC_BERT, JINA_EMBEDDINGS_V3, ESMC):
     register_adapter(_adapter)
 
 __all__ = [
-    "LM_HEAD", "SUBLAYER_NAMES", "Adapter", "HeadSpec", "SublayerSpec", "UnsupportedArchitectureError",
-    "adapter_for", "block_modules", "count_parameters", "get_module", "register_adapter",
-    "supported_model_types",
+    "ADAPTER_CHOICES", "LM_HEAD", "SUBLAYER_NAMES", "Adapter", "HeadSpec", "SublayerSpec",
+    "UnsupportedArchitectureError", "adapter_for", "block_modules", "count_parameters", "discover_adapter",
+    "get_module", "register_adapter", "registered_family", "resolve_adapter", "supported_model_types",
 ]

@@ -91,14 +91,19 @@ class Adapter:
     - ``init_block`` (rare): ``(model, block) -> None`` re-initialises one block in place from the
       torch RNG; default: the model's own ``_init_weights`` on every submodule;
     - ``unshare`` (weight-sharing families): ``(model) -> None`` gives every depth its own copy of its
-      block, keeping the outputs; None for families whose blocks are never shared.
+      block, keeping the outputs; None for families whose blocks are never shared;
+    - ``embeddings_at``: ``"output"``: ``embeddings.out`` is the ``embeddings`` module's output;
+      ``"blocks"`` (the generic adapter): it is the first block's input, and ``embeddings`` names
+      the module whose call starts a forward (``""``: the base model itself).
+
+    ``mid`` is None when the mid point is unknown (the generic adapter): no ``mid`` sites then.
     """
 
     family: str
     model_types: tuple[str, ...]
     embeddings: str
     blocks: str
-    mid: tuple[str, str]
+    mid: tuple[str, str] | None
     sublayers: dict[str, SublayerSpec]
     attn_norm: str = "post"
     expand_blocks: Callable[[nn.Module], list[nn.Module]] | None = field(default=None, compare=False)
@@ -111,6 +116,7 @@ class Adapter:
     drop_extras: Callable[[nn.Module, int, int], str] | None = field(default=None, compare=False)
     init_block: Callable[[nn.Module, nn.Module], None] | None = field(default=None, compare=False)
     unshare: Callable[[nn.Module], None] | None = field(default=None, compare=False)
+    embeddings_at: str = "output"
 
     def after_mixing(self) -> tuple[str, ...]:
         """Sublayers of a block that see only the channel's own post-attention state.

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from gradflow.adapters import Adapter, get_module
+from gradflow.adapters.norms import splittable
 from gradflow.errors import RecorderError
 from gradflow.hooks.batch_state import BatchState
 from gradflow.hooks.records import BatchRecord, RecorderConfig, SublayerRecord
@@ -48,11 +49,18 @@ class GradFlowRecorder:
     ``torch.autograd.grad`` (parameters' ``.grad`` are left untouched). To drive your own
     forward/backward instead: ``with rec.capture(batch.roles): loss.backward()``, then
     ``rec.result()``.
+
+    ``adapter``: None for the adapter registered for the model's ``config.model_type``, an
+    :class:`Adapter`, or ``"auto"`` (also ``RecorderConfig(adapter="auto")``) for the generic adapter
+    discovered from the module tree (opt-in; it prints what it found; see
+    :mod:`gradflow.adapters.generic`).
     """
 
-    def __init__(self, model: nn.Module, config: RecorderConfig | None = None, adapter: Adapter | None = None):
+    def __init__(self, model: nn.Module, config: RecorderConfig | None = None, adapter: Adapter | str | None = None):
         self.model = model
         self.config = config or RecorderConfig()
+        if adapter is None and self.config.adapter != "registered":
+            adapter = self.config.adapter
         self.sites = SiteLayer(model, adapter, mid=True)
         self.adapter = self.sites.adapter
         self.base = self.sites.base
@@ -85,7 +93,7 @@ class GradFlowRecorder:
             hooks.close()
 
     def _sublayer_hooks(self) -> list[tuple[nn.Module, ForwardHook]]:
-        """One forward hook per distinct Linear/LayerNorm sublayer module (none without sublayers)."""
+        """One forward hook per distinct Linear/LayerNorm/RMSNorm-like sublayer module (none without sublayers)."""
         if not self.config.sublayers:
             return []
         hooks: list[tuple[nn.Module, ForwardHook]] = []
@@ -93,7 +101,7 @@ class GradFlowRecorder:
             by_module: dict[int, tuple[nn.Module, list[SublayerEntry]]] = {}
             for name, spec in self.adapter.sublayers.items():
                 module = get_module(block, spec.path)
-                if not isinstance(module, (nn.Linear, nn.LayerNorm)):
+                if not splittable(module):
                     continue  # e.g. ModernBERT's first block has nn.Identity as its attention norm
                 by_module.setdefault(id(module), (module, []))[1].append(SublayerEntry(name, spec.chunk))
             hooks += [(module, self._make_sublayer_hook(entries)) for module, entries in by_module.values()]

@@ -17,12 +17,15 @@ class RecorderConfig:
     ``sublayers``: the per-role split of every sublayer's weight gradient (else site norms only).
     ``materialize``: also keep every role's summed gradient matrix ``G_r`` (CPU, float32): for
     checks and small models only. ``position_magnitudes``: also keep the (B, T) per-position
-    magnitudes of every sublayer parameter.
+    magnitudes of every sublayer parameter. ``adapter``: ``"registered"`` (the adapter registered for
+    the model type) or ``"auto"`` (the generic adapter, discovered; see :mod:`gradflow.adapters.generic`);
+    an adapter passed to the recorder takes precedence.
     """
 
     sublayers: bool = True
     materialize: bool = False
     position_magnitudes: bool = False
+    adapter: str = "registered"
 
 
 @dataclass

@@ -27,7 +27,7 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
-from gradflow.adapters import Adapter, adapter_for, block_modules, get_module
+from gradflow.adapters import Adapter, block_modules, get_module, resolve_adapter
 from gradflow.errors import SiteError
 
 EMBEDDINGS_SITE = "embeddings.out"
@@ -217,21 +217,44 @@ def _input_hook(callback: SiteCallback, site: Callable[[], str | None]) -> Calla
     return hook
 
 
+def _block_input_hook(callback: SiteCallback, site: Callable[[], str | None]) -> Callable:
+    """Forward pre-hook (with kwargs): ``callback(site(), the block's hidden-state input)``, replaced by
+    its result; the hidden state is the first positional argument or the ``hidden_states`` keyword."""
+    def hook(module: nn.Module, args: tuple, kwargs: dict) -> tuple | None:
+        name = site()
+        if name is None:
+            return None
+        if args and isinstance(args[0], torch.Tensor):
+            new = callback(name, args[0])
+            return None if new is None else ((new, *args[1:]), kwargs)
+        if isinstance(kwargs.get("hidden_states"), torch.Tensor):
+            new = callback(name, kwargs["hidden_states"])
+            return None if new is None else (args, {**kwargs, "hidden_states": new})
+        raise SiteError(f"cannot find the hidden-state input of {type(module).__name__} (neither its first "
+                        "positional argument nor hidden_states=)")
+
+    return hook
+
+
 class SiteLayer:
     """The sites of one model (``model.base_model``'s embeddings and blocks, from the adapter).
 
-    ``names``: the site names (with the ``mid`` sites when ``mid``); ``depths``: the depth stack
-    the hooks keep (read ``depths.current`` from other hooks to know the running block's depth).
+    ``adapter``: an :class:`Adapter`, None for the registered one, or ``"auto"`` for the generic one
+    (a model without ``base_model``, a plain ``nn.Module``, is its own base). ``names``: the site
+    names (with the ``mid`` sites when ``mid`` and the adapter knows its mid point); ``depths``: the
+    depth stack the hooks keep (read ``depths.current`` from other hooks to know the running block's
+    depth).
     """
 
-    def __init__(self, model: nn.Module, adapter: Adapter | None = None, mid: bool = True):
-        self.adapter = adapter or adapter_for(model)
-        self.base = model.base_model
+    def __init__(self, model: nn.Module, adapter: Adapter | str | None = None, mid: bool = True):
+        self.adapter = resolve_adapter(model, adapter)
+        self.base = getattr(model, "base_model", model)
         self.blocks = block_modules(self.adapter, self.base)
         self.num_blocks = len(self.blocks)
-        self.mid = mid
-        self.names = site_names(self.num_blocks, mid)
+        self.mid = mid and self.adapter.mid is not None
+        self.names = site_names(self.num_blocks, self.mid)
         self.depths = DepthStack(depth_occurrences(self.blocks))
+        self._entered = 0
 
     @contextmanager
     def hooks(self, callback: SiteCallback,
@@ -253,7 +276,9 @@ class SiteLayer:
     def _install(self, callback: SiteCallback, handles: list[RemovableHandle]) -> None:
         embeddings = get_module(self.base, self.adapter.embeddings)
         handles.append(embeddings.register_forward_pre_hook(self._start_forward))
-        handles.append(embeddings.register_forward_hook(_output_hook(callback, lambda: EMBEDDINGS_SITE)))
+        at_blocks = self.adapter.embeddings_at == "blocks"
+        if not at_blocks:
+            handles.append(embeddings.register_forward_hook(_output_hook(callback, lambda: EMBEDDINGS_SITE)))
         for block in distinct_blocks(self.blocks):
             handles.append(block.register_forward_pre_hook(self._enter_block))
             handles.append(block.register_forward_hook(_output_hook(callback, self._out_site)))
@@ -262,12 +287,24 @@ class SiteLayer:
                 module = get_module(block, path)
                 handles.append(module.register_forward_hook(_output_hook(callback, self._mid_site)) if kind == "output"
                                else module.register_forward_pre_hook(_input_hook(callback, self._mid_site)))
+        if at_blocks:
+            handles.append(self.blocks[0].register_forward_pre_hook(_block_input_hook(callback, self._first_block),
+                                                                    with_kwargs=True))
 
     def _start_forward(self, module: nn.Module, args: tuple) -> None:
         self.depths.reset()
+        self._entered = 0
 
     def _enter_block(self, module: nn.Module, args: tuple) -> None:
-        self.depths.enter(module)
+        depth = self.depths.enter(module)
+        if self.adapter.embeddings_at == "blocks" and depth != self._entered:
+            raise SiteError(f"a block ran out of the discovered order (depth {depth} ran as block call "
+                            f"{self._entered}): the generic adapter's block order does not hold for this forward; "
+                            "describe the model with an Adapter instead")
+        self._entered += 1
+
+    def _first_block(self) -> str | None:
+        return EMBEDDINGS_SITE if self.depths.current == 0 else None
 
     def _out_site(self) -> str | None:
         depth = self.depths.leave()

@@ -11,7 +11,8 @@ contribution of a role r is ``G_r = sum_{t in r} g_t x_t^T``; the contributions 
   nonzero element, i.e. ``g_t`` and ``x_t`` both have one).
 
 For a LayerNorm ``y = gamma * xhat + beta`` the gain's per-position contribution is
-``g_t * xhat_t`` and the bias's is ``g_t``. Roles none of whose per-position contributions has a
+``g_t * xhat_t`` and the bias's is ``g_t``; for an RMSNorm-like module (no bias, or one) ``xhat`` is
+the module's own output with unit gain and zero bias (:func:`gradflow.adapters.norms.unit_affine`). Roles none of whose per-position contributions has a
 nonzero element get an exactly zero contribution (no arithmetic is done on them). Zero is decided
 from the elements, never from a norm, and norms are safe from underflow and overflow (see
 :mod:`gradflow.hooks.safe_norms`). Results accumulate in
@@ -27,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from gradflow.adapters.norms import unit_affine
 from gradflow.hooks.batch_state import BatchState
 from gradflow.hooks.safe_norms import gram_float64, in_safe_range, safe_norm
 from gradflow.roles import ALL_ROLES, NUM_ROLES, Role
@@ -115,17 +117,19 @@ def _linear_stats(state: BatchState, depth: int, mod: nn.Linear, entries: list[S
                         state.matrices[(depth, entry.name, "bias", ALL_ROLES[code])] = sums[code].cpu()
 
 
-def _norm_stats(state: BatchState, depth: int, mod: nn.LayerNorm, entries: list[SublayerEntry], x: torch.Tensor,
+def _norm_stats(state: BatchState, depth: int, mod: nn.Module, entries: list[SublayerEntry], x: torch.Tensor,
                 grad: torch.Tensor, token: bool) -> None:
-    """LayerNorm gain and bias: per-position contributions ``g * xhat`` and ``g``, summed per role."""
+    """Norm gain and bias: per-position contributions ``g * xhat`` and ``g``, summed per role."""
     d = x.shape[-1]
-    x2 = x.reshape(-1, d).float()
     g2 = grad.reshape(-1, d).float()
-    codes, index, counts = _partition(state, x2.shape[0], token)
-    xhat = F.layer_norm(x2, mod.normalized_shape, eps=mod.eps)
+    codes, index, counts = _partition(state, g2.shape[0], token)
+    if isinstance(mod, nn.LayerNorm):
+        xhat = F.layer_norm(x.reshape(-1, d).float(), mod.normalized_shape, eps=mod.eps)
+    else:
+        xhat = unit_affine(mod, x.reshape(-1, d)).float()
     for entry in entries:
         for param, per_pos in (("weight", g2 * xhat), ("bias", g2)):
-            if getattr(mod, param) is None:
+            if getattr(mod, param, None) is None:
                 continue
             sums = torch.zeros(NUM_ROLES, d, dtype=torch.float32, device=g2.device)
             sums.index_add_(0, codes, per_pos)
