@@ -254,3 +254,28 @@ def test_norm_like_needs_the_affine_diagonal_form():
     assert norm_like(RMSNorm(8)) and norm_like(nn.LayerNorm(8)) and norm_like(nn.RMSNorm(8))
     assert not norm_like(OnePlusGain(8)) and not norm_like(nn.LayerNorm(8, elementwise_affine=False))
     assert not norm_like(nn.Linear(8, 8)) and not norm_like(nn.Embedding(4, 8))
+
+
+def test_cli_record_adapter_auto(tmp_path, capsys, tiny_mlm_dir, tiny_corpus):
+    import json
+
+    import pandas as pd
+
+    from gradflow.cli import main
+
+    out = tmp_path / "run"
+    code = main(["record", "--model", str(tiny_mlm_dir), "--texts", str(tiny_corpus), "--out", str(out),
+                 "--max-length", "24", "--batch-size", "4", "--limit", "8", "--quiet", "--adapter", "auto"])
+    assert code == 0
+    assert "generic adapter (adapter='auto')" in capsys.readouterr().err
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["family"] == "generic" and meta["after_mixing_sublayers"] == []
+    channels = pd.read_csv(out / "channels.csv")
+    assert set(channels.point) == {"out"}
+    last = channels[(channels.layer == meta["num_layers"]) & (channels.role == "context")]
+    assert (last.grad_norm_mean == 0.0).all()
+    sublayers = pd.read_csv(out / "sublayers.csv")
+    assert "attention.self.query" in set(sublayers.sublayer)
+    q = sublayers[(sublayers.layer == meta["num_layers"]) & (sublayers.role == "context")
+                  & (sublayers.sublayer == "attention.output.dense")]
+    assert (q.share == 0.0).all()

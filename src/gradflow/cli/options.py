@@ -15,6 +15,7 @@ import shlex
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
+from gradflow.adapters import ADAPTER_CHOICES
 from gradflow.errors import UsageError
 from gradflow.models import DEFAULT_MODEL, EMBEDDED_MODELS
 
@@ -139,6 +140,14 @@ def add_model(parser: argparse.ArgumentParser, required: bool = False) -> None:
     """``--model``: required, or defaulting to the default embedded model."""
     default = None if required else DEFAULT_MODEL
     parser.add_argument("--model", required=required, default=default, help=model_help(default))
+
+
+def add_adapter(parser: argparse.ArgumentParser) -> None:
+    """``--adapter``: the registered adapter of the model type, or the generic one (opt-in)."""
+    parser.add_argument("--adapter", choices=ADAPTER_CHOICES, default="registered",
+                        help="registered: the adapter of the model's model_type (default); auto: the generic adapter, "
+                             "which discovers the block stack from the module tree (for custom or unregistered "
+                             "architectures; prints what it found; block outputs and per-module-path splits only)")
 
 
 def add_corpus(parser: argparse.ArgumentParser) -> None:

@@ -9,6 +9,7 @@ from gradflow.cli.options import (
     FRACTION,
     NON_NEGATIVE,
     CheckedAction,
+    add_adapter,
     add_corpus,
     add_limit,
     add_model,
@@ -54,6 +55,7 @@ def _add_record_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--trust-remote-code", action="store_true",
                    help="allow a hub checkpoint to run its own Python code (off by default; review the code first)")
+    add_adapter(p)
 
 
 def mask_split(text: str) -> tuple[float, float, float]:
@@ -81,7 +83,7 @@ def _record(args: argparse.Namespace, argv: Sequence[str]) -> int:
         whole_word=args.whole_word, seed=args.seed, max_length=args.max_length, batch_size=args.batch_size,
         limit=args.limit, device=args.device, dtype=args.dtype, loss=args.loss, reduction=args.reduction,
         sublayers=not args.norms_only, overwrite=args.overwrite, quiet=args.quiet,
-        trust_remote_code=args.trust_remote_code, command=command_line(argv),
+        trust_remote_code=args.trust_remote_code, adapter=args.adapter, command=command_line(argv),
     )
     summary = record_corpus(config)
     if summary.meta:

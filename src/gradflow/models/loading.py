@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from gradflow.adapters import Adapter, UnsupportedArchitectureError, adapter_for
+from gradflow.adapters import ADAPTER_CHOICES, Adapter, UnsupportedArchitectureError, adapter_for, discover_adapter
 from gradflow.errors import ModelLoadError
 
 EMBEDDED_MODELS: dict[str, str] = {
@@ -83,8 +83,12 @@ def resolve_model_path(spec: str) -> tuple[str, bool]:
 
 
 def load_model(spec: str = DEFAULT_MODEL, device: str = "cpu", dtype: str = "float32",
-               trust_remote_code: bool = False) -> LoadedModel:
-    """Load a ForMaskedLM model and its tokenizer; eval mode, on ``device``, in ``dtype``."""
+               trust_remote_code: bool = False, adapter: str = "registered") -> LoadedModel:
+    """Load a ForMaskedLM model and its tokenizer; eval mode, on ``device``, in ``dtype``.
+
+    ``adapter``: ``"registered"`` (the adapter of ``config.model_type``; refused without one) or
+    ``"auto"`` (opt-in: the generic adapter discovered from the loaded model, with a notice on stderr).
+    """
     from transformers import AutoConfig, AutoModelForMaskedLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
@@ -92,6 +96,8 @@ def load_model(spec: str = DEFAULT_MODEL, device: str = "cpu", dtype: str = "flo
 
     if dtype not in DTYPES:
         raise ModelLoadError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPES)}")
+    if adapter not in ADAPTER_CHOICES:
+        raise ModelLoadError(f"unknown adapter {adapter!r}; choose one of {', '.join(ADAPTER_CHOICES)}")
     path, local = resolve_model_path(spec)
     try:
         config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
@@ -102,9 +108,11 @@ def load_model(spec: str = DEFAULT_MODEL, device: str = "cpu", dtype: str = "flo
         raise ModelLoadError(f"could not read the config of {spec!r}: {err}. If the model needs custom code, "
                              "review it and pass --trust-remote-code.") from None
     try:
-        adapter = adapter_for(config)
+        found = adapter_for(config) if adapter == "registered" else None
     except UnsupportedArchitectureError as err:
-        raise ModelLoadError(str(err)) from None
+        hint = "" if "does not hold" in str(err) else (" A model without an adapter may be recorded with the generic "
+                                                      "one, discovered from its modules: pass --adapter auto.")
+        raise ModelLoadError(f"{err}{hint}") from None
     try:
         model, info = AutoModelForMaskedLM.from_pretrained(path, config=config, dtype=DTYPES[dtype],
                                                            trust_remote_code=trust_remote_code,
@@ -132,6 +140,11 @@ def load_model(spec: str = DEFAULT_MODEL, device: str = "cpu", dtype: str = "flo
     if tokenizer.mask_token_id is None:
         raise ModelLoadError(f"the tokenizer of {spec!r} has no mask token: it is not a masked-LM tokenizer.")
     model.to(device).eval()
+    if found is None:
+        try:
+            found = discover_adapter(model)
+        except UnsupportedArchitectureError as err:
+            raise ModelLoadError(str(err)) from None
     config_hash = hashlib.sha256(config.to_json_string(use_diff=False).encode()).hexdigest()[:16]
-    return LoadedModel(model, tokenizer, spec, path, adapter, config_hash)
+    return LoadedModel(model, tokenizer, spec, path, found, config_hash)
 

@@ -75,6 +75,7 @@ class RecordConfig:
     overwrite: bool = False
     quiet: bool = False
     trust_remote_code: bool = False
+    adapter: str = "registered"
     command: str = ""
 
 
@@ -184,7 +185,7 @@ def record_corpus(config: RecordConfig, loaded: LoadedModel | None = None) -> Ru
         prepare_output_dir(out, config.overwrite)
     if world > 1:
         torch.distributed.barrier()
-    loaded = loaded or load_model(config.model, config.device, config.dtype, config.trust_remote_code)
+    loaded = loaded or load_model(config.model, config.device, config.dtype, config.trust_remote_code, config.adapter)
     _check_max_length(config, loaded, out)
     policy = BertMasking(rate=config.mask_rate, split=tuple(config.mask_split), whole_word=config.whole_word,
                          seed=config.seed)
