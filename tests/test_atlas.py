@@ -208,3 +208,25 @@ def test_other_bad_input_exits_2(tmp_path, models, tiny_corpus, capsys):
         assert main(argv) == 2, argv
         assert message in capsys.readouterr().err, argv
     assert not (tmp_path / "a").exists()
+
+
+def test_byte_level_bpe_tokenizer_gets_a_prefix_space_for_probes(tmp_path):
+    from tokenizers import ByteLevelBPETokenizer
+    from transformers import AutoTokenizer, RobertaTokenizerFast
+
+    from gradflow.models import LoadedModel
+
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(SAMPLE_LINES * 4, vocab_size=300, min_frequency=1,
+                            special_tokens=["<s>", "<pad>", "</s>", "<unk>", "<mask>"])
+    RobertaTokenizerFast(tokenizer_object=bpe._tokenizer, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
+                         pad_token="<pad>", mask_token="<mask>", cls_token="<s>", sep_token="</s>",
+                         add_prefix_space=False).save_pretrained(tmp_path)
+    loaded = LoadedModel(None, AutoTokenizer.from_pretrained(tmp_path), "tiny-roberta", str(tmp_path), None, "")
+    assert loaded.tokenizer.add_prefix_space is False
+    ready = atlas_job.probe_ready(loaded)
+    assert ready.tokenizer.add_prefix_space is True and ready.model is loaded.model
+    word = ready.tokenizer([["progress"]], is_split_into_words=True)["input_ids"][0]
+    assert ready.tokenizer.convert_ids_to_tokens(word)[1].startswith("Ġ")  # the word as it appears inside text
+    bare = loaded.tokenizer([["progress"]], is_split_into_words=True)["input_ids"][0]
+    assert not loaded.tokenizer.convert_ids_to_tokens(bare)[1].startswith("Ġ")

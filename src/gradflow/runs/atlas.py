@@ -21,7 +21,7 @@ import re
 import shlex
 import shutil
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from gradflow.errors import OutputDirError, TaskError, UsageError
@@ -213,6 +213,17 @@ def vocabulary_fit(tokenizer, task: LabelledSplits, max_length: int = 128) -> di
             "pieces_per_word": round(ppw, 4), "unknown_fraction": round(unk_frac, 4)}
 
 
+def probe_ready(loaded: LoadedModel, trust_remote_code: bool = False) -> LoadedModel:
+    """``loaded`` with a tokenizer that takes pre-split words: byte-level BPE tokenizers saved with
+    ``add_prefix_space=False`` (RoBERTa's) are reloaded with a prefix space, as fine-tuning does."""
+    if getattr(loaded.tokenizer, "add_prefix_space", None) is not False:
+        return loaded
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(loaded.path, add_prefix_space=True, trust_remote_code=trust_remote_code)
+    return replace(loaded, tokenizer=tokenizer)
+
+
 # ---------------------------------------------------------------------------------------- running
 def run_atlas(config: AtlasConfig) -> AtlasSummary:
     """Run the shard's models that are not finished; merge into ``out`` when the run is not sharded."""
@@ -340,9 +351,10 @@ def _probe(model: AtlasModel, config: AtlasConfig, loaded: LoadedModel, task: La
     if task is None:
         return {"status": "skipped", "reason": "probes turned off (--no-probes)"}
     try:
-        fit = vocabulary_fit(loaded.tokenizer, task)
-    except TaskError as err:
-        return {"status": "skipped", "reason": str(err)}
+        fit = vocabulary_fit(probe_ready(loaded, config.trust_remote_code).tokenizer, task)
+    except (TaskError, ValueError) as err:  # e.g. a tokenizer that cannot take pre-split words
+        say(f"probes skipped: {err}")
+        return {"status": "skipped", "reason": f"the tokenizer cannot split {task.name}'s words: {err}"}
     if not fit["fits"]:
         reason = (f"the vocabulary does not fit {task.name}'s words: {fit['pieces_per_word']} pieces per word "
                   f"(at most {MAX_PIECES_PER_WORD}), {fit['unknown_fraction']} of words with an unknown token (at "
@@ -351,6 +363,7 @@ def _probe(model: AtlasModel, config: AtlasConfig, loaded: LoadedModel, task: La
         return {"status": "skipped", "reason": reason, "vocabulary_fit": fit}
     from gradflow.runs.probe import ProbeConfig, run_probes
 
+    loaded = probe_ready(loaded, config.trust_remote_code)
     say(f"probes ({task.name})")
     config_ = ProbeConfig(model=model.spec, task=config.probe_task, out=str(out), limit=config.probe_limit,
                           max_length=min(DEFAULT_MAX_LENGTH, loaded.max_positions()), seed=config.seed,
@@ -361,4 +374,4 @@ def _probe(model: AtlasModel, config: AtlasConfig, loaded: LoadedModel, task: La
 
 
 __all__ = ["AtlasConfig", "AtlasModel", "AtlasSummary", "model_label", "parse_shard", "plan_models", "run_atlas",
-           "run_model", "shard_of", "slugify", "vocabulary_fit"]
+           "probe_ready", "run_model", "shard_of", "slugify", "vocabulary_fit"]
