@@ -36,6 +36,18 @@ def build_tiny_mlm_dir(path: Path, layers: int = 2, seed: int = 0) -> Path:
 
 
 @pytest.fixture(scope="session")
+def bare_encoder_dir(tmp_path_factory) -> Path:
+    """A checkpoint directory with a head-less BertModel (no masked-LM head)."""
+    import torch
+    from transformers import BertConfig, BertModel
+
+    path = build_tiny_mlm_dir(tmp_path_factory.mktemp("bare"))
+    torch.manual_seed(0)
+    BertModel(BertConfig.from_pretrained(path)).save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
 def tiny_mlm_dir(tmp_path_factory) -> Path:
     return build_tiny_mlm_dir(tmp_path_factory.mktemp("tiny_mlm"))
 

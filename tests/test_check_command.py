@@ -111,19 +111,6 @@ def test_text_output_is_a_table(tiny_mlm_dir, tiny_corpus, capsys):
     assert any(line.split()[:2] == ["2", "attn.q"] and line.rstrip().endswith("*") for line in out.splitlines())
 
 
-@pytest.fixture(scope="module")
-def bare_encoder_dir(tmp_path_factory):
-    """A checkpoint directory with a head-less BertModel (no masked-LM head)."""
-    from transformers import BertConfig, BertModel
-
-    from conftest import build_tiny_mlm_dir
-
-    path = build_tiny_mlm_dir(tmp_path_factory.mktemp("bare"))
-    torch.manual_seed(0)
-    BertModel(BertConfig.from_pretrained(path)).save_pretrained(path)
-    return path
-
-
 @pytest.mark.parametrize("case, message", [
     ("missing-texts", "does not exist"),
     ("missing-model", "does not exist"),

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 
 import numpy as np
-import pytest
 import torch
 
 from gradflow.cli import main
@@ -19,19 +18,6 @@ def _bad(capsys, argv: list[str], expected: str) -> str:
     assert expected in err, err
     assert "Traceback" not in err and err.startswith("gradflow: error:"), err
     return err
-
-
-@pytest.fixture(scope="module")
-def bare_encoder_dir(tmp_path_factory):
-    """A checkpoint directory with a head-less BertModel (no masked-LM head)."""
-    from transformers import BertConfig, BertModel
-
-    from conftest import build_tiny_mlm_dir
-
-    path = build_tiny_mlm_dir(tmp_path_factory.mktemp("bare"))
-    torch.manual_seed(0)
-    BertModel(BertConfig.from_pretrained(path)).save_pretrained(path)
-    return path
 
 
 # ---------------------------------------------------------------------------------------- channels

@@ -152,6 +152,18 @@ def exploratory(convergence: pd.DataFrame, extra: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def _interval(r) -> str:
+    return f"{r.mean:+.4f} [{r.ci_low:+.4f}, {r.ci_high:+.4f}]"
+
+
+def _write_markdown(path: Path, header: list[str], rows: list[list]) -> None:
+    """A markdown table to ``path`` (and stdout)."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    print("\n".join(lines))
+
+
 def main() -> int:
     convergence = run_summaries(OUT / "convergence") if (OUT / "convergence/runs").is_dir() else pd.DataFrame()
     few = run_summaries(OUT / "few-sample-250") if (OUT / "few-sample-250/runs").is_dir() else pd.DataFrame()
@@ -159,14 +171,11 @@ def main() -> int:
     summaries.to_csv(OUT / "run_summaries.csv", index=False, float_format="%.6g")
     table = contrasts(convergence, few)
     table.to_csv(OUT / "contrasts.csv", index=False, float_format="%.6g")
-    lines = ["| regime | contrast | task | mean difference [95% CI] | n | p (Holm) | MDE at 80% power (alpha .05 / .05/14) |",
-             "|---|---|---|---|---|---|---|"]
-    for r in table.itertuples():
-        mde = "-" if math.isnan(r.mde_alpha05) else f"{r.mde_alpha05:.4f} / {r.mde_bonferroni:.4f}"
-        lines.append(f"| {r.regime} | {r.contrast} | {r.task} | {r.mean:+.4f} [{r.ci_low:+.4f}, {r.ci_high:+.4f}] | "
-                     f"{r.n_pairs} | {r.p_holm:.3g} | {mde} |")
-    (OUT / "contrasts.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    print("\n".join(lines))
+    _write_markdown(OUT / "contrasts.md", ["regime", "contrast", "task", "mean difference [95% CI]", "n", "p (Holm)",
+                                           "MDE at 80% power (alpha .05 / .05/14)"],
+                    [[r.regime, r.contrast, r.task, _interval(r), r.n_pairs, f"{r.p_holm:.3g}",
+                      "-" if math.isnan(r.mde_alpha05) else f"{r.mde_alpha05:.4f} / {r.mde_bonferroni:.4f}"]
+                     for r in table.itertuples()])
     if not summaries.empty:
         table = cells(summaries)
         table.to_csv(OUT / "cells.csv", index=False, float_format="%.6g")
@@ -179,14 +188,10 @@ def main() -> int:
         extra.to_csv(OUT / "run_summaries_exploratory.csv", index=False, float_format="%.6g")
         table = exploratory(convergence, extra)
         table.to_csv(OUT / "exploratory.csv", index=False, float_format="%.6g")
-        lines = ["| contrast (exploratory, regime (a) AUC) | task | mean difference [95% CI] | n | p | MDE (alpha .05) |",
-                 "|---|---|---|---|---|---|"]
-        for r in table.itertuples():
-            mde = "-" if math.isnan(r.mde_alpha05) else f"{r.mde_alpha05:.4f}"
-            lines.append(f"| {r.contrast} | {r.task} | {r.mean:+.4f} [{r.ci_low:+.4f}, {r.ci_high:+.4f}] | {r.n_pairs} | "
-                         f"{r.p:.3g} | {mde} |")
-        (OUT / "exploratory.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
-        print("\n".join(lines))
+        _write_markdown(OUT / "exploratory.md", ["contrast (exploratory, regime (a) AUC)", "task",
+                                                 "mean difference [95% CI]", "n", "p", "MDE (alpha .05)"],
+                        [[r.contrast, r.task, _interval(r), r.n_pairs, f"{r.p:.3g}",
+                          "-" if math.isnan(r.mde_alpha05) else f"{r.mde_alpha05:.4f}"] for r in table.itertuples()])
     return 0
 
 
