@@ -159,9 +159,9 @@ class Block(nn.Module):
         b, t, w = x.shape
         h = self.norm_attn(x)
         q, k, v = (f(h).view(b, t, self.heads, -1).transpose(1, 2) for f in (self.q, self.k, self.v))
-        scores = q @ k.transpose(-1, -2) / (w // self.heads) ** 0.5
-        scores = scores.masked_fill(attention_mask[:, None, None, :] == 0, float("-inf"))
-        x = x + self.o((scores.softmax(-1) @ v).transpose(1, 2).reshape(b, t, w))
+        keep = attention_mask[:, None, None, :].bool()  # torch's fused attention, as modern models call it
+        mixed = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+        x = x + self.o(mixed.transpose(1, 2).reshape(b, t, w))
         return x + self.down(torch.nn.functional.gelu(self.up(self.norm_mlp(x))))
 
 
@@ -169,7 +169,7 @@ class CustomMLM(nn.Module):
     def __init__(self, width: int = 16, depth: int = 3, positions: int = 32):
         super().__init__()
         self.tokens, self.positions = nn.Embedding(VOCAB, width), nn.Embedding(positions, width)
-        self.blocks = nn.ModuleList(Block(width) for _ in range(depth))
+        self.tower_of_stages = nn.ModuleList(Block(width) for _ in range(depth))  # an unusual attribute name
         self.final = RMSNorm(width)
         self.head = nn.Linear(width, VOCAB)
 
@@ -177,7 +177,7 @@ class CustomMLM(nn.Module):
         if attention_mask is None:
             attention_mask = torch.ones_like(input_ids)
         x = self.tokens(input_ids) + self.positions(torch.arange(input_ids.shape[1]))
-        for block in self.blocks:
+        for block in self.tower_of_stages:
             x = block(x, attention_mask)
         return MaskedLMOutput(logits=self.head(self.final(x)))
 
@@ -195,9 +195,9 @@ def test_custom_model_discovery_and_notice(capsys):
     torch.manual_seed(0)
     adapter = discover_adapter(CustomMLM())
     err = capsys.readouterr().err
-    assert "generic adapter" in err and "3 blocks of Block under 'blocks'" in err and "no registered adapter" not in err
+    assert "generic adapter" in err and "3 blocks of Block under 'tower_of_stages'" in err and "no registered adapter" not in err
     assert "norm_attn" in err and "Not split: nothing" in err
-    assert adapter.blocks == "blocks" and adapter.mid is None
+    assert adapter.blocks == "tower_of_stages" and adapter.mid is None
     assert list(adapter.sublayers) == ["norm_attn", "q", "k", "v", "o", "norm_mlp", "up", "down"]
 
 
