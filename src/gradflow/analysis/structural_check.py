@@ -137,8 +137,9 @@ def check_model(model: str | LoadedModel = "gradflow-mini-en", texts: str | None
                 batch_size: int = 8, max_length: int = 128, device: str = "cpu",
                 trust_remote_code: bool = False) -> CheckResult:
     """Load ``model`` (a spec as ``gradflow record`` takes, or a :class:`LoadedModel`, used as it is), mask
-    the first ``batch_size`` windows of ``texts`` (default: the committed SOTU sample, as ``gradflow
-    record`` uses) with BERT masking seeded by ``seed``, and check that batch."""
+    the first ``batch_size`` windows of ``texts`` (default: a zoo model's shipped example sequences, else
+    the committed SOTU sample, as ``gradflow record`` uses) with BERT masking seeded by ``seed``, and
+    check that batch."""
     from gradflow.inputs.corpus import check_corpus_path, default_texts, read_documents
     from gradflow.inputs.masking import BertMasking
     from gradflow.inputs.pipeline import masked_batches
@@ -149,6 +150,10 @@ def check_model(model: str | LoadedModel = "gradflow-mini-en", texts: str | None
             raise UsageError(f"{flag} must be >= 1, got {value}")
     if int(seed) < 0:
         raise UsageError(f"--seed must be >= 0, got {seed}")
+    if texts is None and isinstance(model, str) and model.startswith("zoo:"):
+        from gradflow.models.zoo import example_inputs_path
+
+        texts = example_inputs_path(model[len("zoo:"):])
     source = texts if texts is not None else default_texts()
     check_corpus_path(source)
     loaded = model if isinstance(model, LoadedModel) else load_model(model, device, "float32", trust_remote_code)

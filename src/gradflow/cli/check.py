@@ -25,7 +25,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     add_model(p)
     p.add_argument("--texts", default=None,
                    help="UTF-8 text file (one document per line), .jsonl with a 'text' field, a directory of .txt "
-                        "files, or - for stdin; the batch is its first windows (default: the committed SOTU sample)")
+                        "files, or - for stdin; the batch is its first windows (default: a zoo model's shipped example "
+                        "sequences, else the committed SOTU sample)")
     add_seed(p)
     add_number(p, "--batch-size", int, AT_LEAST_ONE, "sequences (windows) in the checked batch", 8)
     add_max_length(p, 128)

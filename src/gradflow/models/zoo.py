@@ -158,6 +158,11 @@ def zoo_list(cache_dir: str | Path | None = None) -> list[dict]:
     return rows
 
 
+def example_inputs_path(name: str) -> str:
+    """Path of the example-sequence file shipped with gradflow for ``name`` (one sequence per line)."""
+    return str(resources.files("gradflow").joinpath("zoo_inputs", f"{entry(name).name}.txt"))
+
+
 def example_inputs(name: str) -> list[str]:
     """The example sequences shipped with gradflow for ``name`` (non-empty lines)."""
     text = resources.files("gradflow").joinpath("zoo_inputs", f"{entry(name).name}.txt").read_text("utf-8")

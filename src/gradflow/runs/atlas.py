@@ -143,9 +143,9 @@ def plan_models(config: AtlasConfig) -> list[AtlasModel]:
         texts = per_model.get(spec, per_model.get(label, every))
         max_length = config.max_length
         if texts is None and spec.startswith(ZOO_PREFIX):
-            from gradflow.models.zoo import entry
+            from gradflow.models.zoo import example_inputs_path
 
-            texts = _zoo_inputs(entry(spec[len(ZOO_PREFIX):]).name)
+            texts = example_inputs_path(spec[len(ZOO_PREFIX):])
             max_length = max_length or ZOO_MAX_LENGTH
         if texts is not None:
             check_corpus_path(texts)
@@ -171,11 +171,6 @@ def parse_texts(items: tuple[str, ...], specs: tuple[str, ...], labels: list[str
             every = item
     return per_model, every
 
-
-def _zoo_inputs(name: str) -> str:
-    from importlib import resources
-
-    return str(resources.files("gradflow") / "zoo_inputs" / f"{name}.txt")
 
 
 def resolve_probe_task(config: AtlasConfig) -> LabelledSplits | None:
