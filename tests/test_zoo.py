@@ -181,3 +181,15 @@ def test_last_block_gradient_is_exactly_zero_off_loss(name):
     assert record.num_blocks == ZOO[name].num_layers
     assert off_loss.any() and torch.all(grad[off_loss] == 0)
     assert torch.all(grad[batch.roles == Role.MASKED] > 0)
+
+
+def test_example_inputs_path_is_the_shipped_file():
+    from pathlib import Path
+
+    from gradflow.models.zoo import example_inputs, example_inputs_path
+
+    for name in ("antiberty", "rxnfp"):
+        path = Path(example_inputs_path(name))
+        assert path.is_file() and path.name == f"{name}.txt"
+        lines = [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        assert lines == example_inputs(name) and lines
