@@ -34,9 +34,9 @@ TASKS = ("brown-pos", "brown-propn")
 SEEDS = (0, 1, 2)
 
 
-def probe_reinit(limit: str, jobs: int) -> None:
+def probe_reinit(limit: str, jobs: int, seeds: tuple[int, ...] = SEEDS) -> None:
     commands = []
-    for seed in SEEDS:
+    for seed in seeds:
         model = f"build/mini-reinit1-s{seed}"
         if not (ROOT / model / "config.json").exists():
             gradflow("surgery", "--model", "gradflow-mini-en", "--reinit-last", "1", "--seed", str(seed),
@@ -89,10 +89,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--limit", default="600", help="sentences per split (default %(default)s)")
     parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--seeds", type=int, nargs="+", default=list(SEEDS), help="reinit1 seeds to probe")
     parser.add_argument("--tables-only", action="store_true")
     args = parser.parse_args()
     if not args.tables_only:
-        probe_reinit(args.limit, args.jobs)
+        probe_reinit(args.limit, args.jobs, tuple(args.seeds))
     table = arm_table()
     (ROOT / OUT).mkdir(parents=True, exist_ok=True)
     table.to_csv(ROOT / OUT / "arms.csv", index=False, float_format="%.6g")
