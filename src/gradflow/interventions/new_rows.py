@@ -29,6 +29,7 @@ from torch import nn
 from transformers import TrainerCallback
 
 from gradflow.errors import GradflowError
+from gradflow.interventions.callback import mlm_roles
 from gradflow.roles import Role, role_name
 
 CSV_NAME = "new_rows.csv"
@@ -97,16 +98,18 @@ class NewRowGradients:
         out: dict[tuple[str, str], tuple[torch.Tensor, int]] = {}
         roles = roles.to(self._input_ids.device)
         ids = self.new_ids.to(self._input_ids.device)
+        reads_new = self._input_ids.unsqueeze(-1) == ids                                # (B, T, K)
+        has_loss = self._logit_grad.abs().sum(-1) > 0                                   # (B, T)
         for role in Role:
             at = roles == int(role)
             if not bool(at.any()):
                 continue
-            reads = at.unsqueeze(-1) & (self._input_ids.unsqueeze(-1) == ids)        # (B, T, K)
+            reads = at.unsqueeze(-1) & reads_new
             grad_in = torch.einsum("btk,bth->kh", reads.double(), self._embed_grad.double())
             out[("input", role_name(role))] = (grad_in, int(reads.any(-1).sum()))
             dz = self._logit_grad.double() * at.unsqueeze(-1)                         # (B, T, K)
             grad_out = torch.einsum("btk,bth->kh", dz, self._decoder_input.double())
-            loss_positions = int((self._logit_grad.abs().sum(-1) > 0)[at].sum())
+            loss_positions = int(has_loss[at].sum())
             out[("output", role_name(role))] = (grad_out, loss_positions)
         for side in ("input", "output"):
             parts = [(g, n) for (s, _), (g, n) in out.items() if s == side]
@@ -149,8 +152,6 @@ class NewRowsCallback(TrainerCallback):
     def _on_forward(self, module, args, kwargs):
         if self._roles is not None:
             return None
-        from gradflow.interventions.callback import mlm_roles
-
         ids, labels = kwargs.get("input_ids", args[0] if args else None), kwargs.get("labels")
         if ids is not None and labels is not None:
             tok = self.tokenizer
