@@ -230,3 +230,23 @@ def test_byte_level_bpe_tokenizer_gets_a_prefix_space_for_probes(tmp_path):
     assert ready.tokenizer.convert_ids_to_tokens(word)[1].startswith("Ġ")  # the word as it appears inside text
     bare = loaded.tokenizer([["progress"]], is_split_into_words=True)["input_ids"][0]
     assert not loaded.tokenizer.convert_ids_to_tokens(bare)[1].startswith("Ġ")
+
+
+def test_last_block_bars_without_exact_zeros_keep_the_axes_full_size():
+    """Regression: an empty unclipped marker line at the figure origin squeezed the constrained layout."""
+    import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+
+    from gradflow.figures.atlas import last_block_bars
+    from gradflow.figures.style import gradflow_style
+
+    rows = [{"model": m, "family": "bert", "n_layers": 2, "depth_fraction": d, "metric": f"pressure:{s}",
+             "value": 0.5 + d, "ci_low": 0.4, "ci_high": 0.9}
+            for m in ("a", "b") for d in (0.5, 1.0) for s in ("attn.q", "ffn.in")]
+    with gradflow_style("single"):
+        fig = last_block_bars(pd.DataFrame(rows), "pressure", "pressure", "t", ["a", "b"])
+        fig.canvas.draw()
+        ax = fig.axes[0]
+        assert not [a for a in ax.lines if isinstance(a, Line2D) and len(a.get_xdata()) == 0]
+        assert ax.get_position().height > 0.4
+        plt.close(fig)

@@ -85,8 +85,9 @@ def last_block_bars(frame: pd.DataFrame, kind: str, ylabel: str, title: str, all
         values = np.array([last.get(s, np.nan) for s in sublayers], dtype=float)
         ax.bar(x, values, width=step, color=series_color(k), gid=f"atlas:{model}:{kind}")
         zero = values == 0.0
-        ax.plot(x[zero], values[zero], linestyle="none", marker="o", markersize=2.6, markerfacecolor="white",
-                markeredgecolor=series_color(k), markeredgewidth=0.8, clip_on=False)
+        if zero.any():  # an empty unclipped line sits at the figure's origin and squeezes the constrained layout
+            ax.plot(x[zero], values[zero], linestyle="none", marker="o", markersize=2.6, markerfacecolor="white",
+                    markeredgecolor=series_color(k), markeredgewidth=0.8, clip_on=False)
         ticks = np.array([earlier.get(s, np.nan) for s in sublayers], dtype=float)
         ax.plot(x, ticks, linestyle="none", marker="_", markersize=max(16 * step, 3), color="black",
                 markeredgewidth=1.0)
