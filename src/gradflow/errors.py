@@ -78,6 +78,18 @@ class ChannelViewError(GradflowError):
     """The sentence or mask positions cannot be shown (too long, out of range, special token)."""
 
 
+class ExploreError(GradflowError):
+    """A request to the channel-view explorer that cannot be answered (the message is shown in the page).
+
+    ``status`` is the HTTP status the server answers with: 400 for a bad request, 404 for an unknown
+    model, 413 for an over-long text, 503 when the explorer is busy.
+    """
+
+    def __init__(self, message: str, status: int = 400):
+        super().__init__(message)
+        self.status = status
+
+
 class SurgeryError(GradflowError):
     """A surgery request that cannot be carried out on this model (with what to do instead)."""
 

@@ -12,10 +12,10 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from gradflow.cli import atlas, check, finetune, models, probe, record, repair, report, views
+from gradflow.cli import atlas, check, explore, finetune, models, probe, record, repair, report, views
 from gradflow.errors import GradflowError
 
-COMMAND_MODULES = (record, report, views, models, finetune, repair, probe, check, atlas)
+COMMAND_MODULES = (record, report, views, models, finetune, repair, probe, check, atlas, explore)
 
 
 def build_parser() -> argparse.ArgumentParser:

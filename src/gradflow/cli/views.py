@@ -6,6 +6,7 @@ import argparse
 from collections.abc import Sequence
 
 from gradflow.cli.options import RegistryChoices, add_corpus, add_figure_output, add_model, command_line, formats
+from gradflow.errors import UsageError
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -20,6 +21,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     channels.add_argument("--quantity", default="grad_norm", metavar="QUANTITY",
                           choices=RegistryChoices("gradflow.runs.channels", "QUANTITIES"),
                           help="what each cell shows: %(choices)s (default %(default)s)")
+    channels.add_argument("--html", default=None, metavar="FILE",
+                          help="also write the view as one self-contained HTML page (opens offline, no server; "
+                               "grad_norm only; needs the explore extra)")
     add_figure_output(channels)
     channels.set_defaults(run=run)
     diagnose = subparsers.add_parser("diagnose", help="representation diagnostics per layer and role over a corpus")
@@ -38,9 +42,19 @@ def _channels(args: argparse.Namespace, argv: Sequence[str]) -> int:
     from gradflow.models import load_model
     from gradflow.runs.channels import write_channel_view
 
-    paths = write_channel_view(load_model(args.model), args.text, args.out, mask_positions=args.mask_positions,
+    loaded = load_model(args.model)
+    if args.html and args.quantity != "grad_norm":
+        raise UsageError(f"--html shows the gradient norms only; drop --html or use --quantity grad_norm "
+                         f"(got {args.quantity})")
+    paths = write_channel_view(loaded, args.text, args.out, mask_positions=args.mask_positions,
                                quantity=args.quantity, formats=formats(args.format))
     print(f"wrote {len(paths)} files to {args.out}")
+    if args.html:
+        from gradflow.explore.view import channel_view
+
+        mask = "random" if args.mask_positions is None else args.mask_positions
+        channel_view(loaded, args.text, mask=mask).to_html(args.html)
+        print(f"wrote the self-contained page {args.html}")
     return 0
 
 

@@ -28,6 +28,7 @@ import torch
 from gradflow.errors import ChannelViewError
 from gradflow.hooks.attribution import attribute_channels, integrated_gradients
 from gradflow.hooks.recorder import GradFlowRecorder, RecorderConfig
+from gradflow.hooks.records import BatchRecord
 from gradflow.inputs.masking import BertMasking, ExplicitMasking, MaskedBatch, encode, mask_batch
 from gradflow.models import LoadedModel
 from gradflow.roles import TOKEN_ROLES, Role
@@ -45,9 +46,10 @@ SiteValues = tuple[str, int, str, dict[str, torch.Tensor]]
 
 
 def channel_batch(loaded: LoadedModel, text: str, mask_positions: Sequence[int] | None = None,
-                  seed: int = 0) -> MaskedBatch:
+                  seed: int = 0, allow_empty: bool = False) -> MaskedBatch:
     """One-sentence batch: ``mask_positions`` (token indices, special tokens included, 0 = the first
-    special token) become ``[MASK]``; None draws BERT's 15% masking seeded by ``seed``."""
+    special token) become ``[MASK]``; None draws BERT's 15% masking seeded by ``seed``. An empty
+    ``mask_positions`` is refused unless ``allow_empty`` (then no position is selected)."""
     enc = encode(loaded.tokenizer, text)
     n, limit = len(enc["input_ids"]), loaded.max_positions()
     if n > limit:
@@ -61,7 +63,7 @@ def channel_batch(loaded: LoadedModel, text: str, mask_positions: Sequence[int] 
         policy: BertMasking | ExplicitMasking = BertMasking(seed=seed)
     else:
         positions = tuple(int(p) for p in mask_positions)
-        if not positions:
+        if not positions and not allow_empty:
             raise ChannelViewError("mask_positions is empty: give at least one position to mask.")
         for p in positions:
             if not 0 <= p < n:
@@ -88,6 +90,11 @@ def _recorded_sites(loaded: LoadedModel, batch: MaskedBatch) -> list[SiteValues]
     """Gradient and activation norms of the batch's first row at every recorder site."""
     with GradFlowRecorder(loaded.model, RecorderConfig(sublayers=False), loaded.adapter) as rec:
         record = rec.record(batch, loss="mlm", reduction="batch")
+    return record_sites(record)
+
+
+def record_sites(record: BatchRecord) -> list[SiteValues]:
+    """Per site of a recorder's :class:`BatchRecord`: the first row's ``grad_norm`` and ``act_norm``, each (T,)."""
     where = zip(record.site_names, record.site_layers, record.site_points)
     return [(name, layer, point, {"grad_norm": record.grad_norm[s, 0], "act_norm": record.act_norm[s, 0]})
             for s, (name, layer, point) in enumerate(where)]
@@ -111,14 +118,19 @@ def channel_table(loaded: LoadedModel, batch: MaskedBatch, quantity: str = "grad
                   n_steps: int = 32) -> pd.DataFrame:
     """Tidy per (site, position) table of one sentence (columns :data:`CHANNEL_VIEW_COLUMNS`)."""
     _check_quantity(quantity)
-    tok = loaded.tokenizer
-    original = tok.convert_ids_to_tokens(batch.original_ids[0].tolist())
-    inputs = tok.convert_ids_to_tokens(batch.input_ids[0].tolist())
-    roles = [TOKEN_ROLES[int(r)] for r in batch.roles[0]]
     if quantity == "grad_norm":
         sites = _recorded_sites(loaded, batch)
     else:
         sites = _attributed_sites(loaded, batch, quantity == "integrated_gradients", n_steps)
+    return sites_table(loaded, batch, sites)
+
+
+def sites_table(loaded: LoadedModel, batch: MaskedBatch, sites: list[SiteValues]) -> pd.DataFrame:
+    """The tidy table (columns :data:`CHANNEL_VIEW_COLUMNS`) of per-site values of the batch's first row."""
+    tok = loaded.tokenizer
+    original = tok.convert_ids_to_tokens(batch.original_ids[0].tolist())
+    inputs = tok.convert_ids_to_tokens(batch.input_ids[0].tolist())
+    roles = [TOKEN_ROLES[int(r)] for r in batch.roles[0]]
     rows = []
     for name, layer, point, cols in sites:
         for t in range(len(roles)):
@@ -151,4 +163,5 @@ def write_channel_view(loaded: LoadedModel, text: str, out_dir: str | Path, mask
     return [*paths, csv]
 
 
-__all__ = ["QUANTITIES", "VALUE_COLUMN", "channel_batch", "channel_table", "write_channel_view"]
+__all__ = ["QUANTITIES", "VALUE_COLUMN", "SiteValues", "channel_batch", "channel_table", "record_sites", "sites_table",
+           "write_channel_view"]

@@ -157,6 +157,10 @@ DIAGNOSTIC_COLUMNS: dict[str, tuple[str, ...]] = {
 }
 """Column order of each diagnostics CSV table."""
 
+EXPLORE_SUBLAYER_COLUMNS: tuple[str, ...] = ("sublayer", "param", "role", "share", "magnitude_sum", "n_positions",
+                                             "n_nonzero")
+"""Fields of each last-block sublayer row the explorer page receives (from ``BatchRecord.sublayer_frame``)."""
+
 CHANNEL_VIEW_COLUMNS: tuple[str, ...] = (
     "position", "token", "input_token", "role", "site", "layer", "point", "grad_norm", "act_norm",
     "attribution_sum", "attribution_norm", "ig_sum", "ig_norm",
@@ -253,6 +257,7 @@ CHECK_FILE = "check.json"
 __all__ = [
     "ANALYSIS_COLUMNS", "ATLAS_COLUMNS", "ATLAS_DONE_FILE", "ATLAS_DTYPES", "ATLAS_FILE", "ATLAS_METRICS",
     "ATLAS_STARTED_FILE", "ATLAS_STEP_DIRS", "CHANNELS_FILE", "CHECK_FILE", "CHANNEL_COLUMNS", "CHANNEL_DTYPES", "CHANNEL_VIEW_COLUMNS",
+    "EXPLORE_SUBLAYER_COLUMNS",
     "DIAGNOSTIC_COLUMNS", "DIAGNOSTIC_GROUPS", "DIAGNOSTIC_ROLES", "LOSS", "LOSS_ROLES", "META_FILE", "PARAMS",
     "POINTS", "PROBES_FILE", "PROBE_COLUMNS", "PROBE_DROPS_FILE", "PROBE_DROP_COLUMNS",
     "PROBE_DROP_DTYPES", "PROBE_DTYPES", "PROBE_REGIMES", "PROVENANCE_KEYS", "REPORTED_ROLES", "REQUIRED_META_KEYS", "RUN_FILES", "SEQUENCES_FILE",

@@ -1,0 +1,41 @@
+"""``gradflow explore``: the channel view as a local web page (type a sentence, click tokens to mask them)."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+
+from gradflow.cli.options import AT_LEAST_ONE, add_number, model_help
+from gradflow.errors import UsageError
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    """Register ``explore``."""
+    parser = subparsers.add_parser("explore", help="interactive channel view in the browser (local web app)")
+    parser.add_argument("--model", nargs="+", default=None, metavar="MODEL",
+                        help="models the page may choose among, each an " + model_help(None)
+                             + " (default: the embedded models); the page can never name another")
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="address to listen on (default 127.0.0.1: this machine only; another address exposes the "
+                             "explorer to the network)")
+    add_number(parser, "--port", int, AT_LEAST_ONE, "port to listen on", 8765)
+    add_number(parser, "--max-tokens", int, AT_LEAST_ONE, "longest sentence shown, in tokens (special tokens included)", 64)
+    parser.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    """Serve the explorer until interrupted."""
+    from gradflow.explore.server import serve
+    from gradflow.explore.service import ExploreConfig, ExploreService
+    from gradflow.models import EMBEDDED_MODELS
+
+    if args.port > 65535:
+        raise UsageError(f"--port must be at most 65535, got {args.port}")
+    models = tuple(dict.fromkeys(args.model or EMBEDDED_MODELS))
+    service = ExploreService(ExploreConfig(models=models, max_tokens=args.max_tokens, device=args.device))
+    try:
+        serve(service, host=args.host, port=args.port)
+    except KeyboardInterrupt:
+        pass
+    return 0

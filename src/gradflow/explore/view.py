@@ -1,0 +1,226 @@
+"""One sentence's channel view as an object: computed once, then shown, saved or sent to the page.
+
+:func:`channel_view` masks a sentence (chosen positions, BERT's seeded 15%, or none), records it
+with :class:`GradFlowRecorder` under the MLM or the all-positions loss, and returns a
+:class:`ChannelView` holding
+
+- ``table``: the tidy per (site, position) table of ``gradflow channels`` (columns
+  :data:`CHANNEL_VIEW_COLUMNS`; ``grad_norm`` = ``||dL/dh||`` and ``act_norm`` = ``||h||`` per site);
+- ``sublayers``: the last block's weight-gradient split by role (``share`` of the summed
+  per-position magnitudes, per sublayer parameter; the recorder's ``sublayer_frame``).
+
+The object draws itself with the project's plotting code (:meth:`ChannelView.save`), writes its
+numbers (:meth:`ChannelView.to_csv`), becomes the explorer page's data (:meth:`ChannelView.payload`)
+and a self-contained HTML page (:meth:`ChannelView.to_html`, also Jupyter's ``_repr_html_``).
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from gradflow.adapters.base import block_modules
+from gradflow.errors import ChannelViewError
+from gradflow.hooks.recorder import GradFlowRecorder, RecorderConfig
+from gradflow.models import LoadedModel, load_model
+from gradflow.roles import LOSS_ROLES, TOKEN_ROLES, Role
+from gradflow.runs.channels import channel_batch, record_sites, sites_table
+from gradflow.runs.files import write_csv
+from gradflow.runs.schema import CHANNEL_VIEW_COLUMNS, EXPLORE_SUBLAYER_COLUMNS
+
+LOSSES: dict[str, str] = {"mlm": "MLM: the selected positions only",
+                          "all-positions": "all positions: the original token everywhere"}
+"""The losses the view can backpropagate, with their labels in the page."""
+
+NO_LOSS_NOTICE = ("No token is selected for the loss, so no gradient flows anywhere. Click a token to mask it, "
+                  "or draw BERT's 15% at random.")
+
+
+@dataclass
+class ChannelView:
+    """The channel view of one sentence (see the module docstring).
+
+    ``tokens``/``input_tokens``/``roles``: per position (special tokens included), the original
+    token, what the model read, and the role name. ``table`` and ``sublayers`` are empty when no
+    position carries the loss (``notice`` then says why). ``loss_value``: the loss (nats) or None.
+    ``after_mixing``: the sublayers that read only their own channel after the last attention (in the
+    last block they get exactly zero gradient from positions without loss).
+    """
+
+    model: str
+    text: str
+    loss: str
+    masking: dict
+    tokens: list[str]
+    input_tokens: list[str]
+    roles: list[str]
+    num_blocks: int
+    after_mixing: list[str] = field(default_factory=list)
+    table: pd.DataFrame = field(default_factory=pd.DataFrame)
+    sublayers: pd.DataFrame = field(default_factory=pd.DataFrame)
+    loss_value: float | None = None
+    notice: str | None = None
+
+    @property
+    def has_gradient(self) -> bool:
+        """Whether a loss was backpropagated (some position carries it)."""
+        return not self.table.empty
+
+    def sites(self) -> list[str]:
+        """Site names in order, from the embeddings to the last block's output."""
+        return list(dict.fromkeys(self.table["site"])) if self.has_gradient else []
+
+    def grid(self, column: str = "grad_norm") -> list[list[float]]:
+        """(T, S) values of ``column``: one row per token position, one column per site."""
+        pivot = self.table.pivot_table(index="position", columns="site", values=column, aggfunc="first")
+        return pivot.reindex(index=range(len(self.tokens)), columns=self.sites()).to_numpy(dtype=float).tolist()
+
+    def last_block_zero(self) -> list[bool]:
+        """Per position: every last-block site has an exactly zero gradient there."""
+        if not self.has_gradient:
+            return [False] * len(self.tokens)
+        last = self.table[self.table["layer"] == self.num_blocks]
+        zero = last.groupby("position")["grad_norm"].apply(lambda g: bool((g == 0).all()))
+        return [bool(zero.get(t, False)) for t in range(len(self.tokens))]
+
+    def payload(self) -> dict:
+        """JSON-ready data of the explorer page (exact zeros stay ``0.0``; no NaN or infinity)."""
+        info = self.table.drop_duplicates("site")[["site", "layer", "point"]] if self.has_gradient else None
+        sites = [] if info is None else [{"name": r.site, "layer": int(r.layer), "point": r.point,
+                                          "label": _site_label(r.site, int(r.layer), r.point)}
+                                         for r in info.itertuples()]
+        last_start = next((i for i, s in enumerate(sites) if s["layer"] == self.num_blocks), None)
+        return {"model": self.model, "text": self.text, "loss": self.loss, "loss_label": LOSSES[self.loss],
+                "masking": self.masking, "tokens": self.tokens, "input_tokens": self.input_tokens,
+                "roles": self.roles, "num_blocks": self.num_blocks, "sites": sites, "last_block_start": last_start,
+                "grad_norm": _finite(self.grid("grad_norm")) if self.has_gradient else None,
+                "act_norm": _finite(self.grid("act_norm")) if self.has_gradient else None,
+                "last_block_zero": self.last_block_zero(), "sublayers": self._sublayer_rows(),
+                "after_mixing": self.after_mixing,
+                "loss_value": self.loss_value, "notice": self.notice, "explanation": explanation(self)}
+
+    def _sublayer_rows(self) -> list[dict]:
+        if self.sublayers.empty:
+            return []
+        cols = list(EXPLORE_SUBLAYER_COLUMNS)
+        return [{k: (v if not isinstance(v, float) or math.isfinite(v) else None) for k, v in row.items()}
+                for row in self.sublayers[cols].to_dict("records")]
+
+    def to_csv(self, path: str | Path) -> Path:
+        """Write the per (site, position) table as CSV (columns :data:`CHANNEL_VIEW_COLUMNS`)."""
+        self._require_gradient("write its numbers")
+        path = Path(path)
+        write_csv(self.table, path, CHANNEL_VIEW_COLUMNS)
+        return path
+
+    def save(self, path_stem: str | Path, formats: Sequence[str] = ("pdf", "png")) -> list[Path]:
+        """Draw the view with :func:`gradflow.figures.channel_view.save_channel_view`; returns the paths."""
+        from gradflow.figures.channel_view import save_channel_view
+
+        self._require_gradient("draw it")
+        return save_channel_view(self.table, path_stem, "grad_norm", title=Path(self.model).name or self.model,
+                                 formats=formats)
+
+    def to_html(self, path: str | Path | None = None) -> str:
+        """One self-contained HTML page (data, script and plotting library inline; opens offline)."""
+        from gradflow.explore.page import static_page
+
+        page = static_page(self.payload())
+        if path is not None:
+            Path(path).write_text(page, encoding="utf-8")
+        return page
+
+    def _repr_html_(self) -> str:
+        """Jupyter: the static page in a sandboxed frame, so its script runs apart from the notebook's."""
+        height = 260 + 16 * len(self.tokens)
+        return (f'<iframe srcdoc="{html.escape(self.to_html(), quote=True)}" style="width:100%;height:{height}px;'
+                f'border:0" sandbox="allow-scripts allow-downloads"></iframe>')
+
+    def _require_gradient(self, what: str) -> None:
+        if not self.has_gradient:
+            raise ChannelViewError(f"cannot {what}: {NO_LOSS_NOTICE}")
+
+
+def channel_view(loaded: LoadedModel | str, text: str, mask: Sequence[int] | str = "random", seed: int = 0,
+                 loss: str = "mlm") -> ChannelView:
+    """Record one sentence and return its :class:`ChannelView`.
+
+    ``loaded``: a :class:`LoadedModel` or a model name for :func:`gradflow.load_model` (embedded,
+    ``zoo:NAME``, a local directory or a hub name).
+    ``mask``: token positions to replace by the mask token (special tokens count, 0 is the first),
+    ``"random"`` for BERT's 15% (80% mask, 10% random, 10% kept) seeded by ``seed``, or ``[]`` for
+    none. ``loss``: ``"mlm"`` or ``"all-positions"``.
+    """
+    if isinstance(loaded, str):
+        loaded = load_model(loaded)
+    if loss not in LOSSES:
+        raise ChannelViewError(f"unknown loss {loss!r}; choose one of {', '.join(LOSSES)}")
+    if isinstance(mask, str):
+        if mask != "random":
+            raise ChannelViewError(f"mask must be a list of token positions or 'random', got {mask!r}")
+        batch, masking = channel_batch(loaded, text, None, seed=seed), {"policy": "bert", "seed": int(seed)}
+    else:
+        positions = sorted({int(p) for p in mask})
+        batch, masking = channel_batch(loaded, text, positions, allow_empty=True), {"policy": "explicit",
+                                                                                     "positions": positions}
+    tok = loaded.tokenizer
+    roles = [TOKEN_ROLES[int(r)] for r in batch.roles[0]]
+    masking["selected"] = [t for t, r in enumerate(roles) if r in LOSS_ROLES]
+    view = ChannelView(model=loaded.name, text=text, loss=loss, masking=masking,
+                       tokens=tok.convert_ids_to_tokens(batch.original_ids[0].tolist()),
+                       input_tokens=tok.convert_ids_to_tokens(batch.input_ids[0].tolist()), roles=roles,
+                       num_blocks=len(block_modules(loaded.adapter, loaded.model.base_model)),
+                       after_mixing=list(loaded.adapter.after_mixing()))
+    if loss == "mlm" and not bool((batch.roles <= Role.KEPT).any()):
+        view.notice = NO_LOSS_NOTICE
+        return view
+    with GradFlowRecorder(loaded.model, RecorderConfig(sublayers=True), loaded.adapter) as rec:
+        record = rec.record(batch, loss=loss, reduction="batch")
+    view.num_blocks = record.num_blocks
+    view.table = sites_table(loaded, batch, record_sites(record))
+    frame = record.sublayer_frame()
+    view.sublayers = frame[frame["layer"] == record.num_blocks].reset_index(drop=True)
+    view.loss_value = record.loss
+    return view
+
+
+def explanation(view: ChannelView) -> list[str]:
+    """A few sentences for a student about what this view shows (plain text, one paragraph each)."""
+    selected = [t for t, r in enumerate(view.roles) if r in LOSS_ROLES]
+    clean = [t for t, r in enumerate(view.roles) if r == "context"]
+    if not view.has_gradient:
+        return [view.notice or NO_LOSS_NOTICE]
+    zero = view.last_block_zero()
+    n_zero = sum(zero[t] for t in clean)
+    words = ", ".join(repr(view.tokens[t]) for t in selected[:6]) + (" ..." if len(selected) > 6 else "")
+    if view.loss == "mlm":
+        first = (f"The loss is computed at {len(selected)} selected position(s) ({words}). Each row is one token's "
+                 "channel; each column a point in the network, from the embeddings (left) to the last block (right).")
+        second = (f"In block {view.num_blocks}, after the last attention, {n_zero} of the {len(clean)} context "
+                  "channels get a gradient of exactly 0 (hatched): nothing mixes channels any more, so no signal "
+                  "reaches a token that carries no loss. The last block's query, attention output, feed-forward and "
+                  "LayerNorm weights therefore learn nothing from these tokens.")
+    else:
+        first = ("The all-positions loss predicts the original token at every word position (the twin model's "
+                 "objective), so every channel carries its own loss.")
+        second = (f"Now no context channel is dark in block {view.num_blocks}: {n_zero} of {len(clean)} are exactly 0. "
+                  "Switch back to the MLM loss to see the last block go dark.")
+    third = ("Earlier blocks are not dark: attention sends the gradient of a selected token into the keys and values "
+             "of every other token, so the clean channels are trained there, one attention later than you might think.")
+    return [first, second, third]
+
+
+def _site_label(site: str, layer: int, point: str) -> str:
+    return "embeddings" if layer == 0 else f"block {layer} {point}"
+
+
+def _finite(grid: list[list[float]]) -> list[list[float | None]]:
+    return [[v if math.isfinite(v) else None for v in row] for row in grid]
+
+
+__all__ = ["LOSSES", "NO_LOSS_NOTICE", "ChannelView", "channel_view", "explanation"]
