@@ -150,3 +150,29 @@ def test_a_full_queue_answers_busy():
         release.set()
         worker.join(10)
     assert service._waiting == 0
+
+
+def test_cli_explore_binds_to_localhost_and_names_its_models(monkeypatch):
+    from gradflow.cli import main
+    from gradflow.explore import server
+
+    seen = {}
+    monkeypatch.setattr(server, "serve", lambda service, host, port: seen.update(host=host, port=port,
+                                                                                   models=service.models()))
+    assert main(["explore"]) == 0
+    assert seen == {"host": "127.0.0.1", "port": 8765, "models": ["gradflow-mini-en", "gradflow-mini-en-alltoken"]}
+    assert main(["explore", "--model", MODEL, MODEL, "--port", "9000", "--host", "0.0.0.0"]) == 0
+    assert seen == {"host": "0.0.0.0", "port": 9000, "models": [MODEL]}
+    assert main(["explore", "--port", "70000"]) == 2
+
+
+def test_cli_channels_writes_the_static_page(tmp_path, capsys):
+    from gradflow.cli import main
+
+    page = tmp_path / "view.html"
+    args = ["channels", "--model", MODEL, "--text", TEXT, "--mask-positions", "3", "--out", str(tmp_path / "figs"),
+            "--format", "png", "--html", str(page)]
+    assert main(args) == 0
+    assert page.stat().st_size > 1_000_000 and '"mode": "static"' in page.read_text(encoding="utf-8")
+    assert main([*args, "--quantity", "attribution"]) == 2
+    assert "--html shows the gradient norms only" in capsys.readouterr().err
