@@ -19,7 +19,8 @@ from tiny import FAMILIES, PRE_LN, tiny_batch, tiny_model
 
 # families whose final norm is declared and where it lives (relative to the base model)
 FINAL_NORMS = {"modernbert": "final_norm", "esm": "encoder.emb_layer_norm_after", "megatron-bert": "encoder.ln",
-               "xlm-roberta-xl": "encoder.LayerNorm", "roberta-prelayernorm": "LayerNorm", "esmc": "norm"}
+               "xlm-roberta-xl": "encoder.LayerNorm", "roberta-prelayernorm": "LayerNorm", "esmc": "norm",
+               "eurobert": "norm", "ultrabert": "norm"}
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -111,3 +111,30 @@ def test_esmc_query_norm_zero_key_norm_not():
     context = batch.roles == Role.CONTEXT
     assert torch.all(grads["q_norm"][context] == 0)
     assert torch.all(grads["k_norm"][context].norm(dim=-1) > 0)
+
+
+def test_ultrabert_sliding_window_keeps_the_exact_zero():
+    """The notes' statement: the window narrows which keys a query sees and leaves the last block's zero.
+
+    The tiny config's last block attends within radius 4, so in row 0 (loss at positions 3 and 6) the
+    final special token (position 11) is outside every loss position's window: the window is real.
+    """
+    model = tiny_model("ultrabert")
+    batch = tiny_batch()
+    assert model.config.layer_types[-1] == "sliding_attention" and model.config.sliding_window == 4
+    assert (batch.roles[0] <= Role.KEPT).nonzero().flatten().tolist() == [3, 6]
+    with GradFlowRecorder(model) as rec:
+        record = rec.record(batch)
+    last = record.num_blocks - 1
+    grad, _ = record.site(f"blocks.{last}.out")
+    assert torch.all(grad[batch.roles > Role.KEPT] == 0)  # context, specials, padding
+    before, _ = record.site(f"blocks.{last - 1}.out")
+    assert before[0, 11] == 0 and torch.all(before[0, 1:11] > 0)  # outside / inside the last block's windows
+    full = tiny_model("ultrabert", layer_types=["sliding_attention", "full_attention", "full_attention"])
+    with GradFlowRecorder(full) as rec:
+        assert rec.record(batch).site(f"blocks.{last - 1}.out")[0][0, 11] > 0
+    frame = record.sublayer_frame()
+    rows = frame[(frame.layer == record.num_blocks) & (frame.role == "context")]
+    zero = set(adapter_for(model).after_mixing())
+    assert (rows[rows.sublayer.isin(zero)].contribution_norm == 0).all()
+    assert (rows[~rows.sublayer.isin(zero)].contribution_norm > 0).all()

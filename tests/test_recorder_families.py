@@ -7,6 +7,7 @@ import torch
 
 from gradflow import GradFlowRecorder, RecorderConfig, mlm_loss
 from gradflow.adapters import adapter_for, get_module
+from gradflow.adapters.norms import splittable
 from gradflow.roles import Role
 from tiny import FAMILIES, PRE_LN, tiny_batch, tiny_model
 
@@ -69,6 +70,34 @@ def test_last_block_context_contributions(family_run):
             assert torch.count_nonzero(matrix) == 0
 
 
+# pre-norm blocks with RMSNorm gains: input_layernorm feeds Q, K and V, post_attention_layernorm only the FFN
+LLAMA_LIKE_ZERO = {"attn.q", "attn.out", "ffn.norm", "ffn.in", "ffn.gate", "ffn.out"}
+LLAMA_LIKE_NONZERO = {"attn.k", "attn.v", "attn.norm"}
+
+
+@pytest.mark.parametrize("family", ["eurobert", "ultrabert"])
+def test_llama_like_last_block_zero_set(family):
+    model = tiny_model(family)
+    batch = tiny_batch()
+    adapter = adapter_for(model)
+    assert set(adapter.after_mixing()) == LLAMA_LIKE_ZERO
+    assert set(adapter.sublayers) == LLAMA_LIKE_ZERO | LLAMA_LIKE_NONZERO
+    last_block = GradFlowRecorder(model).blocks[-1]
+    for name in ("attn.norm", "ffn.norm"):  # RMSNorm modules, split through the norm-like probe
+        module = get_module(last_block, adapter.sublayers[name].path)
+        assert not isinstance(module, torch.nn.LayerNorm) and splittable(module), (family, name)
+    record = _record(model, batch, materialize=True)
+    frame = record.sublayer_frame()
+    last = frame[(frame.layer == record.num_blocks) & (frame.role == "context")].set_index(["sublayer", "param"])
+    assert set(last.index) == {(name, "weight") for name in LLAMA_LIKE_ZERO | LLAMA_LIKE_NONZERO}  # no biases
+    for name in LLAMA_LIKE_ZERO:
+        row = last.loc[(name, "weight")]
+        assert row.contribution_norm == 0.0 and row.magnitude_sum == 0.0 and row.n_nonzero == 0, (family, name)
+        assert torch.count_nonzero(record.matrices[(record.num_blocks - 1, name, "weight", "context")]) == 0
+    for name in LLAMA_LIKE_NONZERO:
+        assert last.loc[(name, "weight"), "contribution_norm"] > 0, (family, name)
+
+
 def test_earlier_blocks_context_share_positive(family_run):
     family, model, batch, record = family_run
     frame = record.sublayer_frame()
@@ -88,11 +117,11 @@ def test_role_contributions_sum_to_autograd_grad(family_run):
     for name, spec in adapter.sublayers.items():
         modules = {id(get_module(b, spec.path)): get_module(b, spec.path) for b in blocks}
         for module in modules.values():
-            if not isinstance(module, (torch.nn.Linear, torch.nn.LayerNorm)):
+            if not splittable(module):  # Linear, LayerNorm, RMSNorm-like (EuroBERT's gains)
                 continue
             depths = [d for d, b in enumerate(blocks) if get_module(b, spec.path) is module]
             for param in ("weight", "bias"):
-                ref = getattr(module, param)
+                ref = getattr(module, param, None)  # RMSNorm has no bias attribute
                 if ref is None:
                     continue
                 ref = ref.grad

@@ -42,9 +42,17 @@ FAMILY_CONFIGS: dict[str, dict] = {
     "nomic_bert": dict(head_dim=16),
     "jina_embeddings_v3": {},
     "esmc": dict(head_dim=16, num_key_value_heads=2),
+    "eurobert": dict(pad_token_id=0, bos_token_id=2, eos_token_id=3, mask_token_id=4, head_dim=16,
+                     num_key_value_heads=1),  # grouped-query attention: 2 query heads share 1 key/value head
+    # radius-4 windows in blocks 0 and 2: the last block's window is narrower than the batch (row 0's
+    # final special token is outside every loss position's window; tests/test_mlm_coverage.py)
+    "ultrabert": dict(pad_token_id=0, bos_token_id=2, eos_token_id=3, head_dim=16, num_key_value_heads=1,
+                      sliding_window=4, prediction_head_size=24,
+                      layer_types=["sliding_attention", "full_attention", "sliding_attention"]),
 }
 FAMILIES = tuple(FAMILY_CONFIGS)
-PRE_LN = {"modernbert", "esm", "roberta-prelayernorm", "megatron-bert", "xlm-roberta-xl", "esmc"}
+PRE_LN = {"modernbert", "esm", "roberta-prelayernorm", "megatron-bert", "xlm-roberta-xl", "esmc", "eurobert",
+          "ultrabert"}
 
 
 def tiny_model(family: str, seed: int = 0, **overrides) -> torch.nn.Module:

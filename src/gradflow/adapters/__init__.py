@@ -30,6 +30,7 @@ from gradflow.adapters.coverage import refusal
 from gradflow.adapters.esm import ESM, ESMC
 from gradflow.adapters.generic import discover_adapter
 from gradflow.adapters.gte import GTE, JINA_EMBEDDINGS_V3, NOMIC_BERT
+from gradflow.adapters.llamalike import EUROBERT, ULTRABERT
 from gradflow.adapters.others import DEBERTA_V2, DISTILBERT, MODERNBERT, MPNET
 from gradflow.adapters.prenorm import MEGATRON_BERT, ROBERTA_PRELAYERNORM, XLM_ROBERTA_XL
 from gradflow.errors import UnsupportedArchitectureError, UsageError
@@ -98,7 +99,7 @@ def resolve_adapter(model: object, adapter: "Adapter | str | None" = None) -> Ad
 
 for _adapter in (BERT, ROBERTA, ELECTRA, DISTILBERT, ALBERT, DEBERTA_V2, MODERNBERT, ESM, MPNET,
                  ROBERTA_PRELAYERNORM, MEGATRON_BERT, XLM_ROBERTA_XL, REMBERT, YOSO, BIG_BIRD, LUKE, CONVBERT,
-                 GTE, NOMIC_BERT, JINA_EMBEDDINGS_V3, ESMC):
+                 GTE, NOMIC_BERT, JINA_EMBEDDINGS_V3, ESMC, EUROBERT, ULTRABERT):
     register_adapter(_adapter)
 
 __all__ = [

@@ -17,8 +17,6 @@ _SEQ2SEQ = ("does not hold: an encoder-decoder denoiser ({cls}); its loss is on 
 _EXTRA_INPUTS = ("not supported yet: {cls} also reads {what}, which gradflow's masked batches do not carry; "
                  "without them the model embeds {default} at every position, so a recording would not be of "
                  "the input the model was trained on")
-_RMSNORM = ("not supported yet: its norms are {norm} modules, and the recorder's sublayer statistics read "
-            "nn.Linear and nn.LayerNorm only (the per-role split of an RMSNorm gain is not implemented)")
 _MULTIMODAL = ("not supported yet: a vision-language encoder ({cls}); image patches join the token sequence "
                "through a connector, and gradflow builds text-only masked batches and has no adapter for it")
 
@@ -30,8 +28,6 @@ REFUSED: dict[str, str] = {
                 "are interleaved per head (q, k, v of head 0, then of head 1, ...), which SublayerSpec's "
                 "contiguous row chunks cannot split, and its norms are DebertaLayerNorm modules, not "
                 "nn.LayerNorm, which the recorder's sublayer statistics do not read"),
-    "eurobert": _RMSNORM.format(norm="EuroBertRMSNorm"),
-    "ultrabert": _RMSNORM.format(norm="UltrabertRMSNorm"),
     "flaubert": ("not supported yet: FlaubertModel has no block module: attentions, layer_norm1, ffns and "
                  "layer_norm2 are parallel ModuleLists applied in a loop by FlaubertModel.forward (with "
                  "layerdrop and an optional pre-norm), and the recorder hooks one module per block"),
