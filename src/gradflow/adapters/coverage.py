@@ -26,8 +26,7 @@ REFUSED: dict[str, str] = {
     "mvp": _SEQ2SEQ.format(cls="MvpForConditionalGeneration"),
     "deberta": ("not supported yet: DeBERTa (v1) fuses Q, K and V in one in_proj Linear whose output rows "
                 "are interleaved per head (q, k, v of head 0, then of head 1, ...), which SublayerSpec's "
-                "contiguous row chunks cannot split, and its norms are DebertaLayerNorm modules, not "
-                "nn.LayerNorm, which the recorder's sublayer statistics do not read"),
+                "contiguous row chunks cannot split"),
     "flaubert": ("not supported yet: FlaubertModel has no block module: attentions, layer_norm1, ffns and "
                  "layer_norm2 are parallel ModuleLists applied in a loop by FlaubertModel.forward (with "
                  "layerdrop and an optional pre-norm), and the recorder hooks one module per block"),

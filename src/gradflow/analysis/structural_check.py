@@ -38,6 +38,7 @@ from dataclasses import dataclass, field, replace
 from torch import nn
 
 from gradflow.adapters import Adapter, SublayerSpec, adapter_for, block_modules, get_module
+from gradflow.adapters.norms import splittable
 from gradflow.analysis.check_flops import FlopCount, count_flops, count_linear_calls
 from gradflow.errors import CorpusError, UsageError
 from gradflow.hooks.recorder import GradFlowRecorder, RecorderConfig
@@ -48,7 +49,6 @@ from gradflow.roles import ALL_ROLES, LOSS_ROLES, Role, role_counts
 
 OTHER = "other:"
 """Prefix of the recorder's names for a block's non-standard modules (stripped in the result)."""
-SPLIT_TYPES = (nn.Linear, nn.LayerNorm)
 
 
 @dataclass(frozen=True)
@@ -214,12 +214,12 @@ def _other_modules(adapter: Adapter, blocks: list[nn.Module]) -> tuple[list[str]
                 paths.setdefault(path, []).append(module)
     extra, skipped = [], {}
     for path, modules in paths.items():
-        if len(modules) == len(distinct) and all(isinstance(m, SPLIT_TYPES) for m in modules):
+        if len(modules) == len(distinct) and all(splittable(m) for m in modules):
             extra.append(path)
         elif len(modules) != len(distinct):
             skipped[path] = "not in every block"
         else:
-            skipped[path] = f"{type(modules[0]).__name__}: the recorder splits nn.Linear and nn.LayerNorm only"
+            skipped[path] = f"{type(modules[0]).__name__}: the recorder splits nn.Linear, LayerNorm and RMSNorm-like norms only"
     return extra, skipped
 
 
