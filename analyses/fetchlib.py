@@ -27,3 +27,25 @@ def safe_extract(tar: tarfile.TarFile, dest: Path) -> None:
         if member.name.startswith("/") or ".." in member.name.split("/") or not (member.isfile() or member.isdir()):
             raise SystemExit(f"refusing to extract {member.name!r}")
     tar.extractall(dest)
+
+
+def file_digest(path: Path, alg: str) -> str:
+    """Hex digest of a file (``alg`` is a hashlib name such as "sha1" or "sha256"), read in chunks."""
+    h = hashlib.new(alg)
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def deb_download(package: str, version: str, expected_sha256: str, workdir: Path) -> Path:
+    """Download one Debian package at an exact version with ``apt-get download`` and check its SHA-256."""
+    subprocess.run(["apt-get", "download", "-q", f"{package}={version}"], cwd=workdir, check=True,
+                   capture_output=True, text=True)
+    matches = sorted(workdir.glob(f"{package}_*.deb"))
+    if len(matches) != 1:
+        raise SystemExit(f"{package}={version}: expected one .deb in {workdir}, found {[m.name for m in matches]}")
+    sha256 = file_digest(matches[0], "sha256")
+    if sha256 != expected_sha256:
+        raise SystemExit(f"{package}={version}: SHA-256 {sha256} does not match the pinned {expected_sha256}")
+    return matches[0]
