@@ -71,18 +71,25 @@ def train_tokenizer(corpus: Path, out: Path, vocab_size: int) -> BertTokenizerFa
     return tokenizer
 
 
-def windows(tokenizer: BertTokenizerFast, path: Path, length: int = MAX_LEN) -> torch.Tensor:
-    """Documents -> (N, length) int64 windows: [CLS] up to length-2 pieces [SEP], padded with 0."""
+def window_rows(tokenizer: BertTokenizerFast, ids: list[int], length: int) -> list[list[int]]:
+    """One document's token ids -> rows of ``length``: [CLS] up to length-2 pieces [SEP], padded;
+    pieces shorter than min(16, (length-2)//2) are dropped."""
     body = length - 2
     rows = []
+    for start in range(0, len(ids), body):
+        piece = ids[start : start + body]
+        if len(piece) < min(16, body // 2):
+            continue
+        row = [tokenizer.cls_token_id, *piece, tokenizer.sep_token_id]
+        rows.append(row + [tokenizer.pad_token_id] * (length - len(row)))
+    return rows
+
+
+def windows(tokenizer: BertTokenizerFast, path: Path, length: int = MAX_LEN) -> torch.Tensor:
+    """Documents -> (N, length) int64 windows: [CLS] up to length-2 pieces [SEP], padded with 0."""
+    rows = []
     for line in path.read_text(encoding="utf-8").splitlines():
-        ids = tokenizer(line, add_special_tokens=False)["input_ids"]
-        for start in range(0, len(ids), body):
-            piece = ids[start : start + body]
-            if len(piece) < min(16, body // 2):
-                continue
-            row = [tokenizer.cls_token_id, *piece, tokenizer.sep_token_id]
-            rows.append(row + [tokenizer.pad_token_id] * (length - len(row)))
+        rows += window_rows(tokenizer, tokenizer(line, add_special_tokens=False)["input_ids"], length)
     return torch.tensor(rows, dtype=torch.long)
 
 

@@ -19,7 +19,9 @@ import torch
 from transformers import BertTokenizerFast
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # analyses/pretrain, for pretrain.py
-from pretrain import train_tokenizer
+from pretrain import train_tokenizer, window_rows
+
+from gradflow.models.zoo import sha256 as file_sha256
 
 SELECT_P = 0.15  # BERT: 15% of the non-special tokens are selected ...
 MASK_P, RANDOM_P = 0.8, 0.1  # ... of which 80% -> [MASK], 10% -> a random token, 10% kept
@@ -31,32 +33,17 @@ def get_tokenizer(corpus: Path, out: Path, vocab_size: int) -> BertTokenizerFast
     return train_tokenizer(corpus, out, vocab_size)
 
 
-def file_sha256(path: Path) -> str:
-    """Hex SHA-256 of a file's bytes."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def encode_windows(tokenizer: BertTokenizerFast, path: Path, length: int, chunk: int = 2048) -> np.ndarray:
     """Documents (one per line) -> (N, length) int32 windows: [CLS] up to length-2 pieces [SEP], 0-padded.
 
     The same windows as ``pretrain.windows`` (pieces shorter than min(16, (length-2)//2) dropped),
     tokenised in batches.
     """
-    body = length - 2
     lines = path.read_text(encoding="utf-8").splitlines()
     rows: list[list[int]] = []
     for start in range(0, len(lines), chunk):
         for ids in tokenizer(lines[start : start + chunk], add_special_tokens=False)["input_ids"]:
-            for s in range(0, len(ids), body):
-                piece = ids[s : s + body]
-                if len(piece) < min(16, body // 2):
-                    continue
-                row = [tokenizer.cls_token_id, *piece, tokenizer.sep_token_id]
-                rows.append(row + [tokenizer.pad_token_id] * (length - len(row)))
+            rows += window_rows(tokenizer, ids, length)
     if not rows:
         raise ValueError(f"{path} gave no windows of {length} tokens")
     return np.asarray(rows, dtype=np.int32)

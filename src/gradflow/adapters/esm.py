@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 from torch import nn
 
 from gradflow.adapters.base import LM_HEAD, Adapter, SublayerSpec
+from gradflow.adapters.llamalike import EUROBERT
 from gradflow.errors import SurgeryError
 
 
@@ -59,26 +62,10 @@ def esmc_drop(model: nn.Module, k: int) -> tuple[int, str]:
                        "reloaded; gradflow does not drop ESMC blocks")
 
 
-ESMC = Adapter(
+ESMC = replace(
+    EUROBERT,  # the same Llama-style layout and sublayer paths
     family="esmc",
     model_types=("esmc",),
-    embeddings="embed_tokens",
-    blocks="layers",
-    mid=("post_attention_layernorm", "input"),
-    sublayers={
-        "attn.q": SublayerSpec("self_attn.q_proj"),
-        "attn.k": SublayerSpec("self_attn.k_proj"),
-        "attn.v": SublayerSpec("self_attn.v_proj"),
-        "attn.out": SublayerSpec("self_attn.o_proj"),
-        "attn.norm": SublayerSpec("input_layernorm"),
-        "ffn.in": SublayerSpec("mlp.up_proj"),
-        "ffn.gate": SublayerSpec("mlp.gate_proj"),
-        "ffn.out": SublayerSpec("mlp.down_proj"),
-        "ffn.norm": SublayerSpec("post_attention_layernorm"),
-    },
-    attn_norm="pre",
-    head=LM_HEAD,
-    final_norm="norm",
     drop_blocks=esmc_drop,
     notes="pre-LN, rotary positions, gated FFN, residual branches scaled by sqrt(num_hidden_layers / 36) (so blocks are not dropped); attention also normalises the "
           "projected queries and keys (self_attn.q_norm, self_attn.k_norm, outside the standard sublayers): "
