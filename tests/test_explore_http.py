@@ -176,3 +176,17 @@ def test_cli_channels_writes_the_static_page(tmp_path, capsys):
     assert page.stat().st_size > 1_000_000 and '"mode": "static"' in page.read_text(encoding="utf-8")
     assert main([*args, "--quantity", "attribution"]) == 2
     assert "--html shows the gradient norms only" in capsys.readouterr().err
+
+
+def test_each_model_starts_from_a_sentence_in_its_own_vocabulary():
+    from gradflow.explore.service import DEFAULT_TEXT
+    from gradflow.models.zoo import example_inputs
+
+    service = ExploreService(ExploreConfig(models=(MODEL, "zoo:antiberty", "zoo:rxnfp"), max_tokens=40))
+    examples = service.examples()
+    assert examples[MODEL] == DEFAULT_TEXT
+    assert examples["zoo:antiberty"] == example_inputs("antiberty")[0][:38]
+    assert examples["zoo:rxnfp"] == example_inputs("rxnfp")[0][:38]
+    with TestClient(create_app(service)) as client:
+        page = client.get("/").text
+    assert '"examples"' in page and examples["zoo:antiberty"] in page

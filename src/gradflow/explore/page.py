@@ -47,10 +47,14 @@ def _render(config: dict, plotly_tag: str) -> str:
     return MARKER.sub(lambda m: parts[m.group(1)], template)
 
 
-def live_page(models: list[str], losses: dict[str, str], max_tokens: int, max_chars: int, default_text: str) -> str:
-    """The page ``gradflow explore`` serves at ``/`` (plotly.js from ``static/plotly.min.js``)."""
+def live_page(models: list[str], losses: dict[str, str], max_tokens: int, max_chars: int,
+              examples: dict[str, str]) -> str:
+    """The page ``gradflow explore`` serves at ``/`` (plotly.js from ``static/plotly.min.js``).
+
+    ``examples``: the sentence the text box starts from for each model (swapped in on a model change
+    unless the student has edited it)."""
     config = {"mode": "live", "models": models, "losses": losses, "max_tokens": max_tokens, "max_chars": max_chars,
-              "default_text": default_text}
+              "examples": examples}
     return _render(config, '<script src="static/plotly.min.js"></script>')
 
 

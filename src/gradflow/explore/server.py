@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 from gradflow.errors import ExploreError
 from gradflow.explore.page import INSTALL_HINT, live_page, plotly_js_path
-from gradflow.explore.service import DEFAULT_TEXT, EXPORT_FORMATS, ExploreService
+from gradflow.explore.service import EXPORT_FORMATS, ExploreService
 from gradflow.explore.view import LOSSES
 
 log = logging.getLogger("gradflow.explore")
@@ -38,7 +38,8 @@ def create_app(service: ExploreService):
     from starlette.responses import FileResponse, HTMLResponse, JSONResponse, Response
     from starlette.routing import Route
 
-    page = live_page(service.models(), LOSSES, service.config.max_tokens, service.config.max_chars, DEFAULT_TEXT)
+    page = live_page(service.models(), LOSSES, service.config.max_tokens, service.config.max_chars,
+                     service.examples())
     plotly_js = plotly_js_path()
 
     def guarded(handler: Callable) -> Callable:

@@ -17,6 +17,7 @@ from pathlib import Path
 from gradflow.errors import ExploreError, GradflowError
 from gradflow.explore.view import LOSSES, ChannelView, channel_view
 from gradflow.models import EMBEDDED_MODELS, LoadedModel, load_model
+from gradflow.models.zoo import first_example
 
 DEFAULT_TEXT = "The progress of public credit is witnessed by a considerable rise of American stock abroad."
 EXPORT_FORMATS: dict[str, str] = {"png": "image/png", "pdf": "application/pdf", "csv": "text/csv"}
@@ -132,6 +133,15 @@ class ExploreService:
     def models(self) -> list[str]:
         """The model names the page may choose."""
         return list(self.config.models)
+
+    def examples(self) -> dict[str, str]:
+        """A sentence to start from per model: a zoo model's first shipped sequence (cut to ``max_tokens - 2``
+        characters, which tokenizes within the cap for character-level vocabularies), else an English sentence."""
+        examples = {}
+        for model in self.config.models:
+            shipped = first_example(model)
+            examples[model] = shipped[: self.config.max_tokens - 2] if shipped else DEFAULT_TEXT
+        return examples
 
 
 def _mask(mask: object) -> list[int] | str:

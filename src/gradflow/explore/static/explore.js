@@ -1,5 +1,5 @@
 // gradflow explore: draws one sentence's channel view from the data the server (or the static export) provides.
-// window.GRADFLOW = {mode: "live" | "static", models, losses, max_tokens, default_text, view (static only)}.
+// window.GRADFLOW = {mode: "live" | "static", models, losses, max_tokens, max_chars, examples (live), view (static)}.
 "use strict";
 
 const ROLE_COLORS = {masked: "#CC3311", random: "#EE7733", kept: "#EE3377", context: "#0077BB",
@@ -244,12 +244,19 @@ function downloadCsv(view) {
 function setUpLive() {
   for (const name of cfg.models) $("model").add(new Option(name, name));
   for (const [key, label] of Object.entries(cfg.losses)) $("loss").add(new Option(label, key));
-  $("text").value = cfg.default_text;
+  let shownModel = $("model").value;
+  $("text").value = cfg.examples[shownModel];
   $("text").maxLength = cfg.max_chars;
   const fresh = () => { state.maskMode = "explicit"; state.mask = []; requestView(); };
   $("show").addEventListener("click", fresh);
   $("text").addEventListener("keydown", (e) => { if (e.key === "Enter" && !e.shiftKey) { e.preventDefault(); fresh(); } });
-  $("model").addEventListener("change", fresh);
+  $("model").addEventListener("change", () => {
+    // a protein or reaction model starts from its own example, unless the student has typed something
+    const text = $("text").value.trim();
+    if (!text || text === cfg.examples[shownModel]) $("text").value = cfg.examples[$("model").value];
+    shownModel = $("model").value;
+    fresh();
+  });
   $("loss").addEventListener("change", () => requestView());
   $("random").addEventListener("click", () => { state.maskMode = "random"; requestView(); });
   $("clear").addEventListener("click", fresh);
