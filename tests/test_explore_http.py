@@ -190,3 +190,34 @@ def test_each_model_starts_from_a_sentence_in_its_own_vocabulary():
     with TestClient(create_app(service)) as client:
         page = client.get("/").text
     assert '"examples"' in page and examples["zoo:antiberty"] in page
+
+
+def test_cli_explore_stops_before_serving_when_a_model_cannot_load(monkeypatch, tmp_path, capsys):
+    from gradflow.cli import main
+    from gradflow.explore import server
+
+    served = []
+    monkeypatch.setattr(server, "serve", lambda service, host, port: served.append(port))
+    assert main(["explore", "--model", MODEL, str(tmp_path / "no-such-model")]) == 2
+    err = capsys.readouterr().err
+    assert served == [] and "could not be loaded" in err and "no-such-model" in err and "Traceback" not in err
+    assert f"loading {MODEL}" in err
+
+
+def test_a_port_in_use_is_a_clear_error():
+    import socket
+
+    from gradflow.errors import ExploreError
+    from gradflow.explore.server import listening_socket, serve
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(ExploreError, match=f"cannot listen on 127.0.0.1:{port} .*another --port"):
+            serve(ExploreService(ExploreConfig(models=(MODEL,))), port=port)
+    with pytest.raises(ExploreError, match="check --host"):
+        listening_socket("no-such-host.invalid", 8765)
+    free = listening_socket("127.0.0.1", 0)
+    assert free.getsockname()[0] == "127.0.0.1"
+    free.close()

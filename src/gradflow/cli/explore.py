@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Sequence
 
 from gradflow.cli.options import AT_LEAST_ONE, add_number, model_help
@@ -34,6 +35,7 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
         raise UsageError(f"--port must be at most 65535, got {args.port}")
     models = tuple(dict.fromkeys(args.model or EMBEDDED_MODELS))
     service = ExploreService(ExploreConfig(models=models, max_tokens=args.max_tokens, device=args.device))
+    service.load_all(progress=lambda name: print(f"gradflow explore: loading {name}", file=sys.stderr))
     try:
         serve(service, host=args.host, port=args.port)
     except KeyboardInterrupt:

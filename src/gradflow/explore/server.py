@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 import sys
 from collections.abc import Callable
 
@@ -123,9 +124,28 @@ def serve(service: ExploreService, host: str = "127.0.0.1", port: int = 8765) ->
     import uvicorn
 
     app = create_app(service)
+    sock = listening_socket(host, port)
     print(f"gradflow explore: http://{host}:{port}/  (models: {', '.join(service.models())}; Ctrl-C stops)",
           file=sys.stderr)
-    uvicorn.run(app, host=host, port=port, log_level="warning")
+    uvicorn.Server(uvicorn.Config(app, log_level="warning")).run(sockets=[sock])
 
 
-__all__ = ["MAX_BODY_BYTES", "create_app", "serve"]
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host:port``; an :class:`ExploreError` saying what to do when that fails
+    (port in use, address not on this machine)."""
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        sock = socket.socket(family, socket.SOCK_STREAM)
+    except OSError as err:
+        raise ExploreError(f"cannot listen on {host}:{port} ({err.strerror or err}): check --host.") from None
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError as err:
+        sock.close()
+        raise ExploreError(f"cannot listen on {host}:{port} ({err.strerror or err}): pass another --port, or stop "
+                           "the program that uses it.") from None
+    return sock
+
+
+__all__ = ["MAX_BODY_BYTES", "create_app", "listening_socket", "serve"]

@@ -1,6 +1,6 @@
 """What the explorer server does with a request, without the web: validate, compute one view at a time.
 
-:class:`ExploreService` holds the models named at start-up (loaded on first use, never a path
+:class:`ExploreService` holds the models named at start-up (loaded by ``load_all`` or on first use, never a path
 sent by the page, never with remote code), checks every request field and answers with a
 :class:`ChannelView` or an :class:`ExploreError` whose message is one sentence for the page. One
 computation runs at a time; at most ``max_waiting`` more wait, further requests are told to retry.
@@ -129,6 +129,14 @@ class ExploreService:
         finally:
             with self._count:
                 self._waiting -= 1
+
+    def load_all(self, progress: Callable[[str], None] | None = None) -> None:
+        """Load every model named at start-up now, so that a typo or an unreachable hub stops the command
+        before the page is served (``progress`` is told each name first)."""
+        for name in self.config.models:
+            if progress is not None:
+                progress(name)
+            self._load(name)
 
     def models(self) -> list[str]:
         """The model names the page may choose."""

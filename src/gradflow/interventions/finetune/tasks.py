@@ -78,7 +78,8 @@ def load_task(spec: str | Path, data_root: str | Path | None = None) -> Task:
     meta_path = path / "task.json"
     if not meta_path.exists():
         hint = (" Build the built-in tasks with `python analyses/finetune/fetch_tasks.py --out data/tasks`."
-                if str(spec) in BUILTIN_TASKS else "")
+                if str(spec) in BUILTIN_TASKS else
+                f" Name a built-in task ({', '.join(BUILTIN_TASKS)}) or a directory that holds a task.json.")
         raise TaskError(f"no task {spec!r}: {meta_path} does not exist.{hint}")
     meta = json.loads(meta_path.read_text(encoding="utf-8"))
     return Task(meta["name"], meta["kind"], meta["metric"], tuple(meta["labels"]), path, meta)
