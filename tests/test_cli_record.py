@@ -214,3 +214,14 @@ def test_sigint_subprocess_leaves_loadable_partial_run(tmp_path, tiny_mlm_dir):
     assert meta["complete"] is False
     assert 0 < meta["counts"]["sequences_recorded"] < 40000
     assert len(pd.read_parquet(out / "sequences.parquet")) > 0
+
+
+def test_progress_into_a_log_file_is_a_few_lines_not_one_per_batch(tmp_path, tiny_mlm_dir, tiny_corpus, capsys):
+    # stderr is not a terminal under capsys, as in a cluster job's log: the bar may draw at start and end only
+    out = tmp_path / "run"
+    assert main(["record", "--model", str(tiny_mlm_dir), "--texts", str(tiny_corpus), "--out", str(out),
+                 "--max-length", "24", "--batch-size", "1"]) == 0
+    err = capsys.readouterr().err
+    batches = json.loads((out / "meta.json").read_text())["counts"]["batches"]
+    assert batches >= 4, "the corpus must give several batches for this test to mean anything"
+    assert 1 <= err.count("recording:") <= 3, err

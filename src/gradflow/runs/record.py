@@ -8,6 +8,7 @@ corpus length: each batch is reduced to small accumulators before the next one i
 from __future__ import annotations
 
 import os
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -374,7 +375,8 @@ def _counts(job: _Job) -> dict:
 
 
 class _progress:
-    """A tqdm bar with sequences, tokens and tokens/s (or nothing when quiet)."""
+    """A tqdm bar with sequences, tokens and tokens/s (or nothing when quiet). On a terminal it redraws
+    up to 10 times a second; into a log file (stderr not a terminal) one line every 30 s and at the end."""
 
     def __init__(self, quiet: bool):
         self.bar = None
@@ -383,14 +385,15 @@ class _progress:
         if not quiet:
             from tqdm import tqdm
 
-            self.bar = tqdm(unit="seq", desc="recording", dynamic_ncols=True)
+            self.bar = tqdm(unit="seq", desc="recording", dynamic_ncols=True,
+                            mininterval=0.1 if sys.stderr.isatty() else 30.0)
 
     def update(self, sequences: int, tokens: int) -> None:
         self.tokens += tokens
         if self.bar is not None:
             self.bar.update(sequences)
             rate = self.tokens / max(time.time() - self.start, 1e-9)
-            self.bar.set_postfix(tokens=self.tokens, tok_s=f"{rate:.0f}")
+            self.bar.set_postfix(tokens=self.tokens, tok_s=f"{rate:.0f}", refresh=False)
 
     def close(self) -> None:
         if self.bar is not None:

@@ -367,7 +367,7 @@ def finetune(config: FinetuneConfig, *, task: Task | None = None,
         value = float(loss.detach())
         result.train_loss.append(value)
         running.append(value)
-        bar.set_postfix(loss=f"{value:.4f}")
+        bar.set_postfix(loss=f"{value:.4f}", refresh=False)
         if step % config.eval_every == 0 or step == config.steps:
             result.history.append(EvalRecord(step, "train", {"loss": sum(running) / len(running)}))
             running = []
