@@ -79,6 +79,13 @@ def test_bootstrap_ratio_is_ratio_of_pooled_means():
     assert low <= point <= high
 
 
+def test_one_sequence_has_no_interval_not_a_zero_width_one():
+    point, low, high = A.bootstrap_ratio(np.array([2.0]), np.array([1.0]), np.array([4.0]), np.array([1.0]),
+                                         n_resamples=50, seed=0)
+    assert point == pytest.approx(0.5) and np.isnan(low) and np.isnan(high)
+    assert A.bootstrap_sums(np.ones((1, 3)), 20).shape == (20, 3)
+
+
 def test_bootstrap_is_seeded():
     x = np.random.default_rng(0).random((30, 3))
     assert np.array_equal(A.bootstrap_sums(x, 40, seed=3), A.bootstrap_sums(x, 40, seed=3))

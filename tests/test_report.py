@@ -59,6 +59,15 @@ def test_write_report_writes_figures_tables_and_summary(tmp_path, banners):
     assert after == rc  # the style never leaks into the caller's rcParams
 
 
+def test_one_sequence_run_reports_no_interval(tmp_path):
+    run_dir = write_run(tmp_path / "run", num_layers=3, n_sequences=1)
+    report.write_report(run_dir, tmp_path / "out", **FAST)
+    summary = (tmp_path / "out" / "summary.md").read_text()
+    assert "[–, –]" in summary and "One sequence gives no bootstrap interval" in summary
+    report.write_report(write_run(tmp_path / "two", num_layers=3, n_sequences=2), tmp_path / "out2", **FAST)
+    assert "One sequence" not in (tmp_path / "out2" / "summary.md").read_text()
+
+
 def test_incomplete_run_warns_on_every_figure_and_summary(tmp_path, banners):
     run_dir = write_run(tmp_path / "run", num_layers=2, n_sequences=10, complete=False)
     paths = report.write_report(run_dir, tmp_path / "out", formats=("png",), width="double", **FAST)

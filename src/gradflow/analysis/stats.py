@@ -31,8 +31,13 @@ def resample_weights(n_sequences: int, n_resamples: int, seed: int | None, chunk
 
 
 def bootstrap_sums(values: np.ndarray, n_resamples: int = 2000, seed: int | None = 0) -> np.ndarray:
-    """Bootstrap replicates of column sums of ``values`` (sequences, ...) -> (n_resamples, ...)."""
+    """Bootstrap replicates of column sums of ``values`` (sequences, ...) -> (n_resamples, ...).
+
+    With fewer than 2 sequences there is nothing to resample: every replicate is NaN, so intervals
+    built on them are NaN (shown as "–"), never a zero-width interval that looks certain."""
     values = np.asarray(values, dtype=np.float64)
+    if values.shape[0] < 2:
+        return np.full((n_resamples, *values.shape[1:]), np.nan)
     flat = values.reshape(values.shape[0], -1)
     reps = [w @ flat for w in resample_weights(values.shape[0], n_resamples, seed)]
     return np.concatenate(reps, axis=0).reshape((n_resamples, *values.shape[1:]))

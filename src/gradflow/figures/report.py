@@ -251,8 +251,10 @@ def _headline(run: Run, ratios: pd.DataFrame, deficit: pd.DataFrame) -> list[str
         if len(rest):
             lines.append("- Last-block sublayers that still learn from context: " + ", ".join(
                 f"{s} {_num(r)}× the earlier mean" for s, r in zip(rest["sublayer"], rest["ratio_to_earlier"])) + ".")
-    lines.append(f"- Loss: `{run.meta.get('loss')}`; {run.num_layers} blocks; "
-                 f"{run.sequences['sequence_index'].nunique()} sequences.")
+    n_sequences = run.sequences["sequence_index"].nunique()
+    lines.append(f"- Loss: `{run.meta.get('loss')}`; {run.num_layers} blocks; {n_sequences} sequences."
+                 + (" One sequence gives no bootstrap interval (shown as –): record at least two."
+                    if n_sequences < 2 else ""))
     return lines
 
 
