@@ -57,10 +57,10 @@ def _progress(quiet: bool) -> Callable[[str, int], Callable[[int], None]] | None
     """tqdm bars (one per stage) that close themselves when full."""
     if quiet:
         return None
-    from tqdm.auto import tqdm
+    from gradflow.progress import progress_bar
 
     def start(label: str, total: int) -> Callable[[int], None]:
-        bar = tqdm(total=total, desc=label, unit="word" if "features" in label else "site", leave=False)
+        bar = progress_bar(total=total, desc=label, unit="word" if "features" in label else "site", leave=False)
 
         def tick(n: int) -> None:
             bar.update(n)

@@ -8,7 +8,6 @@ corpus length: each batch is reduced to small accumulators before the next one i
 from __future__ import annotations
 
 import os
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -23,6 +22,7 @@ from gradflow.inputs.corpus import CorpusCounts, check_corpus_path, default_text
 from gradflow.inputs.masking import BertMasking, MaskedBatch, TokenizerInfo
 from gradflow.inputs.pipeline import masked_batches
 from gradflow.models import DEFAULT_MODEL, LoadedModel, load_model
+from gradflow.progress import progress_bar
 from gradflow.provenance import portable_path
 from gradflow.roles import LOSS_ROLES, TOKEN_ROLES, role_counts
 from gradflow.runs.aggregate import (
@@ -383,10 +383,7 @@ class _progress:
         self.tokens = 0
         self.start = time.time()
         if not quiet:
-            from tqdm import tqdm
-
-            self.bar = tqdm(unit="seq", desc="recording", dynamic_ncols=True,
-                            mininterval=0.1 if sys.stderr.isatty() else 30.0)
+            self.bar = progress_bar(unit="seq", desc="recording", dynamic_ncols=True)
 
     def update(self, sequences: int, tokens: int) -> None:
         self.tokens += tokens

@@ -325,7 +325,7 @@ def _task_and_data(config: FinetuneConfig, task: Task | None,
 def finetune(config: FinetuneConfig, *, task: Task | None = None,
              data: dict[str, list[dict]] | None = None) -> FinetuneResult:
     """Fine-tune ``config.model`` on ``config.task`` (or on ``task`` with rows ``data``)."""
-    from tqdm.auto import tqdm
+    from gradflow.progress import progress_bar
 
     start = time.perf_counter()
     task, rows = _task_and_data(config, task, data)
@@ -351,7 +351,7 @@ def finetune(config: FinetuneConfig, *, task: Task | None = None,
     batches = train_batches(len(encoded["train"]), config.batch_size, config.seed)
     running: list[float] = []
     keeper = BestCheckpoint(task.metric, config.patience) if config.patience else None
-    bar = tqdm(range(1, config.steps + 1), desc=f"finetune {task.name}", disable=not config.progress)
+    bar = progress_bar(range(1, config.steps + 1), desc=f"finetune {task.name}", disable=not config.progress)
     for step in bar:
         idx = next(batches)
         batch = {k: v.to(config.device) for k, v in collate([encoded["train"][i] for i in idx], pad_id).items()}
