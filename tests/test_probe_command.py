@@ -15,7 +15,7 @@ from gradflow.inputs.labelled import load_labelled, read_conll, read_jsonl
 from gradflow.models import load_model
 from gradflow.runs.probe import ProbeConfig, run_probes
 from gradflow.runs.probe_features import extract_split, tokenised_words
-from gradflow.runs.schema import PROBE_COLUMNS, PROBE_DROP_COLUMNS
+from gradflow.runs.schema import PROBE_COLUMNS, PROBE_DIFFERENCE_COLUMNS, PROBE_DROP_COLUMNS, PROBE_WORD_COLUMNS
 
 WORDS = ["the", "progress", "of", "public", "credit", "is", "witnessed", "by", "a", "rise", "we", "must", "ensure",
          "that", "laws", "are", "executed", "congress", "will", "consider", "treasury", "nation", "year", "union"]
@@ -218,3 +218,55 @@ def test_compare_draws_probe_directories(capsys, probe_run, tmp_path):
     assert (tmp_path / "c" / "probes_toy.png").stat().st_size > 10_000
     both = pd.read_csv(tmp_path / "c" / "probes_compared.csv")
     assert set(both["label"]) == {"a", "b"}
+
+
+def test_per_word_results_reproduce_the_tables_exactly(probe_run):
+    words = pd.read_parquet(probe_run.out / "probe_words.parquet")
+    assert tuple(words.columns) == PROBE_WORD_COLUMNS
+    probes = probe_run.probes
+    for (regime, layer), rows in words.groupby(["regime", "layer"]):
+        accuracy = probes[(probes.regime == regime) & (probes.layer == layer)]["accuracy"].item()
+        assert rows["correct"].mean() == accuracy  # the same words, the same probe: equal, not close
+        assert len(rows) == probes[(probes.regime == regime) & (probes.layer == layer)]["n_tokens"].item()
+        assert not rows.duplicated(["sentence", "word"]).any()
+
+
+def test_compare_pairs_the_drops_of_probe_directories(capsys, probe_run, tmp_path):
+    code = main(["compare", str(probe_run.out), str(probe_run.out), "--labels", "a", "b",
+                 "--out", str(tmp_path / "c"), "--format", "png"])
+    out = capsys.readouterr().out
+    assert code == 0 and "last-layer accuracy drop, b - a: +0.0000 [+0.0000, +0.0000]" in out
+    table = pd.read_csv(tmp_path / "c" / "probe_drop_differences.csv")
+    assert tuple(table.columns) == PROBE_DIFFERENCE_COLUMNS
+    assert list(table["regime"]) == ["unmasked", "masked"] and (table[["difference", "ci_low", "ci_high"]] == 0).all().all()
+
+
+def test_paired_drop_difference_uses_only_the_words_both_kept(probe_run, tmp_path):
+    import shutil
+
+    from gradflow.analysis.probe_tables import probe_drop_differences
+    from gradflow.analysis.probes import drop_difference_ci, last_layer_drop
+
+    other = tmp_path / "other"
+    shutil.copytree(probe_run.out, other)
+    words = pd.read_parquet(other / "probe_words.parquet")
+    rng = np.random.default_rng(0)
+    flipped = words.assign(correct=words["correct"] ^ (rng.random(len(words)) < 0.2))
+    kept = flipped[flipped["word"] != 0]  # as if another tokenizer had cut every first word off
+    kept.to_parquet(other / "probe_words.parquet", index=False)
+    result = probe_drop_differences([probe_run.out, other], ["base", "other"], n_resamples=300)
+    row = result.table[result.table.regime == "unmasked"].iloc[0]
+    base = words[(words.regime == "unmasked") & (words.word != 0)]
+    mine = kept[kept.regime == "unmasked"]
+    layers = sorted(base["layer"].unique())
+    expected = (last_layer_drop([mine[mine.layer == k]["correct"].mean() for k in layers])
+                - last_layer_drop([base[base.layer == k]["correct"].mean() for k in layers]))
+    assert row.difference == pytest.approx(expected, abs=1e-12)
+    assert row.n_words == len(mine) // len(layers) and row.ci_low <= row.difference <= row.ci_high
+    assert row.ci_high - row.ci_low > 0
+    point, low, high = drop_difference_ci([np.ones(4, bool), np.zeros(4, bool)], [np.ones(4, bool)] * 3,
+                                          np.array([0, 0, 1, 1]), n_resamples=50)
+    assert (point, low, high) == (-1.0, -1.0, -1.0)  # a: last layer 0 vs best 1; b: no drop
+    (other / "probe_words.parquet").unlink()
+    missing = probe_drop_differences([probe_run.out, other], ["base", "other"])
+    assert missing.table.empty and "has no probe_words.parquet" in missing.notes[0]

@@ -9,13 +9,16 @@ from pathlib import Path
 
 import pandas as pd
 
+from gradflow.analysis.probes import drop_difference_ci
 from gradflow.errors import UsageError
 from gradflow.runs.schema import (
     META_FILE,
+    PROBE_DIFFERENCE_COLUMNS,
     PROBE_DROP_COLUMNS,
     PROBE_DROP_DTYPES,
     PROBE_DROPS_FILE,
     PROBE_DTYPES,
+    PROBE_WORDS_FILE,
     PROBES_FILE,
 )
 
@@ -62,4 +65,71 @@ def load_probe_dirs(paths: Sequence[str | Path], labels: Sequence[str] | None = 
     return ProbeTables(pd.concat(probes, ignore_index=True), pd.concat(drops, ignore_index=True), tuple(incomplete))
 
 
-__all__ = ["ProbeTables", "is_probe_dir", "load_probe_dirs"]
+@dataclass(frozen=True)
+class ProbeDifferences:
+    """:func:`probe_drop_differences`: ``table`` (columns ``PROBE_DIFFERENCE_COLUMNS``, possibly empty)
+    and ``notes``, one sentence per pair that could not be compared and why."""
+
+    table: pd.DataFrame
+    notes: tuple[str, ...]
+
+
+def _task_of(path: Path) -> tuple[str, str]:
+    meta_path = path / META_FILE
+    meta = json.loads(meta_path.read_text(encoding="utf-8")) if meta_path.is_file() else {}
+    task = meta.get("task", {})
+    return str(task.get("name", "")), str(task.get("source", ""))
+
+
+def _correct_by_layer(words: pd.DataFrame, regime: str) -> pd.DataFrame:
+    """(sentence, word) x layer table of probe correctness for one regime."""
+    rows = words[words["regime"] == regime]
+    return rows.pivot(index=["sentence", "word"], columns="layer", values="correct").dropna()
+
+
+def probe_drop_differences(paths: Sequence[str | Path], labels: Sequence[str] | None = None,
+                           n_resamples: int = 1000, seed: int = 0) -> ProbeDifferences:
+    """Last-layer accuracy drop of each probe directory minus the first's (the baseline), per regime.
+
+    Paired over the test words both directories scored (same task and source; a word is keyed by its
+    sentence and its index there, so models whose tokenizers cut different words off are compared
+    on the words both kept), with :func:`~gradflow.analysis.probes.drop_difference_ci`. A pair
+    without ``probe_words.parquet`` (written since gradflow probe kept per-word results) or with
+    another task is left out with a note.
+    """
+    load_probe_dirs(paths, labels)  # the same checks and messages as the figures
+    paths = [Path(p) for p in paths]
+    names = list(labels) if labels is not None else [str(pd.read_csv(p / PROBES_FILE)["model"].iloc[0]) for p in paths]
+    rows, notes = [], []
+    base, base_label = paths[0], names[0]
+    if not (base / PROBE_WORDS_FILE).is_file():
+        return ProbeDifferences(pd.DataFrame(columns=list(PROBE_DIFFERENCE_COLUMNS)),
+                                (f"{base} has no {PROBE_WORDS_FILE} (rerun gradflow probe there): no paired "
+                                 "drop differences.",))
+    base_words = pd.read_parquet(base / PROBE_WORDS_FILE)
+    for path, label in zip(paths[1:], names[1:]):
+        if _task_of(path) != _task_of(base):
+            notes.append(f"{label} probed another task than {base_label}: no paired drop difference.")
+            continue
+        if not (path / PROBE_WORDS_FILE).is_file():
+            notes.append(f"{path} has no {PROBE_WORDS_FILE} (rerun gradflow probe there): no paired drop difference.")
+            continue
+        words = pd.read_parquet(path / PROBE_WORDS_FILE)
+        for regime in [r for r in base_words["regime"].unique() if r in set(words["regime"])]:
+            a = _correct_by_layer(words, regime).add_prefix("a:")
+            b = _correct_by_layer(base_words, regime).add_prefix("b:")
+            joined = a.join(b, how="inner")
+            if joined.empty:
+                notes.append(f"{label} and {base_label} share no test word in regime {regime}.")
+                continue
+            sentence = joined.index.get_level_values("sentence").to_numpy()
+            diff, low, high = drop_difference_ci([joined[k].to_numpy(bool) for k in a.columns],
+                                                 [joined[k].to_numpy(bool) for k in b.columns],
+                                                 sentence, n_resamples, seed)
+            rows.append({"task": _task_of(base)[0], "regime": regime, "metric": "accuracy", "label": label,
+                         "baseline": base_label, "difference": diff, "ci_low": low, "ci_high": high,
+                         "n_words": len(joined), "n_sentences": int(pd.unique(sentence).size)})
+    return ProbeDifferences(pd.DataFrame(rows, columns=list(PROBE_DIFFERENCE_COLUMNS)), tuple(notes))
+
+
+__all__ = ["ProbeDifferences", "ProbeTables", "is_probe_dir", "load_probe_dirs", "probe_drop_differences"]

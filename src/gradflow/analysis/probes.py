@@ -293,6 +293,27 @@ def last_layer_drop_ci(correct_by_layer: Mapping[int, np.ndarray] | Sequence[np.
     return float(low), float(high)
 
 
+def drop_difference_ci(correct_a_by_layer: Mapping[int, np.ndarray] | Sequence[np.ndarray],
+                       correct_b_by_layer: Mapping[int, np.ndarray] | Sequence[np.ndarray],
+                       sentence_ids: np.ndarray, n_resamples: int = 1000, seed: int | None = 0,
+                       confidence: float = 0.95) -> tuple[float, float, float]:
+    """``last_layer_drop(a) - last_layer_drop(b)`` (accuracy) of two models probed on the same (N,) words.
+
+    Each ``correct_*_by_layer`` holds one (N,) bool vector per layer of that model (the depths may
+    differ). Returns (difference, low, high): the percentile interval resamples whole sentences, the
+    same ones for both models (a paired bootstrap), and re-takes each model's best earlier layer per
+    replicate. Negative when model a's last layer loses more than model b's.
+    """
+    a = [np.asarray(c) for c in _by_layer(correct_a_by_layer)]
+    b = [np.asarray(c) for c in _by_layer(correct_b_by_layer)]
+    point = last_layer_drop([c.mean() for c in a]) - last_layer_drop([c.mean() for c in b])
+    reps = _accuracy_replicates([*a, *b], sentence_ids, n_resamples, seed)
+    ra, rb = reps[:, : len(a)], reps[:, len(a):]
+    diffs = (ra[:, -1] - ra[:, :-1].max(axis=1)) - (rb[:, -1] - rb[:, :-1].max(axis=1))
+    low, high = percentile_interval(diffs, confidence)
+    return float(point), float(low), float(high)
+
+
 def code_length_drop(bits_by_layer: Mapping[int, float] | Sequence[float] | np.ndarray) -> float:
     """``min_{l<L} bits(l) - bits(L)``: the last layer's code-length drop in bits (negative when the
     last layer needs more bits than the best earlier one, i.e. is the worse feature)."""
@@ -315,6 +336,6 @@ def code_length_drop_ci(token_bits_by_layer: Mapping[int, np.ndarray] | Sequence
 
 
 __all__ = ["DEFAULT_CS", "DEFAULT_FRACTIONS", "CodeLength", "ProbeResult", "code_length_drop", "code_length_drop_ci",
-           "control_labels", "fit_probe",
+           "control_labels", "drop_difference_ci", "fit_probe",
            "last_layer_drop", "last_layer_drop_ci", "online_code_length", "paired_difference_ci",
            "selectivity", "sentence_bootstrap_ci"]

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from gradflow.cli.options import add_figure_output, formats
 from gradflow.errors import UsageError
@@ -36,12 +38,32 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
             paths = write_probe_figures(args.run_dirs, args.labels, args.out, formats=formats(args.format),
                                         width=args.width)
+            paths.extend(_probe_differences(args))
             print(f"wrote {len(paths)} files to {args.out}")
             return 0
         paths = write_comparison(args.run_dirs, args.labels, args.out, formats=formats(args.format),
                                  width=args.width)
     print(f"wrote {len(paths)} files to {args.out}")
     return 0
+
+
+def _probe_differences(args: argparse.Namespace) -> list[Path]:
+    """Write and print each probe directory's last-layer drop minus the baseline's (paired CIs)."""
+    from gradflow.analysis.probe_tables import probe_drop_differences
+    from gradflow.runs.files import write_csv
+    from gradflow.runs.schema import PROBE_DIFFERENCE_COLUMNS, PROBE_DIFFERENCES_FILE
+
+    result = probe_drop_differences(args.run_dirs, args.labels)
+    for note in result.notes:
+        print(f"note: {note}", file=sys.stderr)
+    if result.table.empty:
+        return []
+    for row in result.table.itertuples():
+        print(f"{row.regime:9s} last-layer accuracy drop, {row.label} - {row.baseline}: {row.difference:+.4f} "
+              f"[{row.ci_low:+.4f}, {row.ci_high:+.4f}] ({row.n_words} words, {row.n_sentences} sentences)")
+    path = Path(args.out) / PROBE_DIFFERENCES_FILE
+    write_csv(result.table, path, PROBE_DIFFERENCE_COLUMNS)
+    return [path]
 
 
 def _check_comparable(run_dirs: Sequence[str]) -> None:

@@ -9,8 +9,9 @@ and the Voita & Titov online code length of the **train** labels (bits), with on
 The headline, per regime and metric, is :func:`~gradflow.analysis.probes.last_layer_drop` over the
 block-output sites (``embeddings.out`` = layer 0 ... last block = layer L) with a paired CI.
 
-Writes ``probes.csv``, ``probe_drops.csv`` (columns in :mod:`gradflow.runs.schema`) and
-``meta.json``; rows are flushed after every site with ``"complete": false`` until the end, so an
+Writes ``probes.csv``, ``probe_drops.csv``, ``probe_words.parquet`` (per test word and block output:
+was the probe right; what ``gradflow compare`` pairs across models) and ``meta.json`` (columns in
+:mod:`gradflow.runs.schema`); rows are flushed after every site with ``"complete": false`` until the end, so an
 interrupted run keeps what it fitted and says so.
 """
 
@@ -51,6 +52,8 @@ from gradflow.runs.schema import (
     PROBE_DROP_COLUMNS,
     PROBE_DROPS_FILE,
     PROBE_REGIMES,
+    PROBE_WORD_COLUMNS,
+    PROBE_WORDS_FILE,
     PROBES_FILE,
 )
 
@@ -123,7 +126,7 @@ def run_probes(config: ProbeConfig, loaded: LoadedModel | None = None,
         loaded = load_model(config.model, device=config.device)
     out = Path(config.out)
     prepare_output_dir(out, config.overwrite)
-    for name in (PROBES_FILE, PROBE_DROPS_FILE):
+    for name in (PROBES_FILE, PROBE_DROPS_FILE, PROBE_WORDS_FILE):
         (out / name).unlink(missing_ok=True)
     job = _Job(config, loaded, task, out, start)
     error: BaseException | None = None
@@ -145,6 +148,7 @@ class _Job:
         self.config, self.loaded, self.task, self.out, self.start = config, loaded, task, out, start
         self.rows: list[dict] = []
         self.drops: list[dict] = []
+        self.words: list[pd.DataFrame] = []
         self.counts: dict[str, dict] = {}
 
     def regime(self, regime: str, progress: Callable[[str, int], Callable[[int], None]] | None) -> None:
@@ -199,6 +203,9 @@ class _Job:
                 "n_tokens": int(splits["test"].labels.size), "n_sentences": int(np.unique(test_ids).size)})
             if point_of(site) == "out":
                 correct_by_layer[layer] = result.correct
+                self.words.append(pd.DataFrame({"regime": regime, "layer": layer, "sentence": test_ids,
+                                                "word": splits["test"].word, "correct": result.correct.astype(bool)},
+                                               columns=list(PROBE_WORD_COLUMNS)))
                 if code:
                     bits_by_layer[layer] = code.token_bits
             self.write(None)
@@ -237,6 +244,8 @@ class _Job:
         done = error is None and len(self.drops) >= len(self.config.regimes)
         write_csv(self.frame(), self.out / PROBES_FILE, PROBE_COLUMNS)
         write_csv(self.drops_frame(), self.out / PROBE_DROPS_FILE, PROBE_DROP_COLUMNS)
+        if self.words:
+            pd.concat(self.words, ignore_index=True).to_parquet(self.out / PROBE_WORDS_FILE, index=False)
         message = None if error is None else (f"{type(error).__name__}: {error}" or type(error).__name__)
         if error is None and not done:
             message = "running (rows so far are final; the run is not finished)"

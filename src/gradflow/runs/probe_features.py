@@ -36,13 +36,15 @@ FLOAT16_MAX = 65504.0
 @dataclass
 class SplitFeatures:
     """One split's probed words: ``labels`` (N,) int, ``sentence`` (N,) int sentence index,
-    ``word_types`` the N word strings, ``features`` site -> (N, H) memmap, ``dropped`` words without one."""
+    ``word_types`` the N word strings, ``features`` site -> (N, H) memmap, ``dropped`` words without one,
+    ``word`` (N,) int index of each word in its sentence."""
 
     labels: np.ndarray
     sentence: np.ndarray
     word_types: list[str]
     features: dict[str, np.ndarray] = field(default_factory=dict)
     dropped: int = 0
+    word: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
 
 @dataclass(frozen=True)
@@ -152,7 +154,8 @@ def _split_features(sentences: LabelledSentences, label_ids: dict[str, int], fol
     labels = np.array([label_ids[sentences.labels[s][w]] for s, w in keys], dtype=np.int64)
     sentence = np.array([s for s, _ in keys], dtype=np.int64)
     types = [sentences.words[s][w] for s, w in keys]
-    out = SplitFeatures(labels, sentence, types, dropped=sentences.num_words - len(keys))
+    word = np.array([w for _, w in keys], dtype=np.int64)
+    out = SplitFeatures(labels, sentence, types, dropped=sentences.num_words - len(keys), word=word)
     for site in site_names:
         path = folder / f"{split}.{site}.bin"
         n = len(keys)

@@ -215,6 +215,13 @@ PROBE_DROP_DTYPES: dict[str, str] = {
 }
 """One row per (regime, metric) of a probe run: ``score(L) - max_{l<L} score(l)`` with its paired CI."""
 PROBE_REGIMES: tuple[str, ...] = ("unmasked", "masked")
+PROBE_WORDS_FILE = "probe_words.parquet"
+PROBE_WORD_COLUMNS: tuple[str, ...] = ("regime", "layer", "sentence", "word", "correct")
+"""One row per (regime, block output, test word): was the probe right? For paired model comparisons."""
+PROBE_DIFFERENCES_FILE = "probe_drop_differences.csv"
+PROBE_DIFFERENCE_COLUMNS: tuple[str, ...] = ("task", "regime", "metric", "label", "baseline", "difference", "ci_low",
+                                             "ci_high", "n_words", "n_sentences")
+"""``gradflow compare`` of probe directories: last-layer drop of ``label`` minus the baseline's, paired CI."""
 """Probe input regimes: every word visible (fine-tuning's regime) or the probed word masked (pretraining's)."""
 PROBE_COLUMNS: tuple[str, ...] = tuple(PROBE_DTYPES)
 PROBE_DROP_COLUMNS: tuple[str, ...] = tuple(PROBE_DROP_DTYPES)
@@ -260,7 +267,8 @@ __all__ = [
     "EXPLORE_SUBLAYER_COLUMNS",
     "DIAGNOSTIC_COLUMNS", "DIAGNOSTIC_GROUPS", "DIAGNOSTIC_ROLES", "LOSS", "LOSS_ROLES", "META_FILE", "PARAMS",
     "POINTS", "PROBES_FILE", "PROBE_COLUMNS", "PROBE_DROPS_FILE", "PROBE_DROP_COLUMNS",
-    "PROBE_DROP_DTYPES", "PROBE_DTYPES", "PROBE_REGIMES", "PROVENANCE_KEYS", "REPORTED_ROLES", "REQUIRED_META_KEYS", "RUN_FILES", "SEQUENCES_FILE",
+    "PROBE_DROP_DTYPES", "PROBE_DTYPES", "PROBE_REGIMES", "PROBE_WORDS_FILE", "PROBE_WORD_COLUMNS",
+    "PROBE_DIFFERENCES_FILE", "PROBE_DIFFERENCE_COLUMNS", "PROVENANCE_KEYS", "REPORTED_ROLES", "REQUIRED_META_KEYS", "RUN_FILES", "SEQUENCES_FILE",
     "SEQUENCE_COLUMNS", "SEQUENCE_DTYPES", "SUBLAYERS_FILE", "SUBLAYER_COLUMNS", "SUBLAYER_DTYPES", "SUBLAYER_ORDER",
     "OPTIONAL_RUN_FILES", "PRESSURE_COLUMNS", "SUBLAYER_SEQUENCES_FILE", "SUBLAYER_SEQUENCE_COLUMNS",
     "SUBLAYER_SEQUENCE_DTYPES",
