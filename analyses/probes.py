@@ -4,8 +4,10 @@ Regenerates every probe number quoted in README.md:
 
     python analyses/probes.py            # ~30 min on 2 cores (repair included when build/ lacks it)
 
-Writes ``figures/probes/runs/<label>-<task>/`` (probes.csv, probe_drops.csv, meta.json), the comparison
-figures ``figures/probes/probes_<task>.{pdf,png}`` and ``figures/probes/drops.md`` (the README table).
+Writes ``figures/probes/runs/<label>-<task>/`` (probes.csv, probe_drops.csv, probe_words.parquet,
+meta.json), the comparison figures ``figures/probes/probes_<task>.{pdf,png}``, the tables of both tasks
+(``probes_compared.csv``, ``probe_drops_compared.csv``, ``probe_drop_differences.csv``: each model's drop
+minus mini-en's, paired) and ``figures/probes/drops.md`` (the README tables).
 """
 
 from __future__ import annotations
@@ -67,8 +69,9 @@ def main() -> int:
                          "--limit", args.masked_limit, "--overwrite", "--quiet", "--format", "png"])
         masked.append(run)
     run_all(commands[-2:] + commands[:-2], args.jobs)  # the slow masked runs first
-    for task in TASKS:
-        gradflow("compare", *dirs[task], "--labels", *MODELS, "--out", args.out)
+    # one comparison over both tasks: a figure per task, the tables of both, mini-en the baseline of each
+    gradflow("compare", *(d for task in TASKS for d in dirs[task]), "--labels", *(list(MODELS) * len(TASKS)),
+             "--out", args.out)
     gradflow("compare", *masked, "--labels", "mini-en", "twin", "--out", f"{args.out}/masked", "--width", "single")
     write_tables(args.out)
     return 0
@@ -79,7 +82,7 @@ def write_tables(out_dir: str) -> None:
     out = ROOT / out_dir
     runs = [f"{out_dir}/runs/{label}-{task}" for task in TASKS for label in MODELS]
     runs += [f"{out_dir}/runs/{label}-brown-pos-masked" for label in ("mini-en", "twin")]
-    (out / "drops.md").write_text(drops_table(runs), encoding="utf-8")
+    (out / "drops.md").write_text(drops_table(runs) + differences_table(out), encoding="utf-8")
     for task in TASKS:
         (out / f"layers_{task}.md").write_text(layers_table(out_dir, task), encoding="utf-8")
     for name in ("drops.md", *(f"layers_{task}.md" for task in TASKS)):
@@ -114,6 +117,21 @@ def drops_table(runs: list[str]) -> str:
                     if len(code) else "-")
             lines.append(f"| {Path(run).name} | {regime} | {acc.last_layer_drop:+.4f} [{acc.ci_low:+.4f}, "
                          f"{acc.ci_high:+.4f}] | {int(acc.best_earlier_layer)} ({acc.best_earlier_score:.4f}) | {bits} |")
+    return "\n".join(lines) + "\n"
+
+
+def differences_table(out: Path) -> str:
+    """Each model's last-layer accuracy drop minus mini-en's on the same words (paired CI), if compared."""
+    files = [f for f in (out / "probe_drop_differences.csv", out / "masked" / "probe_drop_differences.csv")
+             if f.is_file()]
+    if not files:
+        return ""
+    lines = ["", "| task | regime | drop difference (95% paired CI) | words | sentences |", "|---|---|---|---|---|"]
+    for file in files:
+        for r in pd.read_csv(file).itertuples():
+            task = f"{r.task} (masked run)" if file.parent.name == "masked" else r.task
+            lines.append(f"| {task} | {r.regime} | {r.label} - {r.baseline}: {r.difference:+.4f} "
+                         f"[{r.ci_low:+.4f}, {r.ci_high:+.4f}] | {r.n_words:,} | {r.n_sentences} |")
     return "\n".join(lines) + "\n"
 
 

@@ -270,3 +270,22 @@ def test_paired_drop_difference_uses_only_the_words_both_kept(probe_run, tmp_pat
     (other / "probe_words.parquet").unlink()
     missing = probe_drop_differences([probe_run.out, other], ["base", "other"])
     assert missing.table.empty and "has no probe_words.parquet" in missing.notes[0]
+
+
+def test_each_task_is_paired_with_its_own_baseline(probe_run, tmp_path):
+    import shutil
+
+    from gradflow.analysis.probe_tables import probe_drop_differences
+
+    copies = []
+    for name, task in (("pos-b", None), ("ner-a", "other-task"), ("ner-b", "other-task")):
+        shutil.copytree(probe_run.out, tmp_path / name)
+        if task:
+            meta = json.loads((tmp_path / name / "meta.json").read_text())
+            meta["task"]["name"] = task
+            (tmp_path / name / "meta.json").write_text(json.dumps(meta))
+        copies.append(tmp_path / name)
+    result = probe_drop_differences([probe_run.out, *copies], ["pos-a", "pos-b", "ner-a", "ner-b"], n_resamples=50)
+    pairs = set(zip(result.table["label"], result.table["baseline"]))
+    assert pairs == {("pos-b", "pos-a"), ("ner-b", "ner-a")} and result.notes == ()
+    assert set(result.table["task"]) == {"toy", "other-task"}

@@ -89,47 +89,55 @@ def _correct_by_layer(words: pd.DataFrame, regime: str) -> pd.DataFrame:
 
 def probe_drop_differences(paths: Sequence[str | Path], labels: Sequence[str] | None = None,
                            n_resamples: int = 1000, seed: int = 0) -> ProbeDifferences:
-    """Last-layer accuracy drop of each probe directory minus the first's (the baseline), per regime.
+    """Last-layer accuracy drop of each probe directory minus its task's baseline, per regime.
 
-    Paired over the test words both directories scored (same task and source; a word is keyed by its
-    sentence and its index there, so models whose tokenizers cut different words off are compared
-    on the words both kept), with :func:`~gradflow.analysis.probes.drop_difference_ci`. A pair
-    without ``probe_words.parquet`` (written since gradflow probe kept per-word results) or with
-    another task is left out with a note.
+    The baseline of a task is the first directory that probed it (directories of several tasks may
+    be passed together). Paired over the test words both directories scored (same task and source;
+    a word is keyed by its sentence and its index there, so models whose tokenizers cut different
+    words off are compared on the words both kept), with
+    :func:`~gradflow.analysis.probes.drop_difference_ci`. A directory without
+    ``probe_words.parquet`` (gradflow probe writes it since it keeps per-word results) is left out
+    with a note.
     """
     load_probe_dirs(paths, labels)  # the same checks and messages as the figures
     paths = [Path(p) for p in paths]
     names = list(labels) if labels is not None else [str(pd.read_csv(p / PROBES_FILE)["model"].iloc[0]) for p in paths]
     rows, notes = [], []
-    base, base_label = paths[0], names[0]
-    if not (base / PROBE_WORDS_FILE).is_file():
-        return ProbeDifferences(pd.DataFrame(columns=list(PROBE_DIFFERENCE_COLUMNS)),
-                                (f"{base} has no {PROBE_WORDS_FILE} (rerun gradflow probe there): no paired "
-                                 "drop differences.",))
-    base_words = pd.read_parquet(base / PROBE_WORDS_FILE)
-    for path, label in zip(paths[1:], names[1:]):
-        if _task_of(path) != _task_of(base):
-            notes.append(f"{label} probed another task than {base_label}: no paired drop difference.")
-            continue
+    baselines: dict[tuple[str, str], tuple[Path, str]] = {}
+    for path, label in zip(paths, names):
         if not (path / PROBE_WORDS_FILE).is_file():
-            notes.append(f"{path} has no {PROBE_WORDS_FILE} (rerun gradflow probe there): no paired drop difference.")
+            notes.append(f"{path} has no {PROBE_WORDS_FILE} (rerun gradflow probe there): it has no paired drop "
+                         "difference.")
             continue
-        words = pd.read_parquet(path / PROBE_WORDS_FILE)
-        for regime in [r for r in base_words["regime"].unique() if r in set(words["regime"])]:
-            a = _correct_by_layer(words, regime).add_prefix("a:")
-            b = _correct_by_layer(base_words, regime).add_prefix("b:")
-            joined = a.join(b, how="inner")
-            if joined.empty:
-                notes.append(f"{label} and {base_label} share no test word in regime {regime}.")
-                continue
-            sentence = joined.index.get_level_values("sentence").to_numpy()
-            diff, low, high = drop_difference_ci([joined[k].to_numpy(bool) for k in a.columns],
-                                                 [joined[k].to_numpy(bool) for k in b.columns],
-                                                 sentence, n_resamples, seed)
-            rows.append({"task": _task_of(base)[0], "regime": regime, "metric": "accuracy", "label": label,
-                         "baseline": base_label, "difference": diff, "ci_low": low, "ci_high": high,
-                         "n_words": len(joined), "n_sentences": int(pd.unique(sentence).size)})
+        task = _task_of(path)
+        if task not in baselines:
+            baselines[task] = (path, label)
+            continue
+        base, base_label = baselines[task]
+        rows += _differences(path, label, base, base_label, task[0], n_resamples, seed, notes)
     return ProbeDifferences(pd.DataFrame(rows, columns=list(PROBE_DIFFERENCE_COLUMNS)), tuple(notes))
+
+
+def _differences(path: Path, label: str, base: Path, base_label: str, task: str, n_resamples: int, seed: int,
+                 notes: list[str]) -> list[dict]:
+    """One row per regime both directories probed: drop(path) - drop(base), paired over shared words."""
+    words, base_words = pd.read_parquet(path / PROBE_WORDS_FILE), pd.read_parquet(base / PROBE_WORDS_FILE)
+    rows = []
+    for regime in [r for r in base_words["regime"].unique() if r in set(words["regime"])]:
+        a = _correct_by_layer(words, regime).add_prefix("a:")
+        b = _correct_by_layer(base_words, regime).add_prefix("b:")
+        joined = a.join(b, how="inner")
+        if joined.empty:
+            notes.append(f"{label} and {base_label} share no test word in regime {regime}.")
+            continue
+        sentence = joined.index.get_level_values("sentence").to_numpy()
+        diff, low, high = drop_difference_ci([joined[k].to_numpy(bool) for k in a.columns],
+                                             [joined[k].to_numpy(bool) for k in b.columns],
+                                             sentence, n_resamples, seed)
+        rows.append({"task": task, "regime": regime, "metric": "accuracy", "label": label, "baseline": base_label,
+                     "difference": diff, "ci_low": low, "ci_high": high, "n_words": len(joined),
+                     "n_sentences": int(pd.unique(sentence).size)})
+    return rows
 
 
 __all__ = ["ProbeDifferences", "ProbeTables", "is_probe_dir", "load_probe_dirs", "probe_drop_differences"]
