@@ -289,3 +289,8 @@ def test_each_task_is_paired_with_its_own_baseline(probe_run, tmp_path):
     pairs = set(zip(result.table["label"], result.table["baseline"]))
     assert pairs == {("pos-b", "pos-a"), ("ner-b", "ner-a")} and result.notes == ()
     assert set(result.table["task"]) == {"toy", "other-task"}
+
+
+def test_report_of_a_probe_directory_draws_its_figure(capsys, probe_run, tmp_path):
+    assert main(["report", str(probe_run.out), "--out", str(tmp_path / "r"), "--format", "png"]) == 0
+    assert (tmp_path / "r" / "probes_toy.png").stat().st_size > 10_000

@@ -14,7 +14,8 @@ from gradflow.errors import UsageError
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     """Register ``report`` and ``compare``."""
     report = subparsers.add_parser("report", help="figures and summary.md for one run")
-    report.add_argument("run_dir", help="a run directory written by `gradflow record`")
+    report.add_argument("run_dir", help="a run directory written by `gradflow record`, or a probe directory "
+                                        "(`gradflow probe`: its figure is drawn again)")
     add_figure_output(report, width="single")
     report.set_defaults(run=run)
     compare = subparsers.add_parser("compare", help="figures and summary.md across runs")
@@ -30,7 +31,13 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     from gradflow.figures.report import write_comparison, write_report
 
     if args.command == "report":
-        paths = write_report(args.run_dir, args.out, formats=formats(args.format), width=args.width)
+        if _probe_dirs([args.run_dir]):  # a gradflow probe directory: its probe figure, drawn again into --out
+            from gradflow.figures.probes import write_probe_figures
+
+            paths = write_probe_figures([args.run_dir], None, args.out, formats=formats(args.format),
+                                        width=args.width)
+        else:
+            paths = write_report(args.run_dir, args.out, formats=formats(args.format), width=args.width)
     else:
         _check_comparable(args.run_dirs)
         if _probe_dirs(args.run_dirs):
