@@ -25,11 +25,13 @@ from gradflow.runs.schema import (
 
 @dataclass(frozen=True)
 class ProbeTables:
-    """Probe rows and last-layer drops of one or more probe directories, each row labelled ``label``."""
+    """Probe rows and last-layer drops of one or more probe directories, each row labelled ``label``;
+    ``labels`` holds each directory's label in the order given."""
 
     probes: pd.DataFrame
     drops: pd.DataFrame
     incomplete: tuple[str, ...]
+    labels: tuple[str, ...] = ()
 
 
 def is_probe_dir(path: str | Path) -> bool:
@@ -44,7 +46,7 @@ def load_probe_dirs(paths: Sequence[str | Path], labels: Sequence[str] | None = 
     """
     if labels is not None and len(labels) != len(paths):
         raise UsageError(f"{len(labels)} labels for {len(paths)} probe directories; give one label per directory")
-    probes, drops, incomplete = [], [], []
+    probes, drops, incomplete, names = [], [], [], []
     for k, path in enumerate(paths):
         path = Path(path)
         if not is_probe_dir(path):
@@ -56,13 +58,15 @@ def load_probe_dirs(paths: Sequence[str | Path], labels: Sequence[str] | None = 
                 else pd.DataFrame(columns=list(PROBE_DROP_COLUMNS)))
         drop = drop.astype({c: t for c, t in PROBE_DROP_DTYPES.items() if t == "str"})
         label = labels[k] if labels is not None else str(frame["model"].iloc[0])
+        names.append(label)
         probes.append(frame.assign(label=label))
         drops.append(drop.assign(label=label))
         meta_path = path / META_FILE
         meta = json.loads(meta_path.read_text(encoding="utf-8")) if meta_path.is_file() else {}
         if not meta.get("complete", False):
             incomplete.append(label)
-    return ProbeTables(pd.concat(probes, ignore_index=True), pd.concat(drops, ignore_index=True), tuple(incomplete))
+    return ProbeTables(pd.concat(probes, ignore_index=True), pd.concat(drops, ignore_index=True), tuple(incomplete),
+                       tuple(names))
 
 
 @dataclass(frozen=True)
@@ -99,29 +103,26 @@ def probe_drop_differences(paths: Sequence[str | Path], labels: Sequence[str] | 
     ``probe_words.parquet`` (gradflow probe writes it since it keeps per-word results) is left out
     with a note.
     """
-    load_probe_dirs(paths, labels)  # the same checks and messages as the figures
-    paths = [Path(p) for p in paths]
-    names = list(labels) if labels is not None else [str(pd.read_csv(p / PROBES_FILE)["model"].iloc[0]) for p in paths]
+    names = load_probe_dirs(paths, labels).labels  # the same checks and messages as the figures
     rows, notes = [], []
-    baselines: dict[tuple[str, str], tuple[Path, str]] = {}
-    for path, label in zip(paths, names):
+    baselines: dict[tuple[str, str], tuple[pd.DataFrame, str]] = {}  # task -> the baseline's words and label
+    for path, label in zip(map(Path, paths), names):
         if not (path / PROBE_WORDS_FILE).is_file():
             notes.append(f"{path} has no {PROBE_WORDS_FILE} (rerun gradflow probe there): it has no paired drop "
                          "difference.")
             continue
-        task = _task_of(path)
+        task, words = _task_of(path), pd.read_parquet(path / PROBE_WORDS_FILE)
         if task not in baselines:
-            baselines[task] = (path, label)
+            baselines[task] = (words, label)
             continue
-        base, base_label = baselines[task]
-        rows += _differences(path, label, base, base_label, task[0], n_resamples, seed, notes)
+        base_words, base_label = baselines[task]
+        rows += _differences(words, label, base_words, base_label, task[0], n_resamples, seed, notes)
     return ProbeDifferences(pd.DataFrame(rows, columns=list(PROBE_DIFFERENCE_COLUMNS)), tuple(notes))
 
 
-def _differences(path: Path, label: str, base: Path, base_label: str, task: str, n_resamples: int, seed: int,
-                 notes: list[str]) -> list[dict]:
-    """One row per regime both directories probed: drop(path) - drop(base), paired over shared words."""
-    words, base_words = pd.read_parquet(path / PROBE_WORDS_FILE), pd.read_parquet(base / PROBE_WORDS_FILE)
+def _differences(words: pd.DataFrame, label: str, base_words: pd.DataFrame, base_label: str, task: str,
+                 n_resamples: int, seed: int, notes: list[str]) -> list[dict]:
+    """One row per regime both probed: drop(words) - drop(base_words), paired over the shared words."""
     rows = []
     for regime in [r for r in base_words["regime"].unique() if r in set(words["regime"])]:
         a = _correct_by_layer(words, regime).add_prefix("a:")

@@ -289,8 +289,13 @@ def last_layer_drop_ci(correct_by_layer: Mapping[int, np.ndarray] | Sequence[np.
     """
     columns = [np.asarray(c) for c in _by_layer(correct_by_layer)]
     reps = _accuracy_replicates(columns, sentence_ids, n_resamples, seed)
-    low, high = percentile_interval(reps[:, -1] - reps[:, :-1].max(axis=1), confidence)
+    low, high = percentile_interval(_drop_replicates(reps), confidence)
     return float(low), float(high)
+
+
+def _drop_replicates(accuracy_replicates: np.ndarray) -> np.ndarray:
+    """(B, L) bootstrap accuracies per layer -> (B,) last layer minus the best earlier layer."""
+    return accuracy_replicates[:, -1] - accuracy_replicates[:, :-1].max(axis=1)
 
 
 def drop_difference_ci(correct_a_by_layer: Mapping[int, np.ndarray] | Sequence[np.ndarray],
@@ -308,8 +313,7 @@ def drop_difference_ci(correct_a_by_layer: Mapping[int, np.ndarray] | Sequence[n
     b = [np.asarray(c) for c in _by_layer(correct_b_by_layer)]
     point = last_layer_drop([c.mean() for c in a]) - last_layer_drop([c.mean() for c in b])
     reps = _accuracy_replicates([*a, *b], sentence_ids, n_resamples, seed)
-    ra, rb = reps[:, : len(a)], reps[:, len(a):]
-    diffs = (ra[:, -1] - ra[:, :-1].max(axis=1)) - (rb[:, -1] - rb[:, :-1].max(axis=1))
+    diffs = _drop_replicates(reps[:, : len(a)]) - _drop_replicates(reps[:, len(a):])
     low, high = percentile_interval(diffs, confidence)
     return float(point), float(low), float(high)
 

@@ -215,6 +215,7 @@ PROBE_DROP_DTYPES: dict[str, str] = {
 }
 """One row per (regime, metric) of a probe run: ``score(L) - max_{l<L} score(l)`` with its paired CI."""
 PROBE_REGIMES: tuple[str, ...] = ("unmasked", "masked")
+"""Probe input regimes: every word visible (fine-tuning's regime) or the probed word masked (pretraining's)."""
 PROBE_WORDS_FILE = "probe_words.parquet"
 PROBE_WORD_COLUMNS: tuple[str, ...] = ("regime", "layer", "sentence", "word", "correct")
 """One row per (regime, block output, test word): was the probe right? For paired model comparisons."""
@@ -222,7 +223,6 @@ PROBE_DIFFERENCES_FILE = "probe_drop_differences.csv"
 PROBE_DIFFERENCE_COLUMNS: tuple[str, ...] = ("task", "regime", "metric", "label", "baseline", "difference", "ci_low",
                                              "ci_high", "n_words", "n_sentences")
 """``gradflow compare`` of probe directories: last-layer drop of ``label`` minus the baseline's, paired CI."""
-"""Probe input regimes: every word visible (fine-tuning's regime) or the probed word masked (pretraining's)."""
 PROBE_COLUMNS: tuple[str, ...] = tuple(PROBE_DTYPES)
 PROBE_DROP_COLUMNS: tuple[str, ...] = tuple(PROBE_DROP_DTYPES)
 
