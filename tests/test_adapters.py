@@ -9,7 +9,7 @@ import torch
 from transformers import AutoConfig
 
 from gradflow.adapters import Adapter, HeadSpec, SublayerSpec, adapter_for, supported_model_types
-from gradflow.analysis.logit_lens import LogitLens, head_function
+from gradflow.runs.logit_lens import LogitLens, head_function
 from gradflow.errors import DiagnosticsError, SurgeryError, UnsupportedArchitectureError
 from gradflow.hooks.states import collect_states
 from gradflow.interventions.finetune.train import max_input_length

@@ -14,7 +14,7 @@ import pytest
 import gradflow.runs.atlas as atlas_job
 from conftest import SAMPLE_LINES, build_tiny_mlm_dir
 from gradflow.cli.main import main
-from gradflow.runs.schema import ATLAS_COLUMNS, ATLAS_DONE_FILE, ATLAS_FILE, ATLAS_STEP_DIRS, CHECK_FILE, META_FILE
+from gradflow.schema import ATLAS_COLUMNS, ATLAS_DONE_FILE, ATLAS_FILE, ATLAS_STEP_DIRS, CHECK_FILE, META_FILE
 
 COMMON = ["--limit", "8", "--max-length", "24", "--batch-size", "4", "--resamples", "50", "--format", "png",
           "--quiet"]

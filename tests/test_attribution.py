@@ -179,7 +179,7 @@ def loaded(tiny_mlm_dir):
 
 def test_channel_view_grad_norm_files_and_zero_column(loaded, tmp_path):
     from gradflow.runs.channels import write_channel_view
-    from gradflow.runs.schema import CHANNEL_VIEW_COLUMNS
+    from gradflow.schema import CHANNEL_VIEW_COLUMNS
 
     paths = write_channel_view(loaded, SENTENCE, tmp_path / "cv", mask_positions=[3, 5], formats=("png",))
     assert [p.name for p in paths] == ["channel_view.png", "channel_view.csv"]

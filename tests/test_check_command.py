@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from gradflow.adapters import adapter_for
-from gradflow.analysis.structural_check import check_batch, check_model
+from gradflow.runs.check import check_batch, check_model
 from gradflow.cli import main
 from tiny import tiny_batch, tiny_model
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 
 from gradflow.cli import main
-from gradflow.runs.schema import CHANNEL_COLUMNS, SUBLAYER_COLUMNS
+from gradflow.schema import CHANNEL_COLUMNS, SUBLAYER_COLUMNS
 
 ENV = {**os.environ, "PYTHONWARNINGS": "ignore", "TOKENIZERS_PARALLELISM": "false"}
 

@@ -15,8 +15,8 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 from gradflow.adapters import adapter_for  # noqa: E402
-from gradflow.analysis.logit_lens import LogitLens  # noqa: E402
-from gradflow.analysis.representations import (  # noqa: E402
+from gradflow.runs.logit_lens import LogitLens  # noqa: E402
+from gradflow.runs.representations import (  # noqa: E402
     AnisotropyAccumulator,
     Reservoir,
     RunningMoments,
@@ -30,7 +30,7 @@ from gradflow.hooks.states import collect_states  # noqa: E402
 from gradflow.inputs.masking import MaskedBatch  # noqa: E402
 from gradflow.roles import Role  # noqa: E402
 from gradflow.runs.diagnose import Diagnostics, diagnose_corpus  # noqa: E402
-from gradflow.runs.schema import DIAGNOSTIC_COLUMNS as TABLE_COLUMNS  # noqa: E402
+from gradflow.schema import DIAGNOSTIC_COLUMNS as TABLE_COLUMNS  # noqa: E402
 from tiny import tiny_batch, tiny_model  # noqa: E402
 
 # ----------------------------------------------------------------------------------------------

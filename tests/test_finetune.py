@@ -227,7 +227,7 @@ def test_task_directory(tmp_path, tiny_mlm_dir):
 
 def test_builtin_task_files_when_fetched():
     """The fetched tasks (git-ignored data/tasks) parse and fit their task.json; skipped when absent."""
-    from gradflow.interventions.finetune.tasks import BUILTIN_TASKS, default_data_root
+    from gradflow.inputs.tasks import BUILTIN_TASKS, default_data_root
 
     root = default_data_root()
     if not (root / "brown-pos" / "task.json").exists():

@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from gradflow.runs import schema
+import import_graph
+
+from gradflow import schema
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "gradflow"
 MODULES = sorted(p for p in SRC.rglob("*.py") if "__pycache__" not in p.parts)
@@ -41,7 +43,7 @@ def test_no_architecture_branch_outside_adapters():
 
 
 def test_site_names_are_spelled_only_in_the_site_layer():
-    assert _lines(r"f[\"']blocks\.|[\"']embeddings\.out[\"']", ("hooks/sites.py",)) == []
+    assert _lines(r"f[\"']blocks\.|[\"']embeddings\.out[\"']", ("site_names.py",)) == []
 
 
 def _column_literals(path: Path, columns: set[str]) -> list[str]:
@@ -57,7 +59,7 @@ def _column_literals(path: Path, columns: set[str]) -> list[str]:
 def test_run_directory_columns_are_listed_only_in_the_schema():
     columns = {*schema.CHANNEL_COLUMNS, *schema.SUBLAYER_COLUMNS, *schema.SEQUENCE_COLUMNS,
                *(c for cols in schema.DIAGNOSTIC_COLUMNS.values() for c in cols)}
-    hits = [hit for path in MODULES if _rel(path) != "runs/schema.py" for hit in _column_literals(path, columns)]
+    hits = [hit for path in MODULES if _rel(path) != "schema.py" for hit in _column_literals(path, columns)]
     assert hits == []
 
 
@@ -82,43 +84,72 @@ def test_every_error_class_lives_in_the_one_tree():
             assert issubclass(obj, errors.GradflowError), name
 
 
-def _imports(path: Path) -> set[str]:
-    names = set()
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names.add(node.module)
-        elif isinstance(node, ast.Import):
-            names.update(alias.name for alias in node.names)
-    return names
+GRAPH = import_graph.import_graph(SRC)
 
 
-# package -> packages of gradflow it must never import (the one-way data flow)
-FORBIDDEN = {
-    "hooks": ("gradflow.runs.record", "gradflow.runs.diagnose", "gradflow.analysis", "gradflow.figures",
-              "gradflow.cli", "gradflow.interventions"),
-    "inputs": ("gradflow.hooks", "gradflow.runs", "gradflow.analysis", "gradflow.figures", "gradflow.cli",
-               "gradflow.interventions"),
-    "adapters": ("gradflow.hooks", "gradflow.runs", "gradflow.analysis", "gradflow.figures", "gradflow.cli",
-                 "gradflow.interventions", "gradflow.models", "gradflow.inputs"),
-    "figures": ("gradflow.hooks", "gradflow.models", "gradflow.inputs", "gradflow.interventions", "gradflow.cli",
-                "gradflow.runs.record", "gradflow.runs.diagnose", "gradflow.runs.channels"),
-    "analysis": ("gradflow.runs.record", "gradflow.runs.diagnose", "gradflow.figures", "gradflow.cli",
-                 "gradflow.interventions"),
-}
+def test_imports_follow_the_tiers_of_the_architecture():
+    """Every import (function-level and TYPE_CHECKING ones included) goes to a strictly lower tier."""
+    assert import_graph.forbidden_edges(GRAPH) == []
 
 
-@pytest.mark.parametrize("package", sorted(FORBIDDEN))
-def test_imports_flow_one_way(package):
-    bad = []
+def test_no_import_cycles():
+    assert import_graph.cycles(GRAPH) == []
+
+
+def test_every_unit_has_a_tier():
+    assert {import_graph.unit_of(m) for m in GRAPH} <= set(import_graph.TIERS)
+
+
+def test_function_level_imports_of_gradflow_only_in_the_cli():
+    """The CLI imports a command's library code when the command runs (``gradflow --help`` stays fast);
+    everywhere else gradflow's own imports sit at the top of the module, where the graph shows them."""
+    assert [hit for hit in import_graph.function_level_imports(SRC) if not hit.startswith("gradflow.cli.")] == []
+
+
+def test_architecture_doc_lists_every_unit_with_its_tier():
+    """docs/architecture.md's tier table is the one this test enforces."""
+    text = (SRC.parents[1] / "docs" / "architecture.md").read_text(encoding="utf-8")
+    rows = {}
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("|") and len(cells) >= 2 and cells[0].isdigit():
+            for unit in re.findall(r"`([a-z_]+)`", cells[1]):
+                rows[unit] = int(cells[0])
+    assert rows == import_graph.TIERS
+
+
+def _planted(tmp_path: Path, module: str, line: str) -> Path:
+    """A copy of the source tree with ``line`` added inside a new function of ``module`` (a file path)."""
+    copy = tmp_path / "gradflow"
     for path in MODULES:
-        if _rel(path).startswith(package + "/"):
-            for name in _imports(path):
-                if name.startswith(FORBIDDEN[package]):
-                    bad.append(f"{_rel(path)} imports {name}")
-    assert bad == []
+        (copy / _rel(path)).parent.mkdir(parents=True, exist_ok=True)
+        (copy / _rel(path)).write_text(path.read_text(encoding="utf-8"), encoding="utf-8")
+    target = copy / module
+    target.write_text(target.read_text(encoding="utf-8") + f"\n\ndef _planted():\n    {line}\n", encoding="utf-8")
+    return copy
+
+
+def test_the_graph_test_catches_a_planted_forbidden_edge(tmp_path):
+    tree = _planted(tmp_path, "analysis/profiles.py", "from gradflow.runs.record import record_corpus")
+    bad = import_graph.forbidden_edges(import_graph.import_graph(tree))
+    assert bad and bad[0].startswith("gradflow.analysis.profiles -> gradflow.runs.record")
+
+
+def test_the_graph_test_catches_a_planted_cycle(tmp_path):
+    tree = _planted(tmp_path, "runs/files.py", "from gradflow.runs import record")
+    graph = import_graph.import_graph(tree)
+    assert import_graph.forbidden_edges(graph) == []  # one unit: allowed by the tiers, caught as a cycle
+    assert any({"gradflow.runs.files", "gradflow.runs.record"} <= set(c) for c in import_graph.cycles(graph))
+
+
+def test_the_graph_test_catches_a_child_importing_its_package(tmp_path):
+    tree = _planted(tmp_path, "adapters/generic.py", "from gradflow.adapters import adapter_for")
+    assert ["gradflow.adapters", "gradflow.adapters.generic"] in [
+        sorted(set(c) & {"gradflow.adapters", "gradflow.adapters.generic"}) for c in
+        import_graph.cycles(import_graph.import_graph(tree))]
 
 
 def test_nothing_imports_the_cli():
-    bad = [f"{_rel(p)} imports {n}" for p in MODULES if not _rel(p).startswith("cli/") and _rel(p) != "__main__.py"
-           for n in _imports(p) if n.startswith("gradflow.cli")]
+    bad = [f"{m} -> {t}" for m, targets in GRAPH.items() for t in targets
+           if t.startswith("gradflow.cli") and not m.startswith(("gradflow.cli", "gradflow.__main__"))]
     assert bad == []

@@ -15,10 +15,10 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from gradflow import schema as S
 from gradflow.analysis import context_pressure, load_run, read_sublayer_sequences
 from gradflow.errors import RunError, UsageError
 from gradflow.roles import LOSS_ROLES
-from gradflow.runs import schema as S
 from gradflow.runs.record import RecordConfig, record_corpus
 
 KEYS = ["layer", "sublayer", "param", "role"]

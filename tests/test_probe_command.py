@@ -15,7 +15,7 @@ from gradflow.inputs.labelled import load_labelled, read_conll, read_jsonl
 from gradflow.models import load_model
 from gradflow.runs.probe import ProbeConfig, run_probes
 from gradflow.runs.probe_features import extract_split, tokenised_words
-from gradflow.runs.schema import PROBE_COLUMNS, PROBE_DIFFERENCE_COLUMNS, PROBE_DROP_COLUMNS, PROBE_WORD_COLUMNS
+from gradflow.schema import PROBE_COLUMNS, PROBE_DIFFERENCE_COLUMNS, PROBE_DROP_COLUMNS, PROBE_WORD_COLUMNS
 
 WORDS = ["the", "progress", "of", "public", "credit", "is", "witnessed", "by", "a", "rise", "we", "must", "ensure",
          "that", "laws", "are", "executed", "congress", "will", "consider", "treasury", "nation", "year", "union"]

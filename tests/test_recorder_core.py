@@ -161,7 +161,7 @@ def test_two_forwards_in_one_capture_are_refused_and_hooks_removed():
 
 def test_recorder_module_exports():
     from gradflow.hooks import recorder
-    from gradflow.runs.schema import PARAMS
+    from gradflow.schema import PARAMS
 
     assert recorder.PARAMS == PARAMS == ("weight", "bias")
     for name in ("GradFlowRecorder", "RecorderConfig", "BatchRecord", "SublayerRecord", "RecorderError"):

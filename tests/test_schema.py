@@ -1,4 +1,4 @@
-"""runs.schema is the one run-directory contract: writers and readers use it, no other module spells it."""
+"""gradflow.schema is the one run-directory contract: writers and readers use it, no other module spells it."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from gradflow import analysis as A
+from gradflow import schema as S
 from gradflow.adapters import SUBLAYER_NAMES
 from gradflow.roles import TOKEN_ROLES, Role
-from gradflow.runs import schema as S
 
-SRC = Path(S.__file__).resolve().parents[1]
+SRC = Path(S.__file__).resolve().parent  # src/gradflow
 LITERAL_RUN = re.compile(r'(?:"[a-z_0-9.]+",\s*){2,}"[a-z_0-9.]+"')
 
 
@@ -72,18 +72,18 @@ def test_readers_share_the_schema_objects():
 
 
 def test_no_column_list_outside_the_schema():
-    """A run of five or more names of one table is a column list: only runs/schema.py may spell one."""
+    """A run of five or more names of one table is a column list: only schema.py may spell one."""
     tables = [S.CHANNEL_COLUMNS, S.SUBLAYER_COLUMNS, S.SEQUENCE_COLUMNS, S.CHANNEL_VIEW_COLUMNS,
               *S.DIAGNOSTIC_COLUMNS.values(), *S.ANALYSIS_COLUMNS.values()]
     found = [(path, line) for path, line, names in _literal_runs(5)
-             if path != "runs/schema.py" and any(set(names) <= set(t) for t in tables)]
+             if path != "schema.py" and any(set(names) <= set(t) for t in tables)]
     assert found == []
 
 
 def test_no_role_or_sublayer_order_outside_its_home():
     roles = set(TOKEN_ROLES) | {S.LOSS, "relpos"}
     found = [(path, line) for path, line, names in _literal_runs(5)
-             if (set(names) <= roles and path not in ("roles.py", "runs/schema.py"))
+             if (set(names) <= roles and path not in ("roles.py", "schema.py"))
              or (set(names) <= set(SUBLAYER_NAMES) and len(names) == len(SUBLAYER_NAMES)
                  and path != "adapters/base.py")]
     assert found == []
@@ -105,3 +105,10 @@ def test_record_run_follows_the_schema(tmp_path, tiny_mlm_dir, tiny_corpus):
                           (run.sequences, S.SEQUENCE_DTYPES)):
         ints = [c for c, t in dtypes.items() if t == "int64"]
         assert all(str(frame[c].dtype) == "int64" for c in ints)
+
+
+def test_the_old_import_path_still_works():
+    """README and docs of gradflow 0.1 imported ``gradflow.runs.schema``; it is the same contract."""
+    from gradflow.runs import schema as old
+
+    assert old.CHANNEL_COLUMNS == S.CHANNEL_COLUMNS and old.SUBLAYER_ORDER == S.SUBLAYER_ORDER

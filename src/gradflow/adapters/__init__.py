@@ -13,7 +13,6 @@ Fields left out take the BERT layout's defaults (``cls`` head, no final norm, ..
 
 from __future__ import annotations
 
-from gradflow.adapters.albert import ALBERT
 from gradflow.adapters.base import (
     LM_HEAD,
     SUBLAYER_NAMES,
@@ -24,62 +23,9 @@ from gradflow.adapters.base import (
     count_parameters,
     get_module,
 )
-from gradflow.adapters.bert import BERT, ELECTRA, ROBERTA
-from gradflow.adapters.bertlike import BIG_BIRD, CONVBERT, LUKE, REMBERT, YOSO
-from gradflow.adapters.coverage import refusal
-from gradflow.adapters.esm import ESM, ESMC
 from gradflow.adapters.generic import discover_adapter
-from gradflow.adapters.gte import GTE, JINA_EMBEDDINGS_V3, NOMIC_BERT
-from gradflow.adapters.llamalike import EUROBERT, ULTRABERT
-from gradflow.adapters.others import DEBERTA_V2, DISTILBERT, MODERNBERT, MPNET
-from gradflow.adapters.prenorm import MEGATRON_BERT, ROBERTA_PRELAYERNORM, XLM_ROBERTA_XL
+from gradflow.adapters.registry import adapter_for, register_adapter, registered_family, supported_model_types
 from gradflow.errors import UnsupportedArchitectureError, UsageError
-
-_REGISTRY: dict[str, Adapter] = {}
-
-
-def register_adapter(adapter: Adapter, *, replace: bool = False) -> None:
-    """Make ``adapter`` the one used for each of its ``model_types``."""
-    for model_type in adapter.model_types:
-        if model_type in _REGISTRY and not replace:
-            raise ValueError(f"model_type {model_type!r} already has adapter {_REGISTRY[model_type].family!r}; "
-                             "pass replace=True to override it")
-        _REGISTRY[model_type] = adapter
-
-
-def supported_model_types() -> tuple[str, ...]:
-    """Every ``config.model_type`` that has an adapter, sorted."""
-    return tuple(sorted(_REGISTRY))
-
-
-def adapter_for(model_or_config: object) -> Adapter:
-    """The adapter of a model or a config, from ``config.model_type``.
-
-    Takes anything with a ``model_type`` (a transformers config) or with a ``config`` that has one
-    (a model), so a config can be checked before its model is built.
-    """
-    config = getattr(model_or_config, "config", model_or_config)
-    model_type = getattr(config, "model_type", None)
-    if model_type not in _REGISTRY and refusal(model_type) is not None:
-        raise UnsupportedArchitectureError(
-            f"gradflow does not support model_type {model_type!r}: {refusal(model_type)} "
-            "(see docs/mlm-coverage.md)."
-        )
-    if model_type not in _REGISTRY:
-        raise UnsupportedArchitectureError(
-            f"gradflow has no adapter for model_type {model_type!r}. Supported: "
-            f"{', '.join(supported_model_types())}. To add one, describe where its embeddings, "
-            "blocks and sublayers are with gradflow.adapters.Adapter and call "
-            "gradflow.adapters.register_adapter() (see the README section 'Adding an architecture')."
-        )
-    return _REGISTRY[model_type]
-
-
-def registered_family(model_type: str | None) -> str | None:
-    """The family of the adapter registered for ``model_type``, or None."""
-    adapter = _REGISTRY.get(model_type) if model_type is not None else None
-    return adapter.family if adapter is not None else None
-
 
 ADAPTER_CHOICES = ("registered", "auto")
 """``registered``: the adapter registered for ``config.model_type`` (refused without one); ``auto``: the
@@ -96,11 +42,6 @@ def resolve_adapter(model: object, adapter: "Adapter | str | None" = None) -> Ad
         return discover_adapter(model)
     raise UsageError(f"adapter must be an Adapter or one of {', '.join(ADAPTER_CHOICES)}, got {adapter!r}")
 
-
-for _adapter in (BERT, ROBERTA, ELECTRA, DISTILBERT, ALBERT, DEBERTA_V2, MODERNBERT, ESM, MPNET,
-                 ROBERTA_PRELAYERNORM, MEGATRON_BERT, XLM_ROBERTA_XL, REMBERT, YOSO, BIG_BIRD, LUKE, CONVBERT,
-                 GTE, NOMIC_BERT, JINA_EMBEDDINGS_V3, ESMC, EUROBERT, ULTRABERT):
-    register_adapter(_adapter)
 
 __all__ = [
     "ADAPTER_CHOICES", "LM_HEAD", "SUBLAYER_NAMES", "Adapter", "HeadSpec", "SublayerSpec",

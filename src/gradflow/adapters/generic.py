@@ -33,8 +33,9 @@ import torch
 from torch import nn
 
 from gradflow.adapters.base import Adapter, HeadSpec, SublayerSpec
-from gradflow.adapters.coverage import refusal
 from gradflow.adapters.norms import norm_like
+from gradflow.adapters.refusals import refusal
+from gradflow.adapters.registry import registered_family
 from gradflow.errors import SurgeryError, UnsupportedArchitectureError
 
 PROBE_SHAPE = (2, 7)
@@ -306,8 +307,6 @@ def discover_adapter(model: nn.Module, notice: bool = True) -> Adapter:
 
 def _describe(model_type: str | None, group: _Group, modules: tuple[nn.Module, ...], split: list[str],
               skipped: list[str]) -> str:
-    from gradflow.adapters import registered_family
-
     family = registered_family(model_type)
     which = (f"model_type {model_type!r} has a registered adapter ({family}), not used because adapter='auto' "
              "was asked for" if family else f"model_type {model_type!r} has no registered adapter"

@@ -10,7 +10,7 @@
 - :mod:`.structural_check` (with :mod:`.check_flops`): ``gradflow check``, the structural-zero lint on one
   recorded batch (not imported here: it loads models).
 
-Column lists, role and sublayer order live in :mod:`gradflow.runs.schema` (re-exported here).
+Column lists, role and sublayer order live in :mod:`gradflow.schema` (re-exported here).
 """
 
 from gradflow.analysis.compare import Comparison, check_same_tokenizer, compare_runs
@@ -47,8 +47,8 @@ from gradflow.analysis.stats import (
 )
 from gradflow.analysis.sublayers import context_share, last_block_deficit, sublayer_shares
 from gradflow.errors import RunError
-from gradflow.runs.schema import CHANNEL_COLUMNS, LOSS, SEQUENCE_COLUMNS, SUBLAYER_COLUMNS, SUBLAYER_ORDER
-from gradflow.runs.schema import REPORTED_ROLES as DEFAULT_ROLES
+from gradflow.schema import CHANNEL_COLUMNS, LOSS, SEQUENCE_COLUMNS, SUBLAYER_COLUMNS, SUBLAYER_ORDER
+from gradflow.schema import REPORTED_ROLES as DEFAULT_ROLES
 
 __all__ = [
     "CHANNEL_COLUMNS", "DEFAULT_ROLES", "LOSS", "SEQUENCE_COLUMNS", "SUBLAYER_COLUMNS", "SUBLAYER_ORDER", "CodeLength",

@@ -1,7 +1,7 @@
 """The atlas table: per-model metrics of ``gradflow atlas`` directories on one normalised depth axis.
 
-One row per (model, metric, depth), columns :data:`gradflow.runs.schema.ATLAS_COLUMNS`, metric kinds
-:data:`gradflow.runs.schema.ATLAS_METRICS`. ``depth_fraction`` = layer / n_layers: 0 is the
+One row per (model, metric, depth), columns :data:`gradflow.schema.ATLAS_COLUMNS`, metric kinds
+:data:`gradflow.schema.ATLAS_METRICS`. ``depth_fraction`` = layer / n_layers: 0 is the
 embeddings output, ``i / L`` block i's output (sublayer metrics of block i sit at ``i / L`` too), 1 the
 last block; the check's whole-model numbers describe the last block and sit at 1.
 
@@ -31,8 +31,7 @@ from gradflow.analysis.profiles import context_ratio
 from gradflow.analysis.run_data import load_run
 from gradflow.analysis.sublayers import context_share
 from gradflow.errors import UsageError
-from gradflow.hooks.sites import point_of
-from gradflow.runs.schema import (
+from gradflow.schema import (
     ATLAS_COLUMNS,
     ATLAS_DONE_FILE,
     ATLAS_DTYPES,
@@ -42,6 +41,7 @@ from gradflow.runs.schema import (
     PROBES_FILE,
     sublayer_rank,
 )
+from gradflow.site_names import point_of
 
 CONTEXT = "context"
 

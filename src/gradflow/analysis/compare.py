@@ -24,7 +24,7 @@ from gradflow.analysis.run_data import Run
 from gradflow.analysis.stats import percentile_interval
 from gradflow.analysis.sublayers import SHARE_KEYS, context_share, last_block_deficit
 from gradflow.errors import RunError
-from gradflow.runs.schema import ANALYSIS_COLUMNS, REPORTED_ROLES
+from gradflow.schema import ANALYSIS_COLUMNS, REPORTED_ROLES
 
 DIFFERENCE_COLUMNS: list[str] = [c for c in ANALYSIS_COLUMNS["ratio_differences"]
                                   if c not in ("label", "baseline", "paired")]

@@ -35,7 +35,7 @@ from gradflow.analysis.run_data import Run, read_sublayer_sequences
 from gradflow.analysis.stats import bootstrap_sums, percentile_interval
 from gradflow.errors import RunError, UsageError
 from gradflow.roles import LOSS_ROLES
-from gradflow.runs.schema import PARAMS, PRESSURE_COLUMNS, SUBLAYER_SEQUENCES_FILE, sublayer_key
+from gradflow.schema import PARAMS, PRESSURE_COLUMNS, SUBLAYER_SEQUENCES_FILE, sublayer_key
 
 
 def context_pressure(run: Run, n_resamples: int = 2000, seed: int | None = 0, confidence: float = 0.95,
@@ -43,7 +43,7 @@ def context_pressure(run: Run, n_resamples: int = 2000, seed: int | None = 0, co
     """Context pressure of every (layer, sublayer) of ``run``, with sequence-bootstrap CIs.
 
     Returns one row per (layer, sublayer) in standard order, columns
-    :data:`gradflow.runs.schema.PRESSURE_COLUMNS`: ``layer``, ``sublayer``, ``param``, ``loss``
+    :data:`gradflow.schema.PRESSURE_COLUMNS`: ``layer``, ``sublayer``, ``param``, ``loss``
     (the run's loss), ``last_block``, ``pressure`` with ``ci_low``/``ci_high``,
     ``context_per_position`` and ``loss_per_position`` (summed magnitudes per position, the units
     of a weight gradient), ``n_context`` and ``n_loss`` (positions), ``n_sequences``, and for the

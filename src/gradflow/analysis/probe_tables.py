@@ -11,7 +11,7 @@ import pandas as pd
 
 from gradflow.analysis.probes import drop_difference_ci
 from gradflow.errors import UsageError
-from gradflow.runs.schema import (
+from gradflow.schema import (
     META_FILE,
     PROBE_DIFFERENCE_COLUMNS,
     PROBE_DROP_COLUMNS,

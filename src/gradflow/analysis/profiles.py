@@ -2,7 +2,7 @@
 
 Means and ratios are pooled over positions from ``sequences.parquet`` with seeded sequence
 bootstraps (see :mod:`gradflow.analysis.stats`); ``loss`` is the pooled masked + random + kept
-pseudo-role (:data:`gradflow.runs.schema.LOSS`).
+pseudo-role (:data:`gradflow.schema.LOSS`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from gradflow.analysis.run_data import Run
 from gradflow.analysis.stats import bootstrap_sums, holm, mann_whitney, percentile_interval, rank_biserial
 from gradflow.errors import RunError
 from gradflow.roles import ALL_ROLES, LOSS_ROLES
-from gradflow.runs.schema import ANALYSIS_COLUMNS, LOSS, REPORTED_ROLES
+from gradflow.schema import ANALYSIS_COLUMNS, LOSS, REPORTED_ROLES
 
 
 @dataclass(frozen=True)

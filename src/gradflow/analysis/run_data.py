@@ -1,4 +1,4 @@
-"""A recorded run directory, read and validated against :mod:`gradflow.runs.schema`.
+"""A recorded run directory, read and validated against :mod:`gradflow.schema`.
 
 A run directory holds ``channels.csv`` (per site and role), ``sublayers.csv`` (per layer,
 sublayer, parameter and role), ``sequences.parquet`` (per sequence, site and role) and
@@ -34,7 +34,7 @@ import pandas as pd
 
 from gradflow.errors import RunError
 from gradflow.roles import ALL_ROLES
-from gradflow.runs.schema import (
+from gradflow.schema import (
     CHANNELS_FILE,
     META_FILE,
     POINTS,

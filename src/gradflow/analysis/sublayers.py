@@ -2,7 +2,7 @@
 
 Shares come from ``sublayers.csv``: a role's fraction of the summed per-position magnitudes
 ``||g_t|| * ||x_t||`` of one parameter's gradient. Rows are in the standard sublayer order of
-:mod:`gradflow.runs.schema`.
+:mod:`gradflow.schema`.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pandas as pd
 
 from gradflow.analysis.run_data import Run
 from gradflow.roles import ALL_ROLES, LOSS_ROLES
-from gradflow.runs.schema import ANALYSIS_COLUMNS, LOSS, role_rank, sublayer_rank
+from gradflow.schema import ANALYSIS_COLUMNS, LOSS, role_rank, sublayer_rank
 
 SHARE_COLUMNS: tuple[str, ...] = ANALYSIS_COLUMNS["sublayer_shares"]
 SHARE_KEYS: list[str] = list(SHARE_COLUMNS[:3])

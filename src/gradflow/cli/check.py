@@ -4,7 +4,7 @@ Prints, per block and parameter, the roles that send exactly zero gradient, the 
 as structurally untrained on context channels, where this agrees or disagrees with the theory, and
 the share of the batch's matmul FLOPs the last block spends where it gets no gradient. Exit 0
 whenever the check ran, whatever it found; 2 for bad input. ``--json``: one JSON object (keys in
-:mod:`gradflow.analysis.structural_check`).
+:mod:`gradflow.runs.check`).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     """Check and print; 0 whenever the check ran."""
-    from gradflow.analysis.structural_check import check_model
+    from gradflow.runs.check import check_model
 
     result = check_model(args.model, args.texts, seed=args.seed, batch_size=args.batch_size,
                          max_length=args.max_length, device=args.device, trust_remote_code=args.trust_remote_code)
@@ -52,7 +52,7 @@ def _roles(names: Sequence[str]) -> str:
 
 
 def render(result) -> str:
-    """The readable report of a :class:`~gradflow.analysis.structural_check.CheckResult`."""
+    """The readable report of a :class:`~gradflow.runs.check.CheckResult`."""
     b, f = result.batch, result.flops
     tokens = ", ".join(f"{role} {n}" for role, n in b["tokens"].items())
     lines = [f"gradflow check: {result.model} (model_type {result.model_type}, adapter {result.family}, "

@@ -22,8 +22,8 @@ from gradflow.cli.options import (
     describe,
 )
 from gradflow.errors import UsageError
+from gradflow.inputs.tasks import BUILTIN_TASKS
 from gradflow.interventions.finetune.data import CLASS_WEIGHT_SCHEMES
-from gradflow.interventions.finetune.tasks import BUILTIN_TASKS
 from gradflow.interventions.finetune.train import FinetuneConfig
 
 DEFAULTS = {f.name: f.default for f in fields(FinetuneConfig)}

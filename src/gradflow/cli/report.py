@@ -58,7 +58,7 @@ def _probe_differences(args: argparse.Namespace) -> list[Path]:
     """Write and print each probe directory's last-layer drop minus the baseline's (paired CIs)."""
     from gradflow.analysis.probe_tables import probe_drop_differences
     from gradflow.runs.files import write_csv
-    from gradflow.runs.schema import PROBE_DIFFERENCE_COLUMNS, PROBE_DIFFERENCES_FILE
+    from gradflow.schema import PROBE_DIFFERENCE_COLUMNS, PROBE_DIFFERENCES_FILE
 
     result = probe_drop_differences(args.run_dirs, args.labels)
     for note in result.notes:

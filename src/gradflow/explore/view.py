@@ -26,12 +26,14 @@ import pandas as pd
 
 from gradflow.adapters.base import block_modules
 from gradflow.errors import ChannelViewError
+from gradflow.explore.page import static_page
+from gradflow.figures.channel_view import save_channel_view
 from gradflow.hooks.recorder import GradFlowRecorder, RecorderConfig
 from gradflow.models import LoadedModel, load_model
 from gradflow.roles import LOSS_ROLES, TOKEN_ROLES, Role
 from gradflow.runs.channels import channel_batch, record_sites, sites_table
 from gradflow.runs.files import write_csv
-from gradflow.runs.schema import CHANNEL_VIEW_COLUMNS, EXPLORE_SUBLAYER_COLUMNS
+from gradflow.schema import CHANNEL_VIEW_COLUMNS, EXPLORE_SUBLAYER_COLUMNS
 
 LOSSES: dict[str, str] = {"mlm": "MLM: the selected positions only",
                           "all-positions": "all positions: the original token everywhere"}
@@ -120,7 +122,6 @@ class ChannelView:
 
     def save(self, path_stem: str | Path, formats: Sequence[str] = ("pdf", "png")) -> list[Path]:
         """Draw the view with :func:`gradflow.figures.channel_view.save_channel_view`; returns the paths."""
-        from gradflow.figures.channel_view import save_channel_view
 
         self._require_gradient("draw it")
         return save_channel_view(self.table, path_stem, "grad_norm", title=Path(self.model).name or self.model,
@@ -128,7 +129,6 @@ class ChannelView:
 
     def to_html(self, path: str | Path | None = None) -> str:
         """One self-contained HTML page (data, script and plotting library inline; opens offline)."""
-        from gradflow.explore.page import static_page
 
         page = static_page(self.payload())
         if path is not None:

@@ -24,7 +24,7 @@ from gradflow.figures.style import (
     run_style,
 )
 from gradflow.figures.sublayers import last_block_bars, sublayer_heatmap
-from gradflow.runs.schema import REPORTED_ROLES as PLOT_ROLES
+from gradflow.schema import REPORTED_ROLES as PLOT_ROLES
 
 __all__ = [
     "INCOMPLETE_BANNER", "PLOT_ROLES", "ROLE_COLORS", "STYLE_PATH", "WIDTHS", "add_banner", "comparison_last_block",

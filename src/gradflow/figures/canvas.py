@@ -34,7 +34,7 @@ from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormat
 from matplotlib.transforms import ScaledTranslation
 
 from gradflow.figures.style import WARNING_COLOR, ZERO_COLOR, figure_size, figure_width, gradflow_style
-from gradflow.runs.schema import REPORTED_ROLES
+from gradflow.schema import REPORTED_ROLES
 
 INCOMPLETE_BANNER = "INCOMPLETE RUN: partial data, not for publication"
 """Default banner text for runs with ``complete = false``."""

@@ -19,6 +19,8 @@ import pandas as pd
 from matplotlib.artist import Artist
 from matplotlib.axes import Axes
 
+from gradflow.figures.canvas import save_figure
+from gradflow.figures.style import ZERO_COLOR, diverging_cmap, gradflow_style, role_color
 from gradflow.roles import TOKEN_ROLES
 
 VALUE_LABEL: dict[str, str] = {"grad_norm": "gradient norm ||dL/dh||",
@@ -78,7 +80,6 @@ def plot_channel_view(table: pd.DataFrame, value: str = "grad_norm", ax: Axes | 
     from matplotlib.patches import Patch, Rectangle
     from matplotlib.transforms import ScaledTranslation
 
-    from gradflow.figures.style import ZERO_COLOR, diverging_cmap, gradflow_style, role_color
 
     signed = value in SIGNED
     sites = list(dict.fromkeys(table["site"]))
@@ -152,7 +153,6 @@ def save_channel_view(table: pd.DataFrame, path_stem: str | Path, value: str = "
     """Draw :func:`plot_channel_view` of ``value`` and write it as ``<path_stem>.<fmt>``; returns the paths."""
     import matplotlib.pyplot as plt
 
-    from gradflow.figures.canvas import save_figure
 
     drawn = plot_channel_view(table, value, title=title)
     fig = drawn[0].axes.figure

@@ -27,7 +27,7 @@ from gradflow.figures.canvas import (
 )
 from gradflow.figures.profiles import depth_profile
 from gradflow.figures.style import RUN_HATCHES, figure_width, role_color, role_label, run_style, shade, styled
-from gradflow.runs.schema import sorted_sublayers
+from gradflow.schema import sorted_sublayers
 
 
 @styled

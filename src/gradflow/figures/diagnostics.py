@@ -13,7 +13,7 @@ from matplotlib.ticker import MaxNLocator
 from gradflow.figures.canvas import LAYER_LABEL, save_figure
 from gradflow.figures.style import figure_size, gradflow_style, role_color, role_label, styled
 from gradflow.roles import LOSS_ROLES
-from gradflow.runs.schema import LOSS
+from gradflow.schema import LOSS
 
 
 def _axes(ax, aspect: float = 0.68):

@@ -30,7 +30,7 @@ from gradflow.figures.canvas import (
     zero_proxy,
 )
 from gradflow.figures.style import RUN_HATCHES, RUN_MARKERS, role_color, shade, styled
-from gradflow.runs.schema import SUBLAYER_SEQUENCES_FILE, sorted_sublayers
+from gradflow.schema import SUBLAYER_SEQUENCES_FILE, sorted_sublayers
 
 PRESSURE_FIGURE = "context_pressure"
 """Stem of the figure and of the table (``tables/context_pressure.csv``) in a report."""

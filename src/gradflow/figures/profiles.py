@@ -2,7 +2,7 @@
 
 Plot conventions (``ax=None``, scoped style, returned artists, ``gid`` names, exact zeros on log
 axes) are those of :mod:`gradflow.figures.canvas`; the roles drawn by default are
-:data:`gradflow.runs.schema.REPORTED_ROLES`.
+:data:`gradflow.schema.REPORTED_ROLES`.
 """
 
 from __future__ import annotations

@@ -39,7 +39,7 @@ from gradflow.figures.profiles import depth_profile, distribution_ranges, ratio_
 from gradflow.figures.style import gradflow_style
 from gradflow.figures.sublayers import last_block_bars, sublayer_heatmap
 from gradflow.provenance import portable_path
-from gradflow.runs.schema import REQUIRED_META_KEYS
+from gradflow.schema import REQUIRED_META_KEYS
 
 INCOMPLETE_NOTE = ("**Warning: incomplete run.** `meta.json` has `complete: false`: the run stopped before "
                    "the end of its corpus, so these numbers come from partial data and may change. Finish or "

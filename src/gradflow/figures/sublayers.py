@@ -1,6 +1,6 @@
 """Figures of one run's sublayers: the layer x sublayer heat map and the last-block bars.
 
-Sublayers are drawn in the standard order of :mod:`gradflow.runs.schema`; plot conventions are
+Sublayers are drawn in the standard order of :mod:`gradflow.schema`; plot conventions are
 those of :mod:`gradflow.figures.canvas`.
 """
 
@@ -22,7 +22,7 @@ from gradflow.figures.canvas import (
     sublayer_ticklabel,
 )
 from gradflow.figures.style import lighten, role_color, sequential_cmap, styled
-from gradflow.runs.schema import sorted_sublayers
+from gradflow.schema import sorted_sublayers
 
 
 @styled

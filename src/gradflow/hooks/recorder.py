@@ -39,7 +39,7 @@ from gradflow.hooks.sites import (
 from gradflow.hooks.sublayer_stats import SublayerEntry, sublayer_stats
 from gradflow.inputs.masking import MaskedBatch
 from gradflow.losses import LossFn, get_loss
-from gradflow.runs.schema import PARAMS, sublayer_key
+from gradflow.schema import PARAMS, sublayer_key
 
 
 class GradFlowRecorder:

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import pandas as pd
 import torch
 
 from gradflow.roles import ALL_ROLES, TOKEN_ROLES
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 @dataclass(frozen=True)
@@ -83,6 +86,8 @@ class BatchRecord:
                 rows.append({"site": name, "layer": self.site_layers[s], "point": self.site_points[s],
                              "role": role, "n_positions": n, "grad_norm_mean": float(g[sel].mean()),
                              "grad_norm_max": float(g[sel].max()), "act_norm_mean": float(a[sel].mean())})
+        import pandas as pd  # on use: `import gradflow` stays free of pandas (and pyarrow)
+
         return pd.DataFrame(rows)
 
     def sublayer_frame(self) -> pd.DataFrame:
@@ -99,6 +104,8 @@ class BatchRecord:
                              "role": role, "n_positions": n, "n_nonzero": int(rec.n_nonzero[code]),
                              "magnitude_sum": mag, "share": mag / total if total > 0 else 0.0,
                              "contribution_norm": float(rec.contribution_norm[code])})
+        import pandas as pd  # on use: `import gradflow` stays free of pandas (and pyarrow)
+
         return pd.DataFrame(rows)
 
 

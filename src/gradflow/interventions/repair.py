@@ -30,8 +30,17 @@ import torch
 
 from gradflow.adapters import adapter_for, block_modules, get_module
 from gradflow.errors import GradflowError, UsageError
-from gradflow.hooks.sites import block_group_name
+from gradflow.inputs.corpus import CorpusCounts, default_texts, iter_windows, read_documents
+from gradflow.inputs.masking import BertMasking
+from gradflow.inputs.pipeline import mask_windows
+from gradflow.interventions.callback import CSV_NAME, GradFlowCallback
 from gradflow.losses import all_positions_labels, cross_entropy
+from gradflow.models import load_model
+from gradflow.models.quiet import quiet_transformers
+from gradflow.provenance import portable_command, portable_path
+from gradflow.runs.evaluation import mlm_accuracy
+from gradflow.runs.meta import versions
+from gradflow.site_names import block_group_name
 
 META_NAME = "repair.json"
 MODEL_DIR = "model"
@@ -114,7 +123,6 @@ class _Collator:
         self.tokenizer, self.policy, self.max_length = tokenizer, policy, max_length
 
     def __call__(self, items: list) -> dict:
-        from gradflow.inputs.pipeline import mask_windows
 
         batch = mask_windows(self.tokenizer, items, self.policy, self.max_length)
         return {**batch.model_inputs(), "labels": batch.labels, "repair_labels": all_positions_labels(batch)}
@@ -163,15 +171,6 @@ def repair(config: RepairConfig) -> RepairResult:
     from transformers import Trainer, TrainingArguments
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
-    from gradflow.inputs.corpus import CorpusCounts, default_texts, iter_windows, read_documents
-    from gradflow.inputs.masking import BertMasking
-    from gradflow.interventions.callback import CSV_NAME, GradFlowCallback
-    from gradflow.interventions.finetune.train import _quiet_transformers
-    from gradflow.models import load_model
-    from gradflow.provenance import portable_command, portable_path
-    from gradflow.runs.evaluation import mlm_accuracy
-    from gradflow.runs.meta import versions
-
     _check(config)
     start = time.perf_counter()
     out = Path(config.out_dir)
@@ -180,7 +179,7 @@ def repair(config: RepairConfig) -> RepairResult:
         (out / stale).unlink(missing_ok=True)
     texts = config.texts if config.texts is not None else default_texts()
     torch.manual_seed(config.seed)
-    with _quiet_transformers():
+    with quiet_transformers():
         loaded = load_model(config.model, device=config.device, dtype="float32")
         model, tokenizer = loaded.model, loaded.tokenizer
         limit = min(config.max_length, loaded.max_positions())

@@ -33,6 +33,9 @@ from torch import nn
 
 from gradflow.adapters import Adapter, adapter_for, block_modules, count_parameters, get_module
 from gradflow.errors import OutputDirError, SurgeryError
+from gradflow.models import load_model
+from gradflow.provenance import portable_path
+from gradflow.version import __version__
 
 SURGERY_FILE = "surgery.json"
 
@@ -251,9 +254,6 @@ def apply_surgery(model: nn.Module, plan: SurgeryPlan) -> tuple[nn.Module, Surge
 def surgery_to_dir(model_spec: str, out_dir: str | Path, drop_last: int = 0, reinit_last: int = 0,
                    seed: int = 0, overwrite: bool = False) -> Path:
     """Load ``model_spec``, apply the plan, save model, tokenizer and ``surgery.json`` to ``out_dir``."""
-    from gradflow import __version__
-    from gradflow.models import load_model
-    from gradflow.provenance import portable_path
 
     out = Path(out_dir)
     if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not overwrite)):

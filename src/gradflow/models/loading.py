@@ -18,6 +18,7 @@ from torch import nn
 
 from gradflow.adapters import ADAPTER_CHOICES, Adapter, UnsupportedArchitectureError, adapter_for, discover_adapter
 from gradflow.errors import ModelLoadError
+from gradflow.models import zoo
 
 EMBEDDED_MODELS: dict[str, str] = {
     "gradflow-mini-en": "BERT MLM (6 layers, hidden 256) pretrained on SOTU + Brown with standard 15% MLM",
@@ -67,8 +68,6 @@ def resolve_model_path(spec: str) -> tuple[str, bool]:
                                  "Reinstall gradflow from a full checkout (the weights ship in the package).")
         return str(path), True
     if spec.startswith("zoo:"):
-        from gradflow.models import zoo
-
         return str(zoo.resolve(spec[4:])), True
     p = Path(spec).expanduser()
     if p.exists():

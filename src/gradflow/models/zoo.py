@@ -33,6 +33,7 @@ from importlib import resources
 from pathlib import Path
 
 from gradflow.errors import ZooError
+from gradflow.version import __version__
 
 # rxnfp's own pattern (rxnfp/tokenization.py, SMI_REGEX_PATTERN in the 0.1.0 wheel): the Schwaller
 # SMILES regex plus ``%(nnn)`` ring closures and ``|``.
@@ -237,7 +238,6 @@ def convert_wheel(e: ZooEntry, wheel: Path, out: Path) -> None:
     """Write the HF directory of ``e`` from ``wheel`` into the (empty) folder ``out``, and check it."""
     import transformers
 
-    from gradflow import __version__
 
     with zipfile.ZipFile(wheel) as zf:
         names = set(zf.namelist())

@@ -21,7 +21,7 @@ import torch
 
 from gradflow.hooks.recorder import BatchRecord
 from gradflow.roles import ALL_ROLES, Role
-from gradflow.runs.schema import REPORTED_ROLES, SUBLAYER_SEQUENCE_COLUMNS, sublayer_key
+from gradflow.schema import REPORTED_ROLES, SUBLAYER_SEQUENCE_COLUMNS, sublayer_key
 
 SublayerKey = tuple[int, str, str, str]
 """(layer, sublayer, param, role) of a sublayers.csv row."""
@@ -203,14 +203,14 @@ class SublayerAggregator:
 
 
 def _key_order(key: SublayerKey) -> tuple[int, ...]:
-    """Row order of sublayers.csv (see :func:`gradflow.runs.schema.sublayer_key`)."""
+    """Row order of sublayers.csv (see :func:`gradflow.schema.sublayer_key`)."""
     return sublayer_key(*key)
 
 
 def sequence_rows(record: BatchRecord) -> pd.DataFrame:
     """Per (sequence, site, role) sums for sequences.parquet (pad skipped).
 
-    Columns: :data:`gradflow.runs.schema.SEQUENCE_COLUMNS`.
+    Columns: :data:`gradflow.schema.SEQUENCE_COLUMNS`.
     """
     s_count, b, t = record.grad_norm.shape
     r_count = len(REPORTED_ROLES)
@@ -248,7 +248,7 @@ def sublayer_sequence_rows(record: BatchRecord) -> pd.DataFrame:
 
     Sums the recorder's (B, T) per-position magnitudes ``||g_t|| * ||x_t||`` (weights) and ``||g_t||``
     (biases) in float64 (the recorder must run with ``position_magnitudes``; parameters without them,
-    e.g. only ``relpos`` rows, are left out). Columns: :data:`gradflow.runs.schema.SUBLAYER_SEQUENCE_COLUMNS`.
+    e.g. only ``relpos`` rows, are left out). Columns: :data:`gradflow.schema.SUBLAYER_SEQUENCE_COLUMNS`.
     """
     recs = [r for r in record.sublayers if r.position_magnitude is not None]
     if not recs:

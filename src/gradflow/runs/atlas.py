@@ -1,9 +1,9 @@
 """``gradflow atlas``: record, check, diagnose and probe a list of checkpoints, one directory per model.
 
 Per model ``DIR/<slug>/`` holds each step's own output directory, written by the existing jobs
-(:data:`gradflow.runs.schema.ATLAS_STEP_DIRS`): ``record/`` (``gradflow record`` under the MLM loss),
+(:data:`gradflow.schema.ATLAS_STEP_DIRS`): ``record/`` (``gradflow record`` under the MLM loss),
 ``pressure/`` (with ``pressure=True``: the same under the all-positions loss, for the counterfactual
-context pressure), ``check/`` (``check.json``, :func:`gradflow.analysis.structural_check.check_model`),
+context pressure), ``check/`` (``check.json``, :func:`gradflow.runs.check.check_model`),
 ``diagnostics/`` (``gradflow diagnose``'s tables) and ``probes/`` (``gradflow probe`` on the probe
 task, when the model's vocabulary fits the task's words; otherwise the reason is recorded), each
 with its ``meta.json``, then the model's own ``meta.json`` and, last, ``atlas_done.json``.
@@ -29,10 +29,17 @@ from gradflow.inputs.corpus import check_corpus_path, default_texts
 from gradflow.inputs.labelled import LabelledSplits
 from gradflow.inputs.masking import BertMasking
 from gradflow.models import LoadedModel, load_model, resolve_model_path
+from gradflow.models.zoo import example_inputs_path
 from gradflow.provenance import portable_path
+from gradflow.runs.atlas_merge import merge_atlas
+from gradflow.runs.check import check_model
+from gradflow.runs.diagnose import diagnose_corpus
 from gradflow.runs.files import write_meta
 from gradflow.runs.meta import JobInputs, JobOutcome, job_meta
-from gradflow.runs.schema import ATLAS_DONE_FILE, ATLAS_STARTED_FILE, ATLAS_STEP_DIRS, CHECK_FILE, META_FILE
+from gradflow.runs.probe import ProbeConfig, resolve_task, run_probes
+from gradflow.runs.probe_features import tokenised_words
+from gradflow.runs.record import RecordConfig, record_corpus
+from gradflow.schema import ATLAS_DONE_FILE, ATLAS_STARTED_FILE, ATLAS_STEP_DIRS, CHECK_FILE, META_FILE
 
 ZOO_PREFIX = "zoo:"
 DEFAULT_MAX_LENGTH = 128
@@ -143,8 +150,6 @@ def plan_models(config: AtlasConfig) -> list[AtlasModel]:
         texts = per_model.get(spec, per_model.get(label, every))
         max_length = config.max_length
         if texts is None and spec.startswith(ZOO_PREFIX):
-            from gradflow.models.zoo import example_inputs_path
-
             texts = example_inputs_path(spec[len(ZOO_PREFIX):])
             max_length = max_length or ZOO_MAX_LENGTH
         if texts is not None:
@@ -177,7 +182,6 @@ def resolve_probe_task(config: AtlasConfig) -> LabelledSplits | None:
     """The probe task (loaded once, cut to ``probe_limit`` sentences per split), or None without probes."""
     if not config.probes:
         return None
-    from gradflow.runs.probe import resolve_task
 
     try:
         task = resolve_task(config.probe_task, config.seed, config.data_root)
@@ -192,7 +196,6 @@ def resolve_probe_task(config: AtlasConfig) -> LabelledSplits | None:
 
 def vocabulary_fit(tokenizer, task: LabelledSplits, max_length: int = 128) -> dict:
     """How the tokenizer splits the task's words: ``pieces_per_word``, ``unknown_fraction`` and ``fits``."""
-    from gradflow.runs.probe_features import tokenised_words
 
     unk = getattr(tokenizer, "unk_token_id", None)
     words = pieces = unknown = 0
@@ -243,8 +246,6 @@ def run_atlas(config: AtlasConfig) -> AtlasSummary:
         run_model(model, config, task, out, lambda step, w=where: _say(config, f"{w}: {step}"))
         summary.ran.append(model.label)
     if shard[1] == 1:
-        from gradflow.runs.atlas_merge import merge_atlas
-
         merge_atlas([out], out, formats=config.formats, resamples=config.resamples, command=config.command)
     return summary
 
@@ -305,7 +306,6 @@ def run_model(model: AtlasModel, config: AtlasConfig, task: LabelledSplits | Non
 
 def _record(model: AtlasModel, config: AtlasConfig, loaded: LoadedModel, out: Path, loss: str,
             max_length: int) -> dict:
-    from gradflow.runs.record import RecordConfig, record_corpus
 
     summary = record_corpus(RecordConfig(
         out=str(out), model=model.spec, texts=model.texts, seed=config.seed, max_length=max_length,
@@ -315,7 +315,6 @@ def _record(model: AtlasModel, config: AtlasConfig, loaded: LoadedModel, out: Pa
 
 
 def _check(model: AtlasModel, config: AtlasConfig, loaded: LoadedModel, out: Path, max_length: int) -> dict:
-    from gradflow.analysis.structural_check import check_model
 
     start = time.time()
     result = check_model(loaded, model.texts, seed=config.seed, batch_size=config.batch_size, max_length=max_length)
@@ -335,7 +334,6 @@ def _check(model: AtlasModel, config: AtlasConfig, loaded: LoadedModel, out: Pat
 
 
 def _diagnose(model: AtlasModel, config: AtlasConfig, loaded: LoadedModel, out: Path, max_length: int) -> dict:
-    from gradflow.runs.diagnose import diagnose_corpus
 
     diagnose_corpus(loaded, model.texts, out, max_length=max_length, batch_size=config.batch_size,
                     limit=config.limit, seed=config.seed, command=config.command)
@@ -357,7 +355,6 @@ def _probe(model: AtlasModel, config: AtlasConfig, loaded: LoadedModel, task: La
                   f"most {MAX_UNKNOWN_FRACTION}) on its first {FIT_SENTENCES} train sentences")
         say(f"probes skipped: {reason}")
         return {"status": "skipped", "reason": reason, "vocabulary_fit": fit}
-    from gradflow.runs.probe import ProbeConfig, run_probes
 
     loaded = probe_ready(loaded, config.trust_remote_code)
     say(f"probes ({task.name})")

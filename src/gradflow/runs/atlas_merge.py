@@ -1,6 +1,6 @@
 """``gradflow atlas --merge``: one ``atlas.csv``, its figures and ``meta.json`` from finished atlas directories.
 
-The table is :func:`gradflow.analysis.atlas.atlas_table` (columns :data:`gradflow.runs.schema.ATLAS_COLUMNS`),
+The table is :func:`gradflow.analysis.atlas.atlas_table` (columns :data:`gradflow.schema.ATLAS_COLUMNS`),
 the figures :func:`gradflow.figures.atlas.write_atlas_figures`. Unfinished models (a directory the
 atlas started but did not finish) are left out and listed in ``meta.json`` under ``unfinished``.
 """
@@ -14,10 +14,11 @@ from pathlib import Path
 
 from gradflow.analysis.atlas import atlas_table, find_model_dirs
 from gradflow.errors import OutputDirError
+from gradflow.figures.atlas import write_atlas_figures
 from gradflow.provenance import portable_command, portable_path
 from gradflow.runs.files import write_csv, write_meta
 from gradflow.runs.meta import versions
-from gradflow.runs.schema import ATLAS_COLUMNS, ATLAS_FILE, META_FILE
+from gradflow.schema import ATLAS_COLUMNS, ATLAS_FILE, META_FILE
 
 
 def merge_atlas(atlas_dirs: Sequence[str | Path], out: str | Path, formats: Sequence[str] = ("pdf", "png"),
@@ -31,13 +32,7 @@ def merge_atlas(atlas_dirs: Sequence[str | Path], out: str | Path, formats: Sequ
     table = atlas_table(atlas_dirs, n_resamples=resamples, seed=seed)
     out.mkdir(parents=True, exist_ok=True)
     write_csv(table, out / ATLAS_FILE, ATLAS_COLUMNS)
-    figures: list[Path] = []
-    try:
-        from gradflow.figures.atlas import write_atlas_figures
-    except ImportError:  # matplotlib missing: the table alone
-        pass
-    else:
-        figures = write_atlas_figures(table, out, formats)
+    figures = write_atlas_figures(table, out, formats)
     models = [{"model": info["model"], "family": info["family"], "n_layers": info["n_layers"],
                "dir": portable_path(path, out), "steps": info.get("steps", {}),
                "probe_skip_reason": info.get("probe_skip_reason")} for path, info in done]

@@ -13,7 +13,7 @@ Every token position is a channel. Per (site, position) the table holds one of:
   reference (``ig_sum``, ``ig_norm``).
 
 The loss is the MLM loss with the ``"batch"`` reduction (mean over the chosen positions). Columns:
-:data:`gradflow.runs.schema.CHANNEL_VIEW_COLUMNS` (those a quantity does not compute are empty).
+:data:`gradflow.schema.CHANNEL_VIEW_COLUMNS` (those a quantity does not compute are empty).
 The figure is drawn by :mod:`gradflow.figures.channel_view` from the table alone.
 """
 
@@ -26,6 +26,7 @@ import pandas as pd
 import torch
 
 from gradflow.errors import ChannelViewError
+from gradflow.figures.channel_view import save_channel_view
 from gradflow.hooks.attribution import attribute_channels, integrated_gradients
 from gradflow.hooks.recorder import GradFlowRecorder, RecorderConfig
 from gradflow.hooks.records import BatchRecord
@@ -33,7 +34,7 @@ from gradflow.inputs.masking import BertMasking, ExplicitMasking, MaskedBatch, e
 from gradflow.models import LoadedModel
 from gradflow.roles import TOKEN_ROLES, Role
 from gradflow.runs.files import write_csv
-from gradflow.runs.schema import CHANNEL_VIEW_COLUMNS
+from gradflow.schema import CHANNEL_VIEW_COLUMNS
 
 VALUE_COLUMN: dict[str, str] = {"grad_norm": "grad_norm", "attribution": "attribution_sum",
                                 "integrated_gradients": "ig_sum"}
@@ -147,7 +148,6 @@ def write_channel_view(loaded: LoadedModel, text: str, out_dir: str | Path, mask
     ``[CLS]``/``<s>``); None draws BERT masking with seed 0. ``quantity``: one of
     :data:`QUANTITIES`. Returns the written paths (figures first, the table last).
     """
-    from gradflow.figures.channel_view import save_channel_view
 
     _check_quantity(quantity)
     batch = channel_batch(loaded, text, mask_positions)

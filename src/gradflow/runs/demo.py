@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from gradflow.errors import OutputDirError
+from gradflow.figures.report import write_comparison, write_report
 from gradflow.runs.record import RecordConfig, RunSummary, record_corpus
 
 DEMO_RUNS: tuple[tuple[str, str, str], ...] = (
@@ -38,10 +39,6 @@ def run_demo(out: str | Path, limit: int | None = None, overwrite: bool = False,
 
 
 def _reports(out: Path, run_dirs: list[Path], quiet: bool) -> None:
-    try:
-        from gradflow.figures.report import write_comparison, write_report
-    except ImportError:
-        return
     for run_dir in run_dirs:
         write_report(run_dir, out / "report" / run_dir.name)
     write_comparison(run_dirs, ["mini-en (MLM loss)", "mini-en-alltoken (all-positions loss)"],

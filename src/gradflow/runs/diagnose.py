@@ -37,8 +37,6 @@ import pandas as pd
 from torch import nn
 
 from gradflow.adapters import Adapter, block_modules
-from gradflow.analysis.logit_lens import LogitLens, LogitLensAccumulator
-from gradflow.analysis.representations import AnisotropyAccumulator, InputShiftAccumulator, TransformationAccumulator
 from gradflow.errors import CorpusError, DiagnosticsError
 from gradflow.hooks.states import SiteStates, collect_states
 from gradflow.inputs.corpus import CorpusCounts, open_corpus
@@ -47,9 +45,11 @@ from gradflow.inputs.pipeline import masked_batches
 from gradflow.models import LoadedModel
 from gradflow.roles import TOKEN_ROLES, Role, role_counts
 from gradflow.runs.files import write_csv, write_meta
+from gradflow.runs.logit_lens import LogitLens, LogitLensAccumulator
 from gradflow.runs.meta import JobInputs, JobOutcome, job_meta
-from gradflow.runs.schema import DIAGNOSTIC_COLUMNS as TABLE_COLUMNS
-from gradflow.runs.schema import META_FILE
+from gradflow.runs.representations import AnisotropyAccumulator, InputShiftAccumulator, TransformationAccumulator
+from gradflow.schema import DIAGNOSTIC_COLUMNS as TABLE_COLUMNS
+from gradflow.schema import META_FILE
 
 # ----------------------------------------------------------------------------------------------
 # All four over a stream of batches

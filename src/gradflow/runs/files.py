@@ -3,7 +3,7 @@
 Every file is written atomically (a temporary file in the same directory, then ``os.replace``), so
 a reader never sees a half-written table. Floats are written with 10 significant digits, so two
 runs with the same inputs give byte-identical CSVs. Column order and dtypes are those of
-:mod:`gradflow.runs.schema` (public; see README "Output tables").
+:mod:`gradflow.schema` (public; see README "Output tables").
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from gradflow.errors import OutputDirError
-from gradflow.runs.schema import OPTIONAL_RUN_FILES, RUN_FILES, SEQUENCE_DTYPES, SUBLAYER_SEQUENCE_DTYPES, arrow_schema
+from gradflow.schema import OPTIONAL_RUN_FILES, RUN_FILES, SEQUENCE_DTYPES, SUBLAYER_SEQUENCE_DTYPES, arrow_schema
 
 SEQUENCE_SCHEMA = arrow_schema(SEQUENCE_DTYPES)
 SUBLAYER_SEQUENCE_SCHEMA = arrow_schema(SUBLAYER_SEQUENCE_DTYPES)

@@ -1,6 +1,6 @@
 """meta.json of every corpus job: one provenance block (model, corpus, masking, versions, outcome) + job fields.
 
-Keys of the common block (see :data:`gradflow.runs.schema.PROVENANCE_KEYS`): ``model``,
+Keys of the common block (see :data:`gradflow.schema.PROVENANCE_KEYS`): ``model``,
 ``model_path``, ``family``, ``model_type``, ``config_hash``, ``num_layers``, ``texts``,
 ``masking``, ``seed``, ``versions`` (python, torch, transformers, gradflow and any extras),
 ``command``, ``wall_s`` (seconds since the job started), ``complete`` and ``error``. Paths (model
@@ -19,9 +19,9 @@ from typing import Any
 
 import torch
 
-from gradflow import __version__
 from gradflow.models import LoadedModel
 from gradflow.provenance import portable_command, portable_path
+from gradflow.version import __version__
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ block-output sites (``embeddings.out`` = layer 0 ... last block = layer L) with 
 
 Writes ``probes.csv``, ``probe_drops.csv``, ``probe_words.parquet`` (per test word and block output:
 was the probe right; what ``gradflow compare`` pairs across models) and ``meta.json`` (columns in
-:mod:`gradflow.runs.schema`); rows are flushed after every site with ``"complete": false`` until the end, so an
+:mod:`gradflow.schema`); rows are flushed after every site with ``"complete": false`` until the end, so an
 interrupted run keeps what it fitted and says so.
 """
 
@@ -40,13 +40,13 @@ from gradflow.analysis.probes import (
     sentence_bootstrap_ci,
 )
 from gradflow.errors import TaskError
-from gradflow.hooks.sites import layer_of, point_of
 from gradflow.inputs.labelled import BUILTIN_PROBE_TASKS, LabelledSplits, load_labelled
-from gradflow.models import LoadedModel
+from gradflow.inputs.tasks import default_data_root, load_task
+from gradflow.models import LoadedModel, load_model
 from gradflow.runs.files import prepare_output_dir, write_csv, write_meta
 from gradflow.runs.meta import JobInputs, JobOutcome, job_meta
 from gradflow.runs.probe_features import SplitFeatures, extract_all
-from gradflow.runs.schema import (
+from gradflow.schema import (
     META_FILE,
     PROBE_COLUMNS,
     PROBE_DROP_COLUMNS,
@@ -56,6 +56,7 @@ from gradflow.runs.schema import (
     PROBE_WORDS_FILE,
     PROBES_FILE,
 )
+from gradflow.site_names import layer_of, point_of
 
 
 @dataclass
@@ -95,7 +96,6 @@ class ProbeRun:
 def resolve_task(spec: str, seed: int = 0, data_root: str | Path | None = None) -> LabelledSplits:
     """A built-in task name (``brown-pos``, ``brown-propn``; data under ``data_root``, ``$GRADFLOW_TASKS``
     or ``data/tasks``) or a labelled file / directory (see :mod:`gradflow.inputs.labelled`)."""
-    from gradflow.interventions.finetune.tasks import default_data_root, load_task
 
     if spec in BUILTIN_PROBE_TASKS:
         task = load_task(spec, data_root if data_root is not None else default_data_root())
@@ -121,8 +121,6 @@ def run_probes(config: ProbeConfig, loaded: LoadedModel | None = None,
     task = LabelledSplits(task.name, task.train.head(config.limit), task.validation.head(config.limit),
                           task.test.head(config.limit), task.labels, task.source)
     if loaded is None:
-        from gradflow.models import load_model
-
         loaded = load_model(config.model, device=config.device)
     out = Path(config.out)
     prepare_output_dir(out, config.overwrite)

@@ -41,7 +41,7 @@ from gradflow.runs.files import (
     write_meta,
 )
 from gradflow.runs.meta import JobInputs, JobOutcome, job_meta
-from gradflow.runs.schema import (
+from gradflow.schema import (
     CHANNEL_COLUMNS,
     CHANNELS_FILE,
     META_FILE,
@@ -176,7 +176,7 @@ def _dist() -> tuple[int, int]:
 
 
 def record_corpus(config: RecordConfig, loaded: LoadedModel | None = None) -> RunSummary:
-    """Record gradient flow over a corpus and write the run directory (see :mod:`gradflow.runs.schema`)."""
+    """Record gradient flow over a corpus and write the run directory (see :mod:`gradflow.schema`)."""
     start = time.time()
     rank, world = _dist()
     out = Path(config.out)

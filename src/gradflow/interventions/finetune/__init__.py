@@ -5,6 +5,7 @@ tagging) and sequence classification, with optional class weights, block surgery
 re-initialise the last k blocks) and head-only training. See :mod:`gradflow.interventions.finetune.train`.
 """
 
+from gradflow.inputs.tasks import BUILTIN_TASKS, Task, TaskError, accuracy, entity_scores, load_split, load_task, score
 from gradflow.interventions.finetune.continued import continue_mlm
 from gradflow.interventions.finetune.data import (
                     Encoded,
@@ -14,16 +15,6 @@ from gradflow.interventions.finetune.data import (
                     encode_texts,
                     encode_tokens,
                     label_counts,
-)
-from gradflow.interventions.finetune.tasks import (
-                    BUILTIN_TASKS,
-                    Task,
-                    TaskError,
-                    accuracy,
-                    entity_scores,
-                    load_split,
-                    load_task,
-                    score,
 )
 from gradflow.interventions.finetune.train import (
                     EvalRecord,

@@ -34,6 +34,13 @@ import pandas as pd
 import torch
 
 from gradflow.errors import GradflowError
+from gradflow.interventions.callback import GradFlowCallback
+from gradflow.interventions.new_rows import CSV_NAME as NEW_ROWS_CSV
+from gradflow.interventions.new_rows import NewRowsCallback
+from gradflow.interventions.vocabulary import extend_vocabulary
+from gradflow.models import load_model
+from gradflow.models.quiet import quiet_transformers
+from gradflow.provenance import portable_path
 
 LOG_NAME = "mlm_log.csv"
 META_NAME = "continued.json"
@@ -54,13 +61,6 @@ def continue_mlm(model_spec: str, texts: list[str], out_dir: str | Path, steps: 
     from transformers import DataCollatorForLanguageModeling, Trainer, TrainingArguments
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
-    from gradflow.interventions.callback import GradFlowCallback
-    from gradflow.interventions.finetune.train import _quiet_transformers
-    from gradflow.interventions.new_rows import CSV_NAME as NEW_ROWS_CSV
-    from gradflow.interventions.new_rows import NewRowsCallback
-    from gradflow.interventions.vocabulary import extend_vocabulary
-    from gradflow.models import load_model
-    from gradflow.provenance import portable_path
 
     if steps < 1 or batch_size < 1 or log_every < 1:
         raise GradflowError("steps, batch_size and log_every must be >= 1")
@@ -75,7 +75,7 @@ def continue_mlm(model_spec: str, texts: list[str], out_dir: str | Path, steps: 
         (out / stale).unlink(missing_ok=True)
 
     start, cpu_start = time.perf_counter(), time.process_time()
-    with _quiet_transformers():
+    with quiet_transformers():
         loaded = load_model(model_spec, device=device, dtype="float32")
         model, tokenizer = loaded.model, loaded.tokenizer
         extension = extend_vocabulary(model, tokenizer, new_words) if new_words else None

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from gradflow.interventions.finetune.tasks import Task, TaskError
+from gradflow.inputs.tasks import Task, TaskError
 
 IGNORE = -100
 CLASS_WEIGHT_SCHEMES = ("balanced",)

@@ -9,6 +9,8 @@ from pathlib import Path
 
 from torch import nn
 
+from gradflow.provenance import portable_path
+
 
 def write_history(result, out: Path | None) -> None:
     """Rewrite ``out/eval.csv`` from ``result`` (a ``FinetuneResult``); nothing when ``out`` is None."""
@@ -31,7 +33,6 @@ def write_outputs(result, out: Path | None, model: nn.Module, tokenizer) -> None
 def _portable(record: dict, out: Path) -> dict:
     """``record`` with the config's paths (model or task directory, out_dir, data_root) portable: see
     :func:`gradflow.provenance.portable_path` (model names and hub names are kept as given)."""
-    from gradflow.provenance import portable_path
 
     config = dict(record["config"])
     for key in ("model", "task", "out_dir", "data_root"):

@@ -16,7 +16,11 @@ import json
 from pathlib import Path
 
 from gradflow.errors import GradflowError
-from gradflow.interventions.finetune.tasks import Task
+from gradflow.inputs.tasks import Task
+from gradflow.interventions.finetune.continued import continue_mlm
+from gradflow.interventions.vocabulary import extend_vocabulary
+from gradflow.models import load_model
+from gradflow.models.quiet import quiet_transformers
 
 ENCODER_DIR = "encoder"
 
@@ -35,18 +39,12 @@ def prepare_encoder(config, task: Task, train_rows: list[dict]) -> str:
         raise GradflowError("extend_vocabulary and continue_mlm_steps save a prepared checkpoint: give out_dir")
     root = Path(config.out_dir) / ENCODER_DIR
     if config.continue_mlm_steps:
-        from gradflow.interventions.finetune.continued import continue_mlm
-
         model_dir = continue_mlm(config.model, task_texts(task, train_rows), root / "continued",
                                  steps=config.continue_mlm_steps, batch_size=config.batch_size,
                                  lr=config.continue_mlm_lr, seed=config.seed, log_every=max(1, config.eval_every),
                                  max_length=config.max_length, device=config.device, new_words=words)
         return str(model_dir)
-    from gradflow.interventions.finetune.train import _quiet_transformers
-    from gradflow.interventions.vocabulary import extend_vocabulary
-    from gradflow.models import load_model
-
-    with _quiet_transformers():
+    with quiet_transformers():
         loaded = load_model(config.model, dtype="float32")
         extension = extend_vocabulary(loaded.model, loaded.tokenizer, words)
         out = root / "extended"

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -31,6 +30,7 @@ from torch import nn
 
 from gradflow.adapters import adapter_for
 from gradflow.errors import GradflowError, UnsupportedArchitectureError
+from gradflow.inputs.tasks import Task, check_rows, load_split, load_task, score
 from gradflow.interventions.finetune.data import (
     IGNORE,
     Encoded,
@@ -44,8 +44,10 @@ from gradflow.interventions.finetune.data import (
 from gradflow.interventions.finetune.early_stopping import BestCheckpoint
 from gradflow.interventions.finetune.outputs import write_history, write_outputs
 from gradflow.interventions.finetune.prepare import prepare_encoder
-from gradflow.interventions.finetune.tasks import Task, check_rows, load_split, load_task, score
 from gradflow.interventions.surgery import SurgeryPlan, apply_surgery
+from gradflow.models import resolve_model_path
+from gradflow.models.quiet import quiet_transformers
+from gradflow.progress import progress_bar
 
 EVAL_COLUMNS = ("step", "split", "metric", "value")
 
@@ -163,29 +165,14 @@ class FinetuneResult:
 
 
 # ---------------------------------------------------------------------------------------- model
-@contextlib.contextmanager
-def _quiet_transformers() -> Iterator[None]:
-    """Silence transformers' load report (the missing head is expected)."""
-    from transformers.utils import logging as hf_logging
-
-    level = hf_logging.get_verbosity()
-    hf_logging.set_verbosity_error()
-    try:
-        yield
-    finally:
-        hf_logging.set_verbosity(level)
-
-
 def load_task_model(model_spec: str, task: Task, seed: int) -> tuple[nn.Module, object, set[str]]:
     """(model with a fresh ``task`` head, tokenizer, names of newly initialised parameters)."""
     from transformers import AutoModelForSequenceClassification, AutoModelForTokenClassification, AutoTokenizer
 
-    from gradflow.models import resolve_model_path
-
     path, _ = resolve_model_path(model_spec)
     cls = AutoModelForTokenClassification if task.kind == "token" else AutoModelForSequenceClassification
     torch.manual_seed(seed)
-    with _quiet_transformers():
+    with quiet_transformers():
         try:
             # float32 master weights whatever the checkpoint's storage dtype (the embedded models ship
             # float16, which transformers 5 would otherwise keep: AdamW on float16 weights loses updates)
@@ -325,8 +312,6 @@ def _task_and_data(config: FinetuneConfig, task: Task | None,
 def finetune(config: FinetuneConfig, *, task: Task | None = None,
              data: dict[str, list[dict]] | None = None) -> FinetuneResult:
     """Fine-tune ``config.model`` on ``config.task`` (or on ``task`` with rows ``data``)."""
-    from gradflow.progress import progress_bar
-
     start = time.perf_counter()
     task, rows = _task_and_data(config, task, data)
     model, tokenizer, new_params = load_task_model(prepare_encoder(config, task, rows["train"]), task, config.seed)

@@ -16,7 +16,7 @@ not. The block's parameters the recorder cannot split (convolutions, modules not
 with the reason.
 
 It also states the share of the batch's forward + backward matmul FLOPs that the last block spends
-on its zero-context Linear sublayers at unselected positions (:mod:`gradflow.analysis.check_flops`
+on its zero-context Linear sublayers at unselected positions (:mod:`gradflow.runs.check_flops`
 has the formula): compute an implementation can skip, as flash-attention's BERT
 (``last_layer_subset``) and MosaicBERT (``subset_mask``) do by running the last layer's queries,
 output projection and FFN only at the loss positions.
@@ -28,7 +28,7 @@ name or module path), param, standard, n_positions, positions_nonzero and contri
 zero_roles, context_zero, loss_nonzero, flagged), ``sublayers`` (per (layer, sublayer): params,
 standard, flagged, expected_zero, agrees), ``unsplit`` (layer, parameter, reason), ``theory``
 (last_block_expected_zero, agreements, disagreements, agree), ``flops``
-(:class:`~gradflow.analysis.check_flops.FlopCount`), ``skippable_share`` and ``notes``.
+(:class:`~gradflow.runs.check_flops.FlopCount`), ``skippable_share`` and ``notes``.
 """
 
 from __future__ import annotations
@@ -39,13 +39,17 @@ from torch import nn
 
 from gradflow.adapters import Adapter, SublayerSpec, adapter_for, block_modules, get_module
 from gradflow.adapters.norms import splittable
-from gradflow.analysis.check_flops import FlopCount, count_flops, count_linear_calls
 from gradflow.errors import CorpusError, UsageError
 from gradflow.hooks.recorder import GradFlowRecorder, RecorderConfig
 from gradflow.hooks.records import BatchRecord
-from gradflow.inputs.masking import MaskedBatch
+from gradflow.inputs.corpus import check_corpus_path, default_texts, read_documents
+from gradflow.inputs.masking import BertMasking, MaskedBatch
+from gradflow.inputs.pipeline import masked_batches
 from gradflow.models import LoadedModel, load_model
+from gradflow.models.zoo import example_inputs_path
+from gradflow.provenance import portable_path
 from gradflow.roles import ALL_ROLES, LOSS_ROLES, Role, role_counts
+from gradflow.runs.check_flops import FlopCount, count_flops, count_linear_calls
 
 OTHER = "other:"
 """Prefix of the recorder's names for a block's non-standard modules (stripped in the result)."""
@@ -140,10 +144,6 @@ def check_model(model: str | LoadedModel = "gradflow-mini-en", texts: str | None
     the first ``batch_size`` windows of ``texts`` (default: a zoo model's shipped example sequences, else
     the committed SOTU sample, as ``gradflow record`` uses) with BERT masking seeded by ``seed``, and
     check that batch."""
-    from gradflow.inputs.corpus import check_corpus_path, default_texts, read_documents
-    from gradflow.inputs.masking import BertMasking
-    from gradflow.inputs.pipeline import masked_batches
-    from gradflow.provenance import portable_path
 
     for flag, value in (("--batch-size", batch_size), ("--max-length", max_length)):
         if int(value) < 1:
@@ -151,8 +151,6 @@ def check_model(model: str | LoadedModel = "gradflow-mini-en", texts: str | None
     if int(seed) < 0:
         raise UsageError(f"--seed must be >= 0, got {seed}")
     if texts is None and isinstance(model, str) and model.startswith("zoo:"):
-        from gradflow.models.zoo import example_inputs_path
-
         texts = example_inputs_path(model[len("zoo:"):])
     source = texts if texts is not None else default_texts()
     check_corpus_path(source)

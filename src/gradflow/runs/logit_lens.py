@@ -14,13 +14,13 @@ import torch
 from torch import nn
 
 from gradflow.adapters import Adapter, adapter_for, get_module
-from gradflow.analysis.representations import _role_masks, _sorted
 from gradflow.errors import DiagnosticsError
-from gradflow.hooks.sites import layer_site
 from gradflow.hooks.states import SiteStates
 from gradflow.inputs.masking import MaskedBatch
 from gradflow.roles import TOKEN_ROLES
-from gradflow.runs.schema import DIAGNOSTIC_COLUMNS as TABLE_COLUMNS
+from gradflow.runs.representations import diagnostic_role_masks, sorted_by_layer_and_role
+from gradflow.schema import DIAGNOSTIC_COLUMNS as TABLE_COLUMNS
+from gradflow.site_names import layer_site
 
 # ----------------------------------------------------------------------------------------------
 
@@ -105,7 +105,7 @@ class LogitLensAccumulator:
         self.stats: dict[tuple[int, str], np.ndarray] = {}  # (layer, role) -> [n, correct, logprob sum]
 
     def add(self, states: SiteStates, batch: MaskedBatch) -> None:
-        masks = _role_masks(batch.roles.cpu())
+        masks = diagnostic_role_masks(batch.roles.cpu())
         original = batch.original_ids.cpu()
         width = states.hidden[-1].shape[-1]
         selected = torch.zeros_like(batch.roles, dtype=torch.bool).cpu()
@@ -140,4 +140,4 @@ class LogitLensAccumulator:
         rows = [{"layer": layer, "site": layer_site(layer), "role": role, "n_positions": int(s[0]),
                  "top1_original": s[1] / s[0], "mean_log_prob_original": s[2] / s[0]}
                 for (layer, role), s in self.stats.items()]
-        return _sorted(pd.DataFrame(rows, columns=list(TABLE_COLUMNS["logit_lens"])))
+        return sorted_by_layer_and_role(pd.DataFrame(rows, columns=list(TABLE_COLUMNS["logit_lens"])))

@@ -18,24 +18,25 @@ import numpy as np
 import pandas as pd
 import torch
 
-from gradflow.hooks.sites import layer_site, site_name
 from gradflow.hooks.states import SiteStates
 from gradflow.inputs.masking import MaskedBatch
 from gradflow.roles import TOKEN_ROLES, Role
-from gradflow.runs.schema import DIAGNOSTIC_COLUMNS as TABLE_COLUMNS
-from gradflow.runs.schema import DIAGNOSTIC_GROUPS as GROUPS
-from gradflow.runs.schema import DIAGNOSTIC_ROLES as DIAG_ROLES
-from gradflow.runs.schema import LOSS
+from gradflow.schema import DIAGNOSTIC_COLUMNS as TABLE_COLUMNS
+from gradflow.schema import DIAGNOSTIC_GROUPS as GROUPS
+from gradflow.schema import DIAGNOSTIC_ROLES as DIAG_ROLES
+from gradflow.schema import LOSS
+from gradflow.site_names import layer_site, site_name
 
 
-def _role_masks(roles: torch.Tensor) -> dict[str, torch.Tensor]:
+def diagnostic_role_masks(roles: torch.Tensor) -> dict[str, torch.Tensor]:
     """(B, T) bool mask of each reported role, ``loss`` pooled."""
     masks = {name: roles == code for code, name in enumerate(TOKEN_ROLES) if name in DIAG_ROLES}
     masks[LOSS] = roles <= Role.KEPT
     return masks
 
 
-def _sorted(frame: pd.DataFrame) -> pd.DataFrame:
+def sorted_by_layer_and_role(frame: pd.DataFrame) -> pd.DataFrame:
+    """Rows ordered by layer, then by the diagnostics' role order."""
     if frame.empty:
         return frame
     frame = frame.assign(_r=frame["role"].map(DIAG_ROLES.index))
@@ -218,7 +219,7 @@ class AnisotropyAccumulator:
         self.counts: dict[tuple[int, str], int] = {}
 
     def add(self, states: SiteStates, batch: MaskedBatch) -> None:
-        masks = _role_masks(batch.roles.cpu())
+        masks = diagnostic_role_masks(batch.roles.cpu())
         for layer, hidden in enumerate(states.hidden):
             norms = torch.linalg.vector_norm(hidden.double(), dim=-1, keepdim=True)
             units = hidden.double() / norms.clamp_min(1e-300)  # zero vectors are left out below
@@ -237,7 +238,7 @@ class AnisotropyAccumulator:
         rows = [{"layer": layer, "site": layer_site(layer), "role": role, "n_positions": self.counts[(layer, role)],
                  "mean_pairwise_cosine": mean_pairwise_cosine(s, self.counts[(layer, role)])}
                 for (layer, role), s in self.sums.items()]
-        return _sorted(pd.DataFrame(rows, columns=list(TABLE_COLUMNS["anisotropy"])))
+        return sorted_by_layer_and_role(pd.DataFrame(rows, columns=list(TABLE_COLUMNS["anisotropy"])))
 
 
 class TransformationAccumulator:
@@ -248,7 +249,7 @@ class TransformationAccumulator:
         self.stats: dict[tuple[int, str], np.ndarray] = {}
 
     def add(self, states: SiteStates, batch: MaskedBatch) -> None:
-        masks = _role_masks(batch.roles.cpu())
+        masks = diagnostic_role_masks(batch.roles.cpu())
         for i in range(1, len(states.hidden)):
             before, after = states.hidden[i - 1].double(), states.hidden[i].double()
             if before.shape != after.shape:
@@ -270,5 +271,5 @@ class TransformationAccumulator:
             rows.append({"layer": layer, "role": role, "n_positions": int(n), "rel_change_mean": mean,
                          "rel_change_std": math.sqrt(var) if n > 1 else float("nan"),
                          "last_block": layer == self.num_blocks})
-        return _sorted(pd.DataFrame(rows, columns=list(TABLE_COLUMNS["transformation"])))
+        return sorted_by_layer_and_role(pd.DataFrame(rows, columns=list(TABLE_COLUMNS["transformation"])))
 

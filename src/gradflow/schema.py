@@ -1,0 +1,277 @@
+"""The run-directory contract: file names, columns with their dtypes and order, role/sublayer/param order.
+
+A leaf (it imports only :mod:`gradflow.roles` and the sublayer names of :mod:`gradflow.adapters.base`), so
+every layer may import it. Writers (:mod:`gradflow.runs`) and readers (:mod:`gradflow.analysis`, :mod:`gradflow.figures`) use
+these names and sort keys and never spell a column list or an order of their own.
+
+Record runs (``gradflow record``):
+
+- ``channels.csv``: one row per (site, role): gradient- and activation-norm statistics;
+- ``sublayers.csv``: one row per (layer, sublayer, param, role): the weight-gradient split;
+- ``sequences.parquet``: one row per (sequence, site, role): sums for sequence-level bootstraps;
+- ``sublayer_sequences.parquet`` (optional): one row per (sequence, layer, sublayer, param, role):
+  sums of per-position weight-gradient magnitudes, for sequence-level bootstraps of sublayer metrics;
+- ``meta.json``: model, masking, seed, counts, versions, the command.
+
+Diagnostics runs (``gradflow diagnose``): ``logit_lens.csv``, ``input_shift.csv``,
+``anisotropy.csv``, ``transformation.csv`` and ``meta.json``.
+
+Dtypes are ``"str"``, ``"int64"``, ``"float64"`` or ``"bool"``. Readers coerce the ``str`` and
+``int64`` columns (the keys and counts); float columns are read as written.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from gradflow.adapters.base import SUBLAYER_NAMES
+from gradflow.roles import ALL_ROLES, LOSS_ROLES, TOKEN_ROLES
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+# ----------------------------------------------------------------------------------------------
+# Files
+# ----------------------------------------------------------------------------------------------
+
+CHANNELS_FILE = "channels.csv"
+SUBLAYERS_FILE = "sublayers.csv"
+SEQUENCES_FILE = "sequences.parquet"
+META_FILE = "meta.json"
+RUN_FILES: tuple[str, ...] = (CHANNELS_FILE, SUBLAYERS_FILE, SEQUENCES_FILE, META_FILE)
+
+# ----------------------------------------------------------------------------------------------
+# Orders: roles, sublayers, params, points
+# ----------------------------------------------------------------------------------------------
+
+REPORTED_ROLES: tuple[str, ...] = tuple(r for r in TOKEN_ROLES if r != "pad")
+"""Roles of the run tables, compared and drawn by default (``pad`` depends on batching and carries no signal)."""
+LOSS = "loss"
+"""The pooled loss-position pseudo-role of analysis tables (masked + random + kept, pooled by positions)."""
+SUBLAYER_ORDER: tuple[str, ...] = SUBLAYER_NAMES
+"""Standard sublayer order (attention before FFN)."""
+PARAMS: tuple[str, ...] = ("weight", "bias")
+"""Parameters of a sublayer, in table order."""
+POINTS: tuple[str, ...] = ("out", "mid")
+"""Recording points of a site: a block's output and its FFN input (after attention)."""
+
+
+def sublayer_rank(name: str) -> int:
+    """Sort key of a sublayer name: its place in :data:`SUBLAYER_ORDER`, unknown names last."""
+    return SUBLAYER_ORDER.index(name) if name in SUBLAYER_ORDER else len(SUBLAYER_ORDER)
+
+
+def role_rank(name: str, order: Sequence[str] = ALL_ROLES) -> int:
+    """Sort key of a role name: its place in ``order``, unknown names last."""
+    return list(order).index(name) if name in order else len(order)
+
+
+def sublayer_key(layer: int, sublayer: str, param: str, role: str | None = None) -> tuple[int, ...]:
+    """Sort key of a sublayer-table row: layer, standard sublayer order, param order, then role order."""
+    key = (int(layer), sublayer_rank(sublayer), PARAMS.index(param))
+    return key if role is None else (*key, role_rank(role))
+
+
+def sorted_sublayers(names: Sequence[str]) -> list[str]:
+    """Distinct sublayer names in standard order (unknown names last)."""
+    return sorted(dict.fromkeys(names), key=sublayer_rank)
+
+
+# ----------------------------------------------------------------------------------------------
+# Record-run tables
+# ----------------------------------------------------------------------------------------------
+
+CHANNEL_DTYPES: dict[str, str] = {
+    "site": "str", "layer": "int64", "point": "str", "role": "str", "n_positions": "int64",
+    "grad_norm_mean": "float64", "grad_norm_std": "float64", "grad_norm_median": "float64",
+    "grad_norm_q05": "float64", "grad_norm_q95": "float64", "grad_norm_zero_fraction": "float64",
+    "act_norm_mean": "float64", "act_norm_std": "float64", "act_norm_median": "float64",
+}
+SUBLAYER_DTYPES: dict[str, str] = {
+    "layer": "int64", "sublayer": "str", "param": "str", "role": "str", "n_positions": "int64",
+    "n_nonzero": "int64", "coverage": "float64", "magnitude_sum": "float64", "share": "float64",
+    "contribution_norm_mean": "float64", "contribution_norm_std": "float64", "n_batches": "int64",
+}
+SEQUENCE_DTYPES: dict[str, str] = {
+    "sequence_index": "int64", "site": "str", "layer": "int64", "point": "str", "role": "str",
+    "n_positions": "int64", "grad_norm_sum": "float64", "grad_norm_sq_sum": "float64", "act_norm_sum": "float64",
+}
+CHANNEL_COLUMNS: tuple[str, ...] = tuple(CHANNEL_DTYPES)
+SUBLAYER_COLUMNS: tuple[str, ...] = tuple(SUBLAYER_DTYPES)
+SEQUENCE_COLUMNS: tuple[str, ...] = tuple(SEQUENCE_DTYPES)
+TABLE_DTYPES: dict[str, dict[str, str]] = {
+    CHANNELS_FILE: CHANNEL_DTYPES, SUBLAYERS_FILE: SUBLAYER_DTYPES, SEQUENCES_FILE: SEQUENCE_DTYPES,
+}
+"""Dtypes of each table of a record run, by file name."""
+
+REQUIRED_META_KEYS: tuple[str, ...] = (
+    "model", "family", "num_layers", "tokenizer", "masking", "loss", "seed", "complete", "versions", "command",
+    "counts",
+)
+"""meta.json keys every reader of a record run relies on (the report's provenance table lists them first)."""
+PROVENANCE_KEYS: tuple[str, ...] = (
+    "complete", "error", "model", "model_path", "family", "model_type", "config_hash", "num_layers", "texts",
+    "masking", "seed", "versions", "command", "wall_s",
+)
+"""meta.json keys written by every corpus job (:func:`gradflow.runs.meta.provenance`)."""
+
+
+def arrow_schema(dtypes: Mapping[str, str]) -> pa.Schema:
+    """The pyarrow schema of a table's ``dtypes`` (column order kept)."""
+    import pyarrow as pa
+
+    types = {"str": pa.string(), "int64": pa.int64(), "float64": pa.float64(), "bool": pa.bool_()}
+    return pa.schema([(name, types[dtype]) for name, dtype in dtypes.items()])
+
+
+# ----------------------------------------------------------------------------------------------
+# Analysis tables (written by reports as tables/<name>.csv)
+# ----------------------------------------------------------------------------------------------
+
+ANALYSIS_COLUMNS: dict[str, tuple[str, ...]] = {
+    "role_ratios": ("layer", "site", "role", "reference", "ratio", "ci_low", "ci_high", "role_mean", "loss_mean",
+                    "n_positions", "n_sequences"),
+    "layer_tests": ("layer", "site", "role", "against", "n_role", "n_against", "median_role", "median_against",
+                    "u_statistic", "p_value", "p_holm", "rank_biserial", "significant"),
+    "sublayer_shares": ("layer", "sublayer", "param", "role", "share", "coverage", "n_positions", "n_nonzero",
+                        "magnitude_sum"),
+    "channel_quantiles": ("layer", "site", "role", "n_positions", "mean", "median", "q05", "q95", "zero_fraction"),
+    "ratio_differences": ("label", "baseline", "layer", "role", "difference", "ci_low", "ci_high", "paired"),
+}
+"""Column order of the analysis tables built from explicit column lists (:mod:`gradflow.analysis`)."""
+
+# ----------------------------------------------------------------------------------------------
+# Diagnostics-run tables and the channel view
+# ----------------------------------------------------------------------------------------------
+
+DIAGNOSTIC_GROUPS: tuple[str, ...] = (LOSS, "context")
+"""The two groups of the input-shift probe."""
+DIAGNOSTIC_ROLES: tuple[str, ...] = (*REPORTED_ROLES, LOSS)
+"""Roles reported in the per-role diagnostics tables (``loss`` = pooled masked + random + kept)."""
+DIAGNOSTIC_COLUMNS: dict[str, tuple[str, ...]] = {
+    "logit_lens": ("layer", "site", "role", "n_positions", "top1_original", "mean_log_prob_original"),
+    "input_shift": ("layer", "site", "n_loss", "n_context", "n_sample_loss", "n_sample_context", "auroc", "auroc_se",
+                    "auroc_ci_low", "auroc_ci_high", "frechet_distance", "mean_shift_sq"),
+    "anisotropy": ("layer", "site", "role", "n_positions", "mean_pairwise_cosine"),
+    "transformation": ("layer", "role", "n_positions", "rel_change_mean", "rel_change_std", "last_block"),
+}
+"""Column order of each diagnostics CSV table."""
+
+EXPLORE_SUBLAYER_COLUMNS: tuple[str, ...] = ("sublayer", "param", "role", "share", "magnitude_sum", "n_positions",
+                                             "n_nonzero")
+"""Fields of each last-block sublayer row the explorer page receives (from ``BatchRecord.sublayer_frame``)."""
+
+CHANNEL_VIEW_COLUMNS: tuple[str, ...] = (
+    "position", "token", "input_token", "role", "site", "layer", "point", "grad_norm", "act_norm",
+    "attribution_sum", "attribution_norm", "ig_sum", "ig_norm",
+)
+"""Column order of ``channel_view.csv`` (one row per site and position of one sentence)."""
+
+# ----------------------------------------------------------------------------------------------
+# Per-sequence sublayer sums and the counterfactual context pressure (issue 14, part 2)
+# ----------------------------------------------------------------------------------------------
+
+SUBLAYER_SEQUENCES_FILE = "sublayer_sequences.parquet"
+"""Per (sequence, layer, sublayer, param, role) sums of the per-position weight-gradient magnitudes.
+
+Written by ``gradflow record`` whenever sublayers are recorded (not with ``--norms-only``); summed
+over sequences it gives ``sublayers.csv``'s ``n_positions`` and (to float32 rounding)
+``magnitude_sum`` of every token role but ``pad``. Optional: not in :data:`RUN_FILES`, older runs
+lack it, and :func:`gradflow.analysis.load_run` does not read it (it can be large)."""
+OPTIONAL_RUN_FILES: tuple[str, ...] = (SUBLAYER_SEQUENCES_FILE,)
+"""Run files a record run may lack; ``--overwrite`` removes them with :data:`RUN_FILES`."""
+SUBLAYER_SEQUENCE_DTYPES: dict[str, str] = {
+    "sequence_index": "int64", "layer": "int64", "sublayer": "str", "param": "str", "role": "str",
+    "n_positions": "int64", "magnitude_sum": "float64",
+}
+SUBLAYER_SEQUENCE_COLUMNS: tuple[str, ...] = tuple(SUBLAYER_SEQUENCE_DTYPES)
+PRESSURE_COLUMNS: tuple[str, ...] = (
+    "layer", "sublayer", "param", "loss", "last_block", "pressure", "ci_low", "ci_high", "context_per_position",
+    "loss_per_position", "n_context", "n_loss", "n_sequences", "earlier_mean", "vs_earlier", "vs_earlier_ci_low",
+    "vs_earlier_ci_high",
+)
+"""Columns of :func:`gradflow.analysis.context_pressure` (one row per layer and sublayer)."""
+ANALYSIS_COLUMNS["context_pressure"] = PRESSURE_COLUMNS
+
+# ----------------------------------------------------------------------------------------------
+# Probe runs (``gradflow probe``)
+# ----------------------------------------------------------------------------------------------
+
+PROBES_FILE = "probes.csv"
+PROBE_DROPS_FILE = "probe_drops.csv"
+PROBE_DTYPES: dict[str, str] = {
+    "model": "str", "task": "str", "regime": "str", "site": "str", "layer": "int64", "depth_fraction": "float64",
+    "split": "str", "accuracy": "float64", "ci_low": "float64", "ci_high": "float64",
+    "control_accuracy": "float64", "selectivity": "float64", "code_length_bits": "float64",
+    "uniform_code_bits": "float64", "compression": "float64", "majority_accuracy": "float64",
+    "best_c": "float64", "n_tokens": "int64", "n_sentences": "int64",
+}
+"""One row per (regime, site) of a probe run: test accuracy with its sentence-bootstrap CI, the
+control task's accuracy, selectivity, and the online code length (bits) of the test labels."""
+PROBE_DROP_DTYPES: dict[str, str] = {
+    "model": "str", "task": "str", "regime": "str", "metric": "str", "last_layer_drop": "float64",
+    "ci_low": "float64", "ci_high": "float64", "last_score": "float64", "best_earlier_score": "float64",
+    "best_earlier_layer": "int64",
+}
+"""One row per (regime, metric) of a probe run: ``score(L) - max_{l<L} score(l)`` with its paired CI."""
+PROBE_REGIMES: tuple[str, ...] = ("unmasked", "masked")
+"""Probe input regimes: every word visible (fine-tuning's regime) or the probed word masked (pretraining's)."""
+PROBE_WORDS_FILE = "probe_words.parquet"
+PROBE_WORD_COLUMNS: tuple[str, ...] = ("regime", "layer", "sentence", "word", "correct")
+"""One row per (regime, block output, test word): was the probe right? For paired model comparisons."""
+PROBE_DIFFERENCES_FILE = "probe_drop_differences.csv"
+PROBE_DIFFERENCE_COLUMNS: tuple[str, ...] = ("task", "regime", "metric", "label", "baseline", "difference", "ci_low",
+                                             "ci_high", "n_words", "n_sentences")
+"""``gradflow compare`` of probe directories: last-layer drop of ``label`` minus the baseline's, paired CI."""
+PROBE_COLUMNS: tuple[str, ...] = tuple(PROBE_DTYPES)
+PROBE_DROP_COLUMNS: tuple[str, ...] = tuple(PROBE_DROP_DTYPES)
+
+# ----------------------------------------------------------------------------------------------
+# The atlas across checkpoints (``gradflow atlas``)
+# ----------------------------------------------------------------------------------------------
+
+ATLAS_FILE = "atlas.csv"
+ATLAS_DONE_FILE = "atlas_done.json"
+"""Completion marker of one model's atlas directory, written last (a directory without it is redone)."""
+ATLAS_STARTED_FILE = "atlas_started.json"
+"""Written first into a model's atlas directory: marks it as the atlas's own (safe to replace when unfinished)."""
+ATLAS_DTYPES: dict[str, str] = {
+    "model": "str", "family": "str", "n_layers": "int64", "depth_fraction": "float64", "metric": "str",
+    "value": "float64", "ci_low": "float64", "ci_high": "float64",
+}
+"""One row per (model, metric, depth) of ``atlas.csv``: ``depth_fraction`` = layer / n_layers (0 = embeddings
+output, 1 = the last block); ``ci_low``/``ci_high`` NaN where the metric has no interval."""
+ATLAS_COLUMNS: tuple[str, ...] = tuple(ATLAS_DTYPES)
+ATLAS_METRICS: dict[str, str] = {
+    "context_loss_ratio": "context / loss-position mean gradient norm at each block output (95% sequence-bootstrap CI)",
+    "context_share": "context share of a sublayer's weight-gradient signal, per block (``context_share:<sublayer>``)",
+    "logit_lens_top1_context": "logit-lens top-1 recovery of the original token at context positions, per layer",
+    "probe_accuracy": "linear-probe test accuracy of unmasked word features per layer (``probe_accuracy:<task>``, "
+                      "95% sentence-bootstrap CI)",
+    "pressure": "counterfactual context pressure of a sublayer under the all-positions loss, per block "
+                "(``pressure:<sublayer>``, 95% sequence-bootstrap CI)",
+    "skippable_flop_share": "share of one batch's forward+backward matmul FLOPs the last block spends where it gets "
+                            "exactly zero gradient (gradflow check)",
+    "theory_disagreements": "(block, sublayer) pairs where gradflow check's measured zeros disagree with the theory",
+}
+"""Metric kinds of ``atlas.csv`` in row order (a ``kind:detail`` metric is listed under its kind)."""
+ATLAS_STEP_DIRS: dict[str, str] = {"record": "record", "pressure": "pressure", "check": "check",
+                                   "diagnostics": "diagnostics", "probes": "probes"}
+"""Step -> its output directory inside a model's atlas directory (each step's own files and meta.json)."""
+CHECK_FILE = "check.json"
+"""``gradflow check --json``'s object, as the atlas's check step writes it."""
+
+__all__ = [
+    "ANALYSIS_COLUMNS", "ATLAS_COLUMNS", "ATLAS_DONE_FILE", "ATLAS_DTYPES", "ATLAS_FILE", "ATLAS_METRICS",
+    "ATLAS_STARTED_FILE", "ATLAS_STEP_DIRS", "CHANNELS_FILE", "CHECK_FILE", "CHANNEL_COLUMNS", "CHANNEL_DTYPES", "CHANNEL_VIEW_COLUMNS",
+    "EXPLORE_SUBLAYER_COLUMNS",
+    "DIAGNOSTIC_COLUMNS", "DIAGNOSTIC_GROUPS", "DIAGNOSTIC_ROLES", "LOSS", "LOSS_ROLES", "META_FILE", "PARAMS",
+    "POINTS", "PROBES_FILE", "PROBE_COLUMNS", "PROBE_DROPS_FILE", "PROBE_DROP_COLUMNS",
+    "PROBE_DROP_DTYPES", "PROBE_DTYPES", "PROBE_REGIMES", "PROBE_WORDS_FILE", "PROBE_WORD_COLUMNS",
+    "PROBE_DIFFERENCES_FILE", "PROBE_DIFFERENCE_COLUMNS", "PROVENANCE_KEYS", "REPORTED_ROLES", "REQUIRED_META_KEYS", "RUN_FILES", "SEQUENCES_FILE",
+    "SEQUENCE_COLUMNS", "SEQUENCE_DTYPES", "SUBLAYERS_FILE", "SUBLAYER_COLUMNS", "SUBLAYER_DTYPES", "SUBLAYER_ORDER",
+    "OPTIONAL_RUN_FILES", "PRESSURE_COLUMNS", "SUBLAYER_SEQUENCES_FILE", "SUBLAYER_SEQUENCE_COLUMNS",
+    "SUBLAYER_SEQUENCE_DTYPES",
+    "TABLE_DTYPES", "arrow_schema", "role_rank", "sorted_sublayers", "sublayer_key", "sublayer_rank",
+]
