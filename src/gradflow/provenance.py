@@ -1,14 +1,18 @@
-"""Portable paths for provenance (meta.json, result.json, plan.json, summary.md, ...).
+"""Provenance: portable paths and the source revision (meta.json, result.json, plan.json, summary.md, ...).
 
 Outputs are committed and compared across machines, so a path recorded in them must not be a
 machine's absolute path. :func:`portable_path` is the one rule every writer uses;
 :func:`portable_command` applies it to the paths in a recorded command line.
+:func:`source_revision` names the code that made a number: the git commit of the checkout gradflow
+runs from (``+dirty`` when it has uncommitted changes), or ``"unknown"`` for an installed wheel.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import shlex
+import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -16,6 +20,25 @@ PACKAGE_PREFIX = "gradflow:"
 CACHE_PREFIX = "gradflow-cache:"
 EXTERNAL_PREFIX = "external:"
 _PREFIXES = (PACKAGE_PREFIX, CACHE_PREFIX, EXTERNAL_PREFIX)
+
+
+@functools.lru_cache(maxsize=1)
+def source_revision() -> str:
+    """The git commit gradflow's source is at (40 hex digits, ``+dirty`` if the checkout has changes
+    under ``src/``), or ``"unknown"`` outside a git checkout of gradflow (a wheel install: its version
+    then pins the code)."""
+    package = _package_root()
+    top = package.parents[1]  # <checkout>/src/gradflow -> <checkout>
+    if not (top / ".git").exists() or not (top / "pyproject.toml").exists():
+        return "unknown"
+    try:
+        head = subprocess.run(["git", "-C", str(top), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              timeout=10, check=True).stdout.strip()
+        changes = subprocess.run(["git", "-C", str(top), "status", "--porcelain", "--", "src"], capture_output=True,
+                                 text=True, timeout=10, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return f"{head}+dirty" if changes else head
 
 
 def _package_root() -> Path:
