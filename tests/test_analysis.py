@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 
 from gradflow import analysis as A
+from gradflow import schema as S
 from gradflow.analysis import RunError
 from synthetic_runs import default_context_ratios, make_run_tables, write_run, write_tables
 
@@ -158,8 +159,7 @@ def test_context_ratio_near_truth_and_zero_in_last_block(tmp_path):
 
 def test_role_ratios_masked_near_one_and_columns(run):
     rat = A.role_ratios(run, n_resamples=B)
-    assert list(rat.columns) == ["layer", "site", "role", "reference", "ratio", "ci_low", "ci_high", "role_mean",
-                                 "loss_mean", "n_positions", "n_sequences"]
+    assert tuple(rat.columns) == S.ANALYSIS_COLUMNS["role_ratios"]
     assert set(rat["role"]) == {"masked", "random", "kept", "context", "special"}
     masked = rat[rat["role"] == "masked"]
     assert np.allclose(masked["ratio"], 1.0, atol=0.15)
@@ -196,7 +196,7 @@ def test_layer_tests_not_significant_on_known_equal(tmp_path):
 
 def test_channel_quantiles(run):
     q = A.channel_quantiles(run)
-    assert list(q.columns) == ["layer", "site", "role", "n_positions", "mean", "median", "q05", "q95", "zero_fraction"]
+    assert tuple(q.columns) == S.ANALYSIS_COLUMNS["channel_quantiles"]
     assert (q["q05"] <= q["median"]).all() and (q["median"] <= q["q95"]).all()
 
 
@@ -231,6 +231,20 @@ def test_last_block_deficit(run):
     assert list(d.index[:3]) == ["attn.q", "attn.k", "attn.v"]
 
 
+def test_every_analysis_table_has_the_schema_columns(run):
+    tables = {"role_profile": A.role_profile(run, n_resamples=20), "role_ratios": A.role_ratios(run, n_resamples=20),
+              "layer_tests": A.layer_tests(run), "sublayer_shares": A.sublayer_shares(run),
+              "last_block": A.last_block_deficit(run), "channel_quantiles": A.channel_quantiles(run),
+              "context_share": A.context_share(run)}
+    expected = {**S.ANALYSIS_COLUMNS, "context_share": S.ANALYSIS_COLUMNS["sublayer_shares"]}
+    for name, frame in tables.items():
+        assert tuple(frame.columns) == expected[name], name
+        assert len(frame) > 0, name
+    # a test with no sequences of either role is empty, with the columns all the same (was: no columns)
+    empty = A.layer_tests(run, role="relpos", against="relpos")
+    assert empty.empty and tuple(empty.columns) == S.ANALYSIS_COLUMNS["layer_tests"]
+
+
 def test_relpos_role_is_accepted(tmp_path):
     r = A.load_run(write_run(tmp_path / "rel", num_layers=2, n_sequences=6, relpos=True))
     shares = A.sublayer_shares(r)
@@ -256,6 +270,17 @@ def test_compare_identical_runs_gives_zero_difference(tmp_path):
     assert d["paired"].all() and set(d["label"]) == {"b"} and set(d["baseline"]) == {"a"}
     assert np.allclose(d["difference"], 0) and np.allclose(d["ci_low"], 0) and np.allclose(d["ci_high"], 0)
     assert np.allclose(comp.shares["share_difference"], 0)
+
+
+def test_comparison_tables_have_the_schema_columns(tmp_path):
+    a = A.load_run(write_run(tmp_path / "a", num_layers=2, n_sequences=8))
+    b = A.load_run(write_run(tmp_path / "b", num_layers=2, n_sequences=8, seed=3))
+    comp = A.compare_runs([a, b], ["a", "b"], n_resamples=20)
+    fields = {"layer_tests": "tests"}
+    for name, columns in S.COMPARISON_TABLES.items():
+        if name != "context_pressure":  # drawn by gradflow.figures.pressure, not a Comparison field
+            frame = getattr(comp, fields.get(name, name))
+            assert tuple(frame.columns) == columns and len(frame) > 0, name
 
 
 def test_compare_detects_known_difference(tmp_path):

@@ -10,9 +10,10 @@ import pytest
 import torch
 
 from conftest import SAMPLE_LINES
+from gradflow import schema
 from gradflow.hooks.recorder import GradFlowRecorder
-from gradflow.inputs.masking import MaskedBatch
-from gradflow.interventions.callback import CSV_COLUMNS, GradFlowCallback, _param_groups, mlm_roles
+from gradflow.inputs.masking import MaskedBatch, mlm_roles
+from gradflow.interventions.callback import GradFlowCallback, _param_groups
 from gradflow.roles import Role
 
 pytest.importorskip("accelerate", reason="transformers.Trainer needs accelerate")
@@ -153,9 +154,11 @@ def test_drift_equals_direct(trained):
 def test_csv_and_trainer_log(trained):
     _, _, callback, _, trainer = trained
     frame = pd.read_csv(callback.csv_path)
-    assert tuple(frame.columns) == CSV_COLUMNS
+    assert callback.csv_path.name == schema.CALLBACK_FILE
+    assert tuple(frame.columns) == schema.CALLBACK_COLUMNS
+    assert all(tuple(row) == schema.CALLBACK_COLUMNS for row in callback.rows)
     assert len(frame) == len(callback.rows)
-    assert set(frame.quantity) == {"grad_norm", "drift", "hidden_grad_mean", "n_positions"}
+    assert set(frame.quantity) == set(schema.CALLBACK_QUANTITIES)
     logged = [h for h in trainer.state.log_history if "gradflow/blocks.1/grad_norm" in h]
     assert [h["step"] for h in logged] == [1, 2]
     assert "gradflow/blocks.1/grad_norm/masked" in logged[0]
@@ -179,16 +182,6 @@ def test_gradient_accumulation_sums_micro_batches(tiny_mlm_dir, tmp_path):
         value = math.sqrt(sum(float(spy.grads[1][id(p)].pow(2).sum()) for p in g.params if id(p) in spy.grads[1]))
         assert logged[g.name] == pytest.approx(value, rel=1e-5), g.name
     assert {r["role"] for r in callback.rows if r["quantity"] == "grad_norm"} > {"all", "masked", "context"}
-
-
-def test_mlm_roles_by_hand():
-    ids = torch.tensor([[2, 4, 9, 11, 3, 0]])
-    labels = torch.tensor([[-100, 8, 10, 11, -100, -100]])
-    mask = torch.tensor([[1, 1, 1, 1, 1, 0]])
-    roles = mlm_roles(ids, labels, mask, mask_token_id=4, special_ids=(0, 2, 3))
-    assert roles.tolist() == [[Role.SPECIAL, Role.MASKED, Role.RANDOM, Role.KEPT, Role.SPECIAL, Role.PAD]]
-    roles = mlm_roles(ids, labels, mask)  # no tokenizer: random counts as masked, specials as context
-    assert roles.tolist() == [[Role.CONTEXT, Role.MASKED, Role.MASKED, Role.KEPT, Role.CONTEXT, Role.PAD]]
 
 
 def test_param_groups_name_a_shared_layer_by_its_depth_range():

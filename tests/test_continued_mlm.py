@@ -9,10 +9,9 @@ import pytest
 import torch
 
 from conftest import SAMPLE_LINES, build_tiny_mlm_dir
+from gradflow import schema
 from gradflow.errors import GradflowError
-from gradflow.interventions.callback import CSV_COLUMNS, CSV_NAME
 from gradflow.interventions.finetune import FinetuneConfig, Task, continue_mlm, finetune
-from gradflow.interventions.finetune.continued import LOG_NAME, META_NAME
 from gradflow.roles import LOSS_ROLES
 
 pytest.importorskip("accelerate", reason="transformers.Trainer needs accelerate")
@@ -34,11 +33,12 @@ def continued(tmp_path_factory):
 
 def test_mlm_loss_goes_down(continued):
     _, out, _ = continued
-    log = pd.read_csv(out / LOG_NAME)
+    log = pd.read_csv(out / schema.MLM_LOG_FILE)
+    assert tuple(log.columns) == schema.MLM_LOG_COLUMNS
     assert list(log.step) == list(range(1, STEPS + 1))
     first, last = log.loss.head(5).mean(), log.loss.tail(5).mean()
     assert last < first - 0.5, (first, last)
-    meta = json.loads((out / META_NAME).read_text())
+    meta = json.loads((out / schema.CONTINUED_META_FILE).read_text())
     assert meta["steps"] == STEPS and meta["texts"] == 40
 
 
@@ -68,8 +68,8 @@ def test_saved_model_reloads_float32_and_changed(continued):
 
 def test_callback_csv_last_block(continued):
     _, out, _ = continued
-    frame = pd.read_csv(out / CSV_NAME)
-    assert tuple(frame.columns) == CSV_COLUMNS
+    frame = pd.read_csv(out / schema.CALLBACK_FILE)
+    assert tuple(frame.columns) == schema.CALLBACK_COLUMNS
     assert sorted(frame.step.unique()) == [1] + list(range(EVERY, STEPS + 1, EVERY))
     last = f"blocks.{LAYERS - 1}"
     hidden = frame[frame.quantity == "hidden_grad_mean"]

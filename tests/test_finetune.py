@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from conftest import SAMPLE_LINES
+from gradflow import schema
 from gradflow.errors import GradflowError
 from gradflow.interventions.finetune import (
     FinetuneConfig,
@@ -137,11 +138,11 @@ def test_token_task_loss_decreases(tiny_mlm_dir, tmp_path):
     first, last = sum(result.train_loss[:5]) / 5, sum(result.train_loss[-5:]) / 5
     assert last < 0.5 * first
     assert result.final["validation"]["entity_f1"] > 0.9
-    frame = pd.read_csv(tmp_path / "run" / "eval.csv")
-    assert list(frame.columns) == ["step", "split", "metric", "value"]
+    frame = pd.read_csv(tmp_path / "run" / schema.EVAL_FILE)
+    assert tuple(frame.columns) == schema.EVAL_COLUMNS
     assert sorted(frame.step.unique()) == [10, 20, 30]
     assert {"loss", "entity_f1", "precision", "recall", "accuracy"} <= set(frame[frame.split == "validation"].metric)
-    saved = json.loads((tmp_path / "run" / "result.json").read_text())
+    saved = json.loads((tmp_path / "run" / schema.FINETUNE_RESULT_FILE).read_text())
     assert saved["final"]["test"]["entity_f1"] == pytest.approx(result.final["test"]["entity_f1"])
 
 

@@ -6,8 +6,10 @@ import math
 
 import pytest
 import torch
+from transformers import AutoTokenizer
 
-from gradflow.inputs.masking import BertMasking, ExplicitMasking, TokenizerInfo, mask_sequence
+from conftest import SAMPLE_LINES
+from gradflow.inputs.masking import BertMasking, ExplicitMasking, TokenizerInfo, mask_batch, mask_sequence, mlm_roles
 from gradflow.roles import Role
 
 INFO = TokenizerInfo(mask_token_id=4, vocab_size=100, special_ids=(0, 1, 2, 3, 4), pad_token_id=0)
@@ -109,3 +111,26 @@ def test_policy_validation():
         BertMasking(split=(0.5, 0.1, 0.1))
     with pytest.raises(ValueError, match="rate"):
         BertMasking(rate=0.0)
+
+
+def test_mlm_roles_by_hand():
+    ids = torch.tensor([[2, 4, 9, 11, 3, 0]])
+    labels = torch.tensor([[-100, 8, 10, 11, -100, -100]])
+    mask = torch.tensor([[1, 1, 1, 1, 1, 0]])
+    roles = mlm_roles(ids, labels, mask, mask_token_id=4, special_ids=(0, 2, 3))
+    assert roles.tolist() == [[Role.SPECIAL, Role.MASKED, Role.RANDOM, Role.KEPT, Role.SPECIAL, Role.PAD]]
+    roles = mlm_roles(ids, labels, mask)  # no tokenizer: random counts as masked, specials as context
+    assert roles.tolist() == [[Role.CONTEXT, Role.MASKED, Role.MASKED, Role.KEPT, Role.CONTEXT, Role.PAD]]
+
+
+def test_mlm_roles_recover_the_roles_mask_batch_drew(tiny_mlm_dir):
+    """Roles read back from a masked batch's labels are the drawn ones, except a random draw of the original
+    token (kept: the labels cannot tell) and [UNK] (left out of the special ids here: masking keeps it a word)."""
+    tok = AutoTokenizer.from_pretrained(tiny_mlm_dir)
+    batch = mask_batch(tok, SAMPLE_LINES * 3, BertMasking(rate=0.4, seed=1), max_length=64)
+    specials = tuple(i for i in tok.all_special_ids if i != tok.unk_token_id)
+    back = mlm_roles(batch.input_ids, batch.labels, batch.attention_mask, tok.mask_token_id, specials)
+    lucky = (batch.roles == Role.RANDOM) & (batch.input_ids == batch.original_ids)
+    assert torch.equal(back[~lucky], batch.roles[~lucky])
+    assert (back[lucky] == Role.KEPT).all()
+    assert set(back.unique().tolist()) >= {Role.MASKED, Role.RANDOM, Role.KEPT, Role.CONTEXT, Role.SPECIAL}

@@ -8,14 +8,21 @@ matplotlib.use("Agg")
 
 import matplotlib as mpl  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 
+from gradflow import schema  # noqa: E402
 from gradflow.analysis import RunError  # noqa: E402
 from gradflow.figures import canvas, report  # noqa: E402
 from synthetic_runs import write_run  # noqa: E402
 
 FIGURES = ("depth_profile", "ratio_heatmap", "last_block", "distributions", "context_coverage", "context_share")
 FAST = dict(n_resamples=60)
+
+
+def _written_tables(out) -> dict[str, tuple[str, ...]]:
+    """Name -> header of every ``tables/<name>.csv`` under ``out``."""
+    return {p.stem: tuple(pd.read_csv(p).columns) for p in sorted((out / "tables").glob("*.csv"))}
 
 
 @pytest.fixture(autouse=True)
@@ -46,6 +53,8 @@ def test_write_report_writes_figures_tables_and_summary(tmp_path, banners):
     for fig in FIGURES:
         assert f"{fig}.pdf" in names and f"{fig}.png" in names
     assert "role_ratios.csv" in names and "layer_tests.csv" in names
+    tables = _written_tables(tmp_path / "out")  # every table but context_pressure (mlm run), schema columns
+    assert tables == {k: v for k, v in schema.REPORT_TABLES.items() if k != "context_pressure"}
     summary = (tmp_path / "out" / "summary.md").read_text()
     assert summary.startswith("# gradflow report: synthetic/bert-tiny")
     assert "| layer | site | context / loss [95% CI]" in summary
@@ -98,7 +107,18 @@ def test_write_comparison(tmp_path, banners):
     summary = (tmp_path / "out" / "summary.md").read_text()
     assert "all − mlm" in summary and "### mlm" in summary and "### all" in summary
     assert "incomplete run(s): all" in summary.splitlines()[2]
+    tables = _written_tables(tmp_path / "out")
+    assert tables == {k: v for k, v in schema.COMPARISON_TABLES.items() if k != "context_pressure"}
     assert len(banners) == 3 and all("all" in b for b in banners)
+
+
+def test_pressure_table_has_the_schema_columns():
+    from gradflow.figures.pressure import pressure_csv
+
+    rows = pd.DataFrame([dict.fromkeys(schema.PRESSURE_COLUMNS, 0.0)])
+    tables = pressure_csv({"mlm": rows, "all": rows})
+    assert tuple(tables["context_pressure"].columns) == schema.REPORT_TABLES["context_pressure"]
+    assert schema.COMPARISON_TABLES["context_pressure"] == schema.REPORT_TABLES["context_pressure"]
 
 
 def test_comparison_rejects_different_tokenizers(tmp_path):

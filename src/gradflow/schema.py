@@ -1,8 +1,8 @@
-"""The run-directory contract: file names, columns with their dtypes and order, role/sublayer/param order.
+"""The file contract: names, columns (dtypes, order, meaning) of every table gradflow writes; role/sublayer order.
 
 A leaf (it imports only :mod:`gradflow.roles` and the sublayer names of :mod:`gradflow.adapters.base`), so
-every layer may import it. Writers (:mod:`gradflow.runs`) and readers (:mod:`gradflow.analysis`, :mod:`gradflow.figures`) use
-these names and sort keys and never spell a column list or an order of their own.
+every layer may import it. Writers (:mod:`gradflow.runs`, :mod:`gradflow.interventions`, :mod:`gradflow.analysis`)
+and readers use these names and sort keys and never spell a column list or an order of their own.
 
 Record runs (``gradflow record``):
 
@@ -14,7 +14,10 @@ Record runs (``gradflow record``):
 - ``meta.json``: model, masking, seed, counts, versions, the command.
 
 Diagnostics runs (``gradflow diagnose``): ``logit_lens.csv``, ``input_shift.csv``,
-``anisotropy.csv``, ``transformation.csv`` and ``meta.json``.
+``anisotropy.csv``, ``transformation.csv`` and ``meta.json``. Reports and comparisons
+(``gradflow report``/``compare``): ``tables/<name>.csv`` (:data:`REPORT_TABLES`, :data:`COMPARISON_TABLES`).
+Training logs (:mod:`gradflow.interventions`): ``gradflow_callback.csv``, ``new_rows.csv``, ``eval.csv``,
+``mlm_log.csv``. Probe and atlas directories: see their sections.
 
 Dtypes are ``"str"``, ``"int64"``, ``"float64"`` or ``"bool"``. Readers coerce the ``str`` and
 ``int64`` columns (the keys and counts); float columns are read as written.
@@ -130,16 +133,55 @@ def arrow_schema(dtypes: Mapping[str, str]) -> pa.Schema:
 # ----------------------------------------------------------------------------------------------
 
 ANALYSIS_COLUMNS: dict[str, tuple[str, ...]] = {
+    "role_profile": ("layer", "site", "role", "n_positions", "n_sequences", "grad_norm_mean", "ci_low", "ci_high",
+                     "zero_fraction"),
     "role_ratios": ("layer", "site", "role", "reference", "ratio", "ci_low", "ci_high", "role_mean", "loss_mean",
                     "n_positions", "n_sequences"),
     "layer_tests": ("layer", "site", "role", "against", "n_role", "n_against", "median_role", "median_against",
                     "u_statistic", "p_value", "p_holm", "rank_biserial", "significant"),
     "sublayer_shares": ("layer", "sublayer", "param", "role", "share", "coverage", "n_positions", "n_nonzero",
                         "magnitude_sum"),
+    "last_block": ("layer", "sublayer", "param", "role", "share", "earlier_mean", "earlier_min", "earlier_max",
+                   "ratio_to_earlier", "coverage", "earlier_coverage_mean", "exact_zero", "n_earlier"),
     "channel_quantiles": ("layer", "site", "role", "n_positions", "mean", "median", "q05", "q95", "zero_fraction"),
     "ratio_differences": ("label", "baseline", "layer", "role", "difference", "ci_low", "ci_high", "paired"),
 }
-"""Column order of the analysis tables built from explicit column lists (:mod:`gradflow.analysis`)."""
+"""Column order of each table :mod:`gradflow.analysis` builds, by name: :func:`~gradflow.analysis.role_profile`,
+``role_ratios``, ``layer_tests``, ``sublayer_shares``, ``last_block`` (``last_block_deficit``), ``channel_quantiles``,
+``ratio_differences`` (``compare_runs``), ``context_pressure`` (below). :data:`ANALYSIS_NOTES` explains the columns."""
+ANALYSIS_NOTES: dict[str, str] = {
+    "role": "a position role, or ``loss``: masked + random + kept pooled by positions",
+    "n_sequences": "sequences with at least one position of the role",
+    "grad_norm_mean": "gradient norm at the site averaged over all the role's positions (pooled, not per sequence)",
+    "ci_low": "lower end of the 95% percentile bootstrap interval over sequences (NaN from one sequence)",
+    "ci_high": "upper end of that interval",
+    "zero_fraction": "fraction of the role's positions with exactly zero gradient (channels.csv; NaN for ``loss``)",
+    "reference": "the denominator's role: always ``loss``",
+    "ratio": "``role_mean / loss_mean`` (NaN where ``loss_mean`` is 0)",
+    "role_mean": "``grad_norm_mean`` of the role (``loss_mean``: of ``loss``, the ratio's denominator)",
+    "against": "the role ``role`` is tested against (``masked``)",
+    "n_role": "sequences with positions of ``role`` (per-sequence means are the test's sample; also ``n_against``)",
+    "median_role": "median over sequences of the per-sequence mean gradient norm of ``role`` (``median_against``: "
+                   "of ``against``)",
+    "u_statistic": "Mann-Whitney U of ``role`` against ``against`` (two-sided test)",
+    "p_holm": "``p_value`` Holm-corrected across the layers",
+    "rank_biserial": "effect size in [-1, 1]: > 0 when ``role`` tends larger",
+    "significant": "``p_holm < 0.05`` (the test's ``alpha``)",
+    "share": "the role's fraction of the summed per-position magnitudes ``||g_t|| ||x_t||`` of the parameter gradient",
+    "coverage": "fraction of the role's positions whose contribution to the parameter's gradient is non-zero",
+    "earlier_mean": "the same sublayer's mean share over the earlier blocks 1..L-1 (``earlier_min``/``_max``: range)",
+    "ratio_to_earlier": "``share / earlier_mean``: 0 when the last block's sublayer gets nothing from the role",
+    "earlier_coverage_mean": "mean of the same sublayer's coverage over the earlier blocks 1..L-1",
+    "exact_zero": "``share`` is exactly 0 (a structural zero, not a small number)",
+    "n_earlier": "number of earlier blocks behind the ``earlier_*`` columns (0: one-block model, they are NaN)",
+    "mean": "channels.csv's ``grad_norm_mean`` under a short name (``median``, ``q05``, ``q95`` likewise)",
+    "label": "the run's label in a comparison (``baseline``: the label of the run differences are taken to)",
+    "difference": "``ratio`` of the run minus the baseline's, same layer and role; the CI is of the difference",
+    "paired": "both runs measured the same sequences and were resampled together",
+    "relative_depth": "``layer`` / the run's number of blocks",
+    "share_difference": "``share`` minus the baseline run's at the same keys (``coverage_difference`` likewise)",
+}
+"""What the analysis columns whose name does not say it all mean (a name means the same in every table)."""
 
 # ----------------------------------------------------------------------------------------------
 # Diagnostics-run tables and the channel view
@@ -193,6 +235,38 @@ PRESSURE_COLUMNS: tuple[str, ...] = (
 )
 """Columns of :func:`gradflow.analysis.context_pressure` (one row per layer and sublayer)."""
 ANALYSIS_COLUMNS["context_pressure"] = PRESSURE_COLUMNS
+
+REPORT_TABLES: dict[str, tuple[str, ...]] = {
+    **{name: ANALYSIS_COLUMNS[name] for name in ("role_profile", "role_ratios", "layer_tests", "sublayer_shares",
+                                                  "last_block", "channel_quantiles")},
+    "context_pressure": ("label", *PRESSURE_COLUMNS),
+}
+"""``gradflow report``'s ``tables/<name>.csv`` -> columns (``context_pressure`` only for a run recorded under a loss
+other than ``mlm`` with ``sublayer_sequences.parquet``)."""
+COMPARISON_TABLES: dict[str, tuple[str, ...]] = {
+    "profiles": ("label", *ANALYSIS_COLUMNS["role_profile"], "relative_depth"),
+    "ratios": ("label", *ANALYSIS_COLUMNS["role_ratios"], "relative_depth"),
+    "ratio_differences": ANALYSIS_COLUMNS["ratio_differences"],
+    "shares": ("label", *ANALYSIS_COLUMNS["sublayer_shares"], "share_difference", "coverage_difference"),
+    "last_block": ("label", *ANALYSIS_COLUMNS["last_block"], "share_difference"),
+    "layer_tests": ("label", *ANALYSIS_COLUMNS["layer_tests"]),
+    "context_pressure": REPORT_TABLES["context_pressure"],
+}
+"""``gradflow compare``'s ``tables/<name>.csv`` -> columns: every run's rows under its ``label`` (the
+:class:`gradflow.analysis.Comparison` field of the same name; ``layer_tests`` is ``tests``), differences to the
+baseline run; ``shares`` holds the context role only."""
+
+
+def conform(frame, columns: Sequence[str], table: str):
+    """``frame`` (a DataFrame) with exactly ``columns`` in that order; an empty frame gets them. A non-empty frame
+    with other columns raises ``ValueError`` naming ``table``: its builder is out of step with this contract."""
+    if len(frame) == 0:
+        return frame.reindex(columns=list(columns))
+    if set(frame.columns) != set(columns):
+        odd = sorted(set(frame.columns).symmetric_difference(columns))
+        raise ValueError(f"{table}: columns {odd} differ from gradflow.schema's ({', '.join(columns)})")
+    return frame[list(columns)]
+
 
 # ----------------------------------------------------------------------------------------------
 # Probe runs (``gradflow probe``)
@@ -262,16 +336,73 @@ ATLAS_STEP_DIRS: dict[str, str] = {"record": "record", "pressure": "pressure", "
 CHECK_FILE = "check.json"
 """``gradflow check --json``'s object, as the atlas's check step writes it."""
 
+# ----------------------------------------------------------------------------------------------
+# Training logs (:mod:`gradflow.interventions`): the callback, new vocabulary rows, fine-tuning, continued MLM
+# ----------------------------------------------------------------------------------------------
+
+CALLBACK_FILE = "gradflow_callback.csv"
+CALLBACK_FIELDS: dict[str, str] = {
+    "step": "optimizer step s (global_step s-1 -> s): gradients at the weights after step s-1, drift after step s",
+    "group": "parameter group: ``embeddings``, a block (``blocks.3``; ALBERT's shared one ``blocks.0-11``), ``other``",
+    "role": "position role of a per-role row (from the batch's labels), ``all`` for a whole group",
+    "quantity": "one of :data:`CALLBACK_QUANTITIES`",
+    "value": "the quantity's value (a float, counts included)",
+}
+"""``GradFlowCallback``'s log (fine-tuning, continued MLM, repair): one row per (step, group, role, quantity)."""
+CALLBACK_QUANTITIES: dict[str, str] = {
+    "grad_norm": "role ``all``: L2 norm of the group's gradient before clipping (summed over accumulation "
+                 "micro-batches); per role: ``sqrt(sum over the block's sublayers of ||G_r||^2)``, role r's part",
+    "drift": "role ``all``: ``||W - W0|| / ||W0||`` over the group's parameters after the step, W0 the weights at "
+             "train start: distance moved relative to the initial norm, comparable across groups of any size",
+    "hidden_grad_mean": "per role: mean norm of the loss gradient w.r.t. the group's output (embeddings or block "
+                        "output) over the role's positions, in the step's first micro-batch",
+    "n_positions": "per role: the role's positions in that micro-batch",
+}
+"""The quantities of the callback's log (per-role rows only for MLM batches)."""
+CALLBACK_COLUMNS: tuple[str, ...] = tuple(CALLBACK_FIELDS)
+NEW_ROWS_FILE = "new_rows.csv"
+NEW_ROWS_FIELDS: dict[str, str] = {
+    "step": "optimizer step (numbered as in the callback's log); rows come from the step's first micro-batch",
+    "side": "``input``: dL/de at the positions that read a new token; ``output``: the decoder rows' gradient "
+            "``sum_t dL/dz[t, v] h[t]`` from every loss position",
+    "role": "role of the reading (input) or loss (output) position; ``all``: the side's whole gradient",
+    "grad_norm": "``sqrt(sum over the new rows v of ||g_v||^2)``",
+    "n_positions": "positions that contributed",
+}
+"""``NewRowsCallback``'s log (continued MLM with new words): where new vocabulary rows get their gradient."""
+NEW_ROWS_COLUMNS: tuple[str, ...] = tuple(NEW_ROWS_FIELDS)
+EVAL_FILE = "eval.csv"
+EVAL_FIELDS: dict[str, str] = {
+    "step": "optimizer step of the evaluation",
+    "split": "``train`` (its loss since the previous evaluation) or the evaluated split",
+    "metric": "``loss``, the task's metrics, ``dropped_words`` (words truncation cut off)",
+    "value": "the metric's value",
+}
+"""A fine-tuning run's evaluation history, rewritten after every evaluation (``gradflow finetune``)."""
+EVAL_COLUMNS: tuple[str, ...] = tuple(EVAL_FIELDS)
+FINETUNE_RESULT_FILE = "result.json"
+"""A fine-tuning run's config, surgery, parameter counts and final metrics (paths portable)."""
+MLM_LOG_FILE = "mlm_log.csv"
+MLM_LOG_FIELDS: dict[str, str] = {
+    "step": "optimizer step", "loss": "training MLM loss of one micro-batch", "learning_rate": "the rate it used",
+}
+"""Continued MLM's loss log: one row per training micro-batch."""
+MLM_LOG_COLUMNS: tuple[str, ...] = tuple(MLM_LOG_FIELDS)
+CONTINUED_META_FILE = "continued.json"
+"""Continued MLM's arguments, counts, timings and final loss."""
+
 __all__ = [
-    "ANALYSIS_COLUMNS", "ATLAS_COLUMNS", "ATLAS_DONE_FILE", "ATLAS_DTYPES", "ATLAS_FILE", "ATLAS_METRICS",
-    "ATLAS_STARTED_FILE", "ATLAS_STEP_DIRS", "CHANNELS_FILE", "CHECK_FILE", "CHANNEL_COLUMNS", "CHANNEL_DTYPES", "CHANNEL_VIEW_COLUMNS",
-    "EXPLORE_SUBLAYER_COLUMNS",
-    "DIAGNOSTIC_COLUMNS", "DIAGNOSTIC_GROUPS", "DIAGNOSTIC_ROLES", "LOSS", "LOSS_ROLES", "META_FILE", "PARAMS",
-    "POINTS", "PROBES_FILE", "PROBE_COLUMNS", "PROBE_DROPS_FILE", "PROBE_DROP_COLUMNS",
-    "PROBE_DROP_DTYPES", "PROBE_DTYPES", "PROBE_REGIMES", "PROBE_WORDS_FILE", "PROBE_WORD_COLUMNS",
-    "PROBE_DIFFERENCES_FILE", "PROBE_DIFFERENCE_COLUMNS", "PROVENANCE_KEYS", "REPORTED_ROLES", "REQUIRED_META_KEYS", "RUN_FILES", "SEQUENCES_FILE",
-    "SEQUENCE_COLUMNS", "SEQUENCE_DTYPES", "SUBLAYERS_FILE", "SUBLAYER_COLUMNS", "SUBLAYER_DTYPES", "SUBLAYER_ORDER",
-    "OPTIONAL_RUN_FILES", "PRESSURE_COLUMNS", "SUBLAYER_SEQUENCES_FILE", "SUBLAYER_SEQUENCE_COLUMNS",
-    "SUBLAYER_SEQUENCE_DTYPES",
-    "TABLE_DTYPES", "arrow_schema", "role_rank", "sorted_sublayers", "sublayer_key", "sublayer_rank",
+    "ANALYSIS_COLUMNS", "ANALYSIS_NOTES", "ATLAS_COLUMNS", "ATLAS_DONE_FILE", "ATLAS_DTYPES", "ATLAS_FILE",
+    "ATLAS_METRICS", "ATLAS_STARTED_FILE", "ATLAS_STEP_DIRS", "CALLBACK_COLUMNS", "CALLBACK_FIELDS", "CALLBACK_FILE",
+    "CALLBACK_QUANTITIES", "CHANNELS_FILE", "CHANNEL_COLUMNS", "CHANNEL_DTYPES", "CHANNEL_VIEW_COLUMNS", "CHECK_FILE",
+    "COMPARISON_TABLES", "CONTINUED_META_FILE", "DIAGNOSTIC_COLUMNS", "DIAGNOSTIC_GROUPS", "DIAGNOSTIC_ROLES",
+    "EVAL_COLUMNS", "EVAL_FIELDS", "EVAL_FILE", "EXPLORE_SUBLAYER_COLUMNS", "FINETUNE_RESULT_FILE", "LOSS",
+    "LOSS_ROLES", "META_FILE", "MLM_LOG_COLUMNS", "MLM_LOG_FIELDS", "MLM_LOG_FILE", "NEW_ROWS_COLUMNS",
+    "NEW_ROWS_FIELDS", "NEW_ROWS_FILE", "OPTIONAL_RUN_FILES", "PARAMS", "POINTS", "PRESSURE_COLUMNS", "PROBES_FILE",
+    "PROBE_COLUMNS", "PROBE_DIFFERENCES_FILE", "PROBE_DIFFERENCE_COLUMNS", "PROBE_DROPS_FILE", "PROBE_DROP_COLUMNS",
+    "PROBE_DROP_DTYPES", "PROBE_DTYPES", "PROBE_REGIMES", "PROBE_WORDS_FILE", "PROBE_WORD_COLUMNS", "PROVENANCE_KEYS",
+    "REPORTED_ROLES", "REPORT_TABLES", "REQUIRED_META_KEYS", "RUN_FILES", "SEQUENCES_FILE", "SEQUENCE_COLUMNS",
+    "SEQUENCE_DTYPES", "SUBLAYERS_FILE", "SUBLAYER_COLUMNS", "SUBLAYER_DTYPES", "SUBLAYER_ORDER",
+    "SUBLAYER_SEQUENCES_FILE", "SUBLAYER_SEQUENCE_COLUMNS", "SUBLAYER_SEQUENCE_DTYPES", "TABLE_DTYPES",
+    "arrow_schema", "conform", "role_rank", "sorted_sublayers", "sublayer_key", "sublayer_rank",
 ]

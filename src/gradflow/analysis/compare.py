@@ -24,7 +24,7 @@ from gradflow.analysis.run_data import Run
 from gradflow.analysis.stats import percentile_interval
 from gradflow.analysis.sublayers import SHARE_KEYS, context_share, last_block_deficit
 from gradflow.errors import RunError
-from gradflow.schema import ANALYSIS_COLUMNS, REPORTED_ROLES
+from gradflow.schema import ANALYSIS_COLUMNS, COMPARISON_TABLES, REPORTED_ROLES, conform
 
 DIFFERENCE_COLUMNS: list[str] = [c for c in ANALYSIS_COLUMNS["ratio_differences"]
                                   if c not in ("label", "baseline", "paired")]
@@ -34,6 +34,9 @@ DIFFERENCE_COLUMNS: list[str] = [c for c in ANALYSIS_COLUMNS["ratio_differences"
 @dataclass(frozen=True)
 class Comparison:
     """Metrics of several runs side by side; differences are ``run - baseline``.
+
+    Each table has the columns of ``COMPARISON_TABLES`` in :mod:`gradflow.schema` (``tests``: its
+    ``layer_tests``), which ``gradflow compare`` writes as ``tables/<name>.csv``:
 
     - ``profiles``: :func:`role_profile` columns plus ``label``, ``relative_depth``.
     - ``ratios``: :func:`role_ratios` columns plus ``label``, ``relative_depth``.
@@ -90,9 +93,12 @@ def compare_runs(runs: Sequence[Run], labels: Sequence[str] | None = None, basel
                               base_label, ("share", "coverage"))
     last = _with_difference(pd.concat(frames["last_block"], ignore_index=True), ["sublayer", "param"],
                             base_label, ("share",))
-    return Comparison(labels=labels, baseline=base_label, profiles=_label_first(frames["profiles"]),
-                      ratios=_label_first(frames["ratios"]), ratio_differences=_diff_columns(diffs),
-                      shares=shares, last_block=last, tests=_label_first(frames["tests"]))
+    return Comparison(labels=labels, baseline=base_label,
+                      profiles=_table(_label_first(frames["profiles"]), "profiles"),
+                      ratios=_table(_label_first(frames["ratios"]), "ratios"),
+                      ratio_differences=_table(diffs, "ratio_differences").reset_index(drop=True),
+                      shares=_table(shares, "shares"), last_block=_table(last, "last_block"),
+                      tests=_table(_label_first(frames["tests"]), "layer_tests"))
 
 
 def _run_frames(runs: Sequence[Run], labels: list[str], profs: list[RoleProfile], roles: Sequence[str], point: str,
@@ -166,12 +172,9 @@ def _label_first(frames: list[pd.DataFrame]) -> pd.DataFrame:
     return out
 
 
-def _diff_columns(frame: pd.DataFrame) -> pd.DataFrame:
-    """Order the ratio-difference columns."""
-    cols = list(ANALYSIS_COLUMNS["ratio_differences"])
-    if frame.empty:
-        return pd.DataFrame(columns=cols)
-    return frame[cols].reset_index(drop=True)
+def _table(frame: pd.DataFrame, name: str) -> pd.DataFrame:
+    """``frame`` with the columns of the comparison table ``name`` (an empty one gets them)."""
+    return conform(frame, COMPARISON_TABLES[name], name)
 
 
 __all__ = ["Comparison", "check_same_tokenizer", "compare_runs"]

@@ -17,7 +17,7 @@ from gradflow.analysis.run_data import Run
 from gradflow.analysis.stats import bootstrap_sums, holm, mann_whitney, percentile_interval, rank_biserial
 from gradflow.errors import RunError
 from gradflow.roles import ALL_ROLES, LOSS_ROLES
-from gradflow.schema import ANALYSIS_COLUMNS, LOSS, REPORTED_ROLES
+from gradflow.schema import ANALYSIS_COLUMNS, LOSS, REPORTED_ROLES, conform
 
 
 @dataclass(frozen=True)
@@ -91,10 +91,10 @@ def role_profile(run: Run, point: str = "out", n_resamples: int = 2000, confiden
                  seed: int | None = 0) -> pd.DataFrame:
     """Mean gradient norm per layer and role (plus pooled ``loss``), with bootstrap CIs.
 
-    Columns: ``layer``, ``site``, ``role``, ``n_positions``, ``n_sequences`` (sequences with at
-    least one position of the role), ``grad_norm_mean`` (pooled over positions), ``ci_low``,
-    ``ci_high``, ``zero_fraction`` (fraction of the role's positions with exactly zero gradient,
-    from channels.csv; NaN for ``loss``).
+    Columns: ``ANALYSIS_COLUMNS["role_profile"]`` of :mod:`gradflow.schema`: ``layer``, ``site``, ``role``,
+    ``n_positions``, ``n_sequences`` (sequences with at least one position of the role), ``grad_norm_mean``
+    (pooled over positions), ``ci_low``, ``ci_high``, ``zero_fraction`` (fraction of the role's positions
+    with exactly zero gradient, from channels.csv; NaN for ``loss``).
     """
     return profile_frame(bootstrap_profile(run, point, n_resamples, seed), run, point, confidence)
 
@@ -108,9 +108,10 @@ def profile_frame(prof: RoleProfile, run: Run, point: str, confidence: float) ->
             for li, layer in enumerate(prof.cube.layers) for ri, role in enumerate(prof.roles)
             if prof.n_positions[li, ri] > 0]
     out = pd.DataFrame(rows)
-    zf = run.channels[run.channels["point"] == point].set_index(["layer", "role"])["grad_norm_zero_fraction"]
-    out["zero_fraction"] = [zf.get((layer, role), np.nan) for layer, role in zip(out["layer"], out["role"])]
-    return out
+    if not out.empty:
+        zf = run.channels[run.channels["point"] == point].set_index(["layer", "role"])["grad_norm_zero_fraction"]
+        out["zero_fraction"] = [zf.get((layer, role), np.nan) for layer, role in zip(out["layer"], out["role"])]
+    return conform(out, ANALYSIS_COLUMNS["role_profile"], "role_profile")
 
 
 def ratio_replicates(prof: RoleProfile, roles: Sequence[str]) -> tuple[list[str], np.ndarray, np.ndarray]:
@@ -197,11 +198,10 @@ def layer_tests(run: Run, role: str = "context", against: str = "masked", point:
                      "median_against": np.median(y) if y.size else np.nan, "u_statistic": u, "p_value": p,
                      "rank_biserial": rank_biserial(u, x.size, y.size)})
     out = pd.DataFrame(rows)
-    if out.empty:
-        return out
-    out["p_holm"] = holm(out["p_value"].to_numpy())
-    out["significant"] = out["p_holm"] < alpha
-    return out[list(ANALYSIS_COLUMNS["layer_tests"])].sort_values("layer").reset_index(drop=True)
+    if not out.empty:
+        out["p_holm"] = holm(out["p_value"].to_numpy())
+        out["significant"] = out["p_holm"] < alpha
+    return conform(out, ANALYSIS_COLUMNS["layer_tests"], "layer_tests").sort_values("layer").reset_index(drop=True)
 
 
 def channel_quantiles(run: Run, roles: Sequence[str] = REPORTED_ROLES, point: str = "out") -> pd.DataFrame:

@@ -15,7 +15,7 @@ import pandas as pd
 
 from gradflow.analysis.run_data import Run
 from gradflow.roles import ALL_ROLES, LOSS_ROLES
-from gradflow.schema import ANALYSIS_COLUMNS, LOSS, role_rank, sublayer_rank
+from gradflow.schema import ANALYSIS_COLUMNS, LOSS, conform, role_rank, sublayer_rank
 
 SHARE_COLUMNS: tuple[str, ...] = ANALYSIS_COLUMNS["sublayer_shares"]
 SHARE_KEYS: list[str] = list(SHARE_COLUMNS[:3])
@@ -66,7 +66,8 @@ def context_share(run: Run, param: str | None = "weight") -> pd.DataFrame:
 def last_block_deficit(run: Run, role: str = "context", param: str = "weight") -> pd.DataFrame:
     """For each sublayer of the last block: the role's share vs the mean over the earlier blocks.
 
-    Columns: ``layer`` (the last block's layer), ``sublayer``, ``param``, ``role``, ``share``,
+    Columns (``ANALYSIS_COLUMNS["last_block"]`` of :mod:`gradflow.schema`, explained in its
+    ``ANALYSIS_NOTES``): ``layer`` (the last block's layer), ``sublayer``, ``param``, ``role``, ``share``,
     ``earlier_mean``, ``earlier_min``, ``earlier_max`` (over blocks 1..L-1), ``ratio_to_earlier``
     (``share / earlier_mean``; 0 means the sublayer gets nothing from the role in the last block),
     ``coverage``, ``earlier_coverage_mean``, ``exact_zero`` (share exactly 0), ``n_earlier``.
@@ -80,9 +81,7 @@ def last_block_deficit(run: Run, role: str = "context", param: str = "weight") -
         if not cur.empty:
             rows.append({"layer": last, "sublayer": sub, "param": param, "role": role,
                          **_deficit(cur.iloc[0], group[group["layer"] < last])})
-    out = pd.DataFrame(rows)
-    if out.empty:
-        return out
+    out = conform(pd.DataFrame(rows), ANALYSIS_COLUMNS["last_block"], "last_block")
     out["_s"] = out["sublayer"].map(sublayer_rank)
     return out.sort_values("_s").drop(columns="_s").reset_index(drop=True)
 

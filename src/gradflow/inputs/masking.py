@@ -310,6 +310,34 @@ def mask_batch(
     return MaskedBatch(input_ids, original, labels, roles, attention, torch.tensor(indices, dtype=torch.long))
 
 
+def mlm_roles(input_ids: torch.Tensor, labels: torch.Tensor, attention_mask: torch.Tensor | None = None,
+              mask_token_id: int | None = None, special_ids: tuple[int, ...] = ()) -> torch.Tensor:
+    """(B, T) int8 role codes of an MLM batch someone else masked (a ``DataCollatorForLanguageModeling`` batch).
+
+    Positions with ``labels != -100`` are selected: ``masked`` if the input is ``mask_token_id``,
+    ``kept`` if it equals the label, else ``random`` (a random replacement that happens to draw the
+    original token counts as kept). Unselected positions are ``pad`` (attention mask 0), else
+    ``special`` (an id in ``special_ids``), else ``context``. Without ``mask_token_id`` random replacements count as
+    masked; without ``special_ids`` specials count as context. Unlike :func:`mask_batch`, [UNK] is
+    ``special`` when ``special_ids`` holds it (a tokenizer's ``all_special_ids`` does).
+    """
+    selected = labels != -100
+    roles = torch.full(input_ids.shape, int(Role.CONTEXT), dtype=torch.int8, device=input_ids.device)
+    if special_ids:
+        special = torch.isin(input_ids, torch.tensor(special_ids, device=input_ids.device))
+        roles[special & ~selected] = Role.SPECIAL
+    if attention_mask is not None:
+        roles[(attention_mask == 0) & ~selected] = Role.PAD
+    kept = selected & (input_ids == labels)
+    masked = selected & ~kept
+    if mask_token_id is not None:
+        roles[masked & (input_ids != mask_token_id)] = Role.RANDOM
+        masked = masked & (input_ids == mask_token_id)
+    roles[masked] = Role.MASKED
+    roles[kept] = Role.KEPT
+    return roles
+
+
 def encode(tokenizer, text: str, max_length: int | None = None) -> dict:
     """Tokenize one text with special tokens; returns input_ids, special_tokens_mask, word_ids."""
     enc = tokenizer(text, add_special_tokens=True, return_special_tokens_mask=True,

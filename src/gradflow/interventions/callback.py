@@ -19,15 +19,15 @@ that step's first micro-batch:
 - ``hidden_grad_mean`` / ``n_positions``: mean norm of the loss gradient w.r.t. the block's output
   hidden state over the positions of role r, and their number.
 
-Roles come from the batch: labels != -100 are selected (masked if the input is the tokenizer's
-mask token, kept if it equals the label, else random: a random replacement that happens to
-draw the original token counts as kept); unselected positions are special (the
-tokenizer's special ids), pad (attention mask 0) or context. Without a tokenizer (argument or
-the Trainer's ``processing_class``) random replacements count as masked and specials as context.
+Roles come from the batch's labels (:func:`gradflow.inputs.masking.mlm_roles`: labels != -100 are
+selected; masked, random or kept by the input; unselected positions special, pad or context), with
+the mask and special ids of the tokenizer (argument or the Trainer's ``processing_class``); without
+one, random replacements count as masked and specials as context.
 
-Rows go to ``gradflow_callback.csv`` (``step, group, role, quantity, value``) in the run's
-``output_dir`` (only on the main process) and, when attached with :meth:`GradFlowCallback.attach`,
-to ``trainer.log`` (so every reporting integration gets them), else to ``state.log_history``.
+Rows go to ``gradflow_callback.csv`` (columns and quantities: :data:`gradflow.schema.CALLBACK_FIELDS`,
+:data:`gradflow.schema.CALLBACK_QUANTITIES`) in the run's ``output_dir`` (only on the main process) and,
+when attached with :meth:`GradFlowCallback.attach`, to ``trainer.log`` (so every reporting integration
+gets them), else to ``state.log_history``.
 
 Step numbering: ``step`` s is the optimizer step that takes ``global_step`` from s-1 to s; its
 gradients were computed with the weights after step s-1, its drift after step s.
@@ -53,10 +53,13 @@ from transformers import TrainerCallback
 from gradflow.adapters import adapter_for, block_modules, get_module
 from gradflow.hooks.recorder import BatchRecord, GradFlowRecorder, RecorderConfig, RecorderError
 from gradflow.hooks.sites import block_group_name, depth_occurrences, distinct_blocks
-from gradflow.roles import Role
+from gradflow.inputs.masking import mlm_roles
+from gradflow.schema import CALLBACK_COLUMNS, CALLBACK_FILE
 
-CSV_NAME = "gradflow_callback.csv"
-CSV_COLUMNS = ("step", "group", "role", "quantity", "value")
+CSV_NAME = CALLBACK_FILE
+"""The log's file name (:data:`gradflow.schema.CALLBACK_FILE`; this alias is kept for older imports)."""
+CSV_COLUMNS = CALLBACK_COLUMNS
+"""The log's columns (:data:`gradflow.schema.CALLBACK_COLUMNS`; this alias is kept for older imports)."""
 EMBEDDINGS_GROUP = "embeddings"
 """The parameter group of the embeddings (blocks are named by :func:`block_group_name`)."""
 
@@ -68,26 +71,6 @@ class _Group:
     name: str
     params: list[nn.Parameter]
     initial: list[torch.Tensor] | None = None
-
-
-def mlm_roles(input_ids: torch.Tensor, labels: torch.Tensor, attention_mask: torch.Tensor | None = None,
-              mask_token_id: int | None = None, special_ids: tuple[int, ...] = ()) -> torch.Tensor:
-    """(B, T) int8 role codes of an MLM batch (see the module docstring)."""
-    selected = labels != -100
-    roles = torch.full(input_ids.shape, int(Role.CONTEXT), dtype=torch.int8, device=input_ids.device)
-    if special_ids:
-        special = torch.isin(input_ids, torch.tensor(special_ids, device=input_ids.device))
-        roles[special & ~selected] = Role.SPECIAL
-    if attention_mask is not None:
-        roles[(attention_mask == 0) & ~selected] = Role.PAD
-    kept = selected & (input_ids == labels)
-    masked = selected & ~kept
-    if mask_token_id is not None:
-        roles[masked & (input_ids != mask_token_id)] = Role.RANDOM
-        masked = masked & (input_ids == mask_token_id)
-    roles[masked] = Role.MASKED
-    roles[kept] = Role.KEPT
-    return roles
 
 
 class GradFlowCallback(TrainerCallback):
@@ -141,12 +124,12 @@ class GradFlowCallback(TrainerCallback):
                 group.initial = [p.detach().clone() for p in group.params]
         self._write = bool(state.is_world_process_zero)
         if self.csv_path is None:
-            self.csv_path = Path(args.output_dir) / CSV_NAME
+            self.csv_path = Path(args.output_dir) / CALLBACK_FILE
         if self._write:
             self.csv_path.parent.mkdir(parents=True, exist_ok=True)
             if not self.csv_path.exists() or self.csv_path.stat().st_size == 0:
                 with self.csv_path.open("w", newline="") as fh:
-                    csv.writer(fh).writerow(CSV_COLUMNS)
+                    csv.writer(fh).writerow(CALLBACK_COLUMNS)
 
     def _is_logged(self, step: int) -> bool:
         return step % self.every == 0 or (self.log_first_step and step == 1)
@@ -273,7 +256,7 @@ class GradFlowCallback(TrainerCallback):
         if self._write and self.csv_path is not None:
             with self.csv_path.open("a", newline="") as fh:
                 writer = csv.writer(fh)
-                writer.writerows([[r[c] for c in CSV_COLUMNS] for r in rows])
+                writer.writerows([[r[c] for c in CALLBACK_COLUMNS] for r in rows])
         scalars = {_scalar_name(r): r["value"] for r in rows if r["quantity"] != "n_positions"}
         if self.trainer is not None:
             self.trainer.log(scalars)
@@ -322,4 +305,4 @@ def _drift(group: _Group) -> float:
     return math.sqrt(diff) / math.sqrt(ref) if ref > 0 else float("nan")
 
 
-__all__ = ["CSV_COLUMNS", "CSV_NAME", "GradFlowCallback", "mlm_roles"]
+__all__ = ["CSV_COLUMNS", "CSV_NAME", "GradFlowCallback", "mlm_roles"]  # mlm_roles: re-exported for older imports

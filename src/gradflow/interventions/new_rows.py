@@ -15,7 +15,8 @@ input embeddings (and each is the gradient of its own matrix when not):
 :class:`NewRowGradients` hooks the input embeddings and the output embeddings around one
 forward/backward; :meth:`NewRowGradients.split` returns, per side and role, the norm
 ``sqrt(sum_v ||g_v||^2)`` over the new rows and the number of positions that contributed.
-:class:`NewRowsCallback` logs them during continued MLM training to ``new_rows.csv``.
+:class:`NewRowsCallback` logs them during continued MLM training to ``new_rows.csv``
+(:data:`gradflow.schema.NEW_ROWS_FIELDS`).
 """
 
 from __future__ import annotations
@@ -29,11 +30,14 @@ from torch import nn
 from transformers import TrainerCallback
 
 from gradflow.errors import GradflowError
-from gradflow.interventions.callback import mlm_roles
+from gradflow.inputs.masking import mlm_roles
 from gradflow.roles import Role, role_name
+from gradflow.schema import NEW_ROWS_COLUMNS, NEW_ROWS_FILE
 
-CSV_NAME = "new_rows.csv"
-CSV_COLUMNS = ("step", "side", "role", "grad_norm", "n_positions")
+CSV_NAME = NEW_ROWS_FILE
+"""The log's file name (:data:`gradflow.schema.NEW_ROWS_FILE`; this alias is kept for older imports)."""
+CSV_COLUMNS = NEW_ROWS_COLUMNS
+"""The log's columns (:data:`gradflow.schema.NEW_ROWS_FIELDS` explains them; alias kept for older imports)."""
 
 
 class NewRowGradients:
@@ -139,7 +143,7 @@ class NewRowsCallback(TrainerCallback):
         self.tokenizer = self.tokenizer if self.tokenizer is not None else processing_class
         self.csv_path.parent.mkdir(parents=True, exist_ok=True)
         with self.csv_path.open("w", newline="") as fh:
-            csv.writer(fh).writerow(CSV_COLUMNS)
+            csv.writer(fh).writerow(NEW_ROWS_COLUMNS)
 
     def on_step_begin(self, args, state, control, model=None, **kwargs):
         step = state.global_step + 1
@@ -169,7 +173,7 @@ class NewRowsCallback(TrainerCallback):
             rows = [{"step": self._step, **r} for r in watch.split(self._roles)]
             self.rows.extend(rows)
             with self.csv_path.open("a", newline="") as fh:
-                csv.writer(fh).writerows([[r[c] for c in CSV_COLUMNS] for r in rows])
+                csv.writer(fh).writerows([[r[c] for c in NEW_ROWS_COLUMNS] for r in rows])
 
     def on_substep_end(self, args, state, control, **kwargs):
         self._finish()

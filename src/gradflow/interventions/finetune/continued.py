@@ -8,8 +8,8 @@ lose updates), trains it with ``transformers.Trainer`` on ``texts`` (BERT maskin
 
 - ``gradflow_callback.csv``: per block and position role, the weight-gradient norm, the mean
   hidden-state gradient norm and the weight drift every ``log_every`` steps (and at step 1);
-- ``mlm_log.csv``: ``step, loss, learning_rate``: the training MLM loss of every step (of each
-  micro-batch) and the learning rate it was taken with;
+- ``mlm_log.csv``: the training MLM loss of every step (of each micro-batch) and the learning rate
+  it was taken with;
 - ``continued.json``: the arguments (model paths as :func:`gradflow.provenance.portable_path`
   writes them), the number of texts, wall and CPU seconds and the final loss (mean of the last
   ``log_every`` steps);
@@ -17,6 +17,8 @@ lose updates), trains it with ``transformers.Trainer`` on ``texts`` (BERT maskin
   (input / output) and role (:class:`gradflow.interventions.new_rows.NewRowsCallback`);
 - ``model/``: the trained ``*ForMaskedLM`` and its tokenizer (``save_pretrained``, float32), which
   :func:`gradflow.interventions.finetune.finetune` loads with ``model=str(path)``.
+
+File names and columns: :mod:`gradflow.schema` (``CALLBACK_*``, ``MLM_LOG_*``, ``NEW_ROWS_*``).
 
 The Trainer is kept quiet (no progress bars, no printed logs, no reporting integrations, no
 checkpoints). Rerunning into the same ``out_dir`` starts afresh (the callback CSV is replaced).
@@ -35,15 +37,17 @@ import torch
 
 from gradflow.errors import GradflowError
 from gradflow.interventions.callback import GradFlowCallback
-from gradflow.interventions.new_rows import CSV_NAME as NEW_ROWS_CSV
 from gradflow.interventions.new_rows import NewRowsCallback
 from gradflow.interventions.vocabulary import extend_vocabulary
 from gradflow.models import load_model
 from gradflow.models.quiet import quiet_transformers
 from gradflow.provenance import portable_path
+from gradflow.schema import CALLBACK_FILE, CONTINUED_META_FILE, MLM_LOG_COLUMNS, MLM_LOG_FILE, NEW_ROWS_FILE
 
-LOG_NAME = "mlm_log.csv"
-META_NAME = "continued.json"
+LOG_NAME = MLM_LOG_FILE
+"""Alias of :data:`gradflow.schema.MLM_LOG_FILE` (kept for older imports)."""
+META_NAME = CONTINUED_META_FILE
+"""Alias of :data:`gradflow.schema.CONTINUED_META_FILE` (kept for older imports)."""
 MODEL_DIR = "model"
 
 
@@ -71,7 +75,7 @@ def continue_mlm(model_spec: str, texts: list[str], out_dir: str | Path, steps: 
         raise GradflowError("continue_mlm: no non-empty texts to train on")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    for stale in ("gradflow_callback.csv", LOG_NAME, META_NAME, NEW_ROWS_CSV):
+    for stale in (CALLBACK_FILE, MLM_LOG_FILE, CONTINUED_META_FILE, NEW_ROWS_FILE):
         (out / stale).unlink(missing_ok=True)
 
     start, cpu_start = time.perf_counter(), time.process_time()
@@ -98,7 +102,7 @@ def continue_mlm(model_spec: str, texts: list[str], out_dir: str | Path, steps: 
             trainer.remove_callback(quiet)
         GradFlowCallback.attach(trainer, every=log_every)
         if extension is not None:
-            trainer.add_callback(NewRowsCallback(extension.new_ids, out / NEW_ROWS_CSV, every=log_every,
+            trainer.add_callback(NewRowsCallback(extension.new_ids, out / NEW_ROWS_FILE, every=log_every,
                                                  tokenizer=tokenizer))
         trainer.train()
     model.eval()
@@ -106,8 +110,8 @@ def continue_mlm(model_spec: str, texts: list[str], out_dir: str | Path, steps: 
     model.save_pretrained(model_dir)
     tokenizer.save_pretrained(model_dir)
 
-    log = pd.DataFrame(trainer.loss_rows, columns=["step", "loss", "learning_rate"])
-    log.to_csv(out / LOG_NAME, index=False)
+    log = pd.DataFrame(trainer.loss_rows, columns=list(MLM_LOG_COLUMNS))
+    log.to_csv(out / MLM_LOG_FILE, index=False)
     meta = {"model": portable_path(model_spec, out), "model_path": portable_path(loaded.path, out),
             "texts": len(texts), "steps": steps,
             "batch_size": batch_size, "lr": lr, "seed": seed, "log_every": log_every, "max_length": limit,
@@ -116,7 +120,7 @@ def continue_mlm(model_spec: str, texts: list[str], out_dir: str | Path, steps: 
             "final_loss": float(log.loss.tail(log_every).mean()),
             "vocabulary_extension": extension.to_dict() if extension is not None else None,
             "seconds": time.perf_counter() - start, "cpu_seconds": time.process_time() - cpu_start}
-    (out / META_NAME).write_text(json.dumps(meta, indent=2) + "\n")
+    (out / CONTINUED_META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
     return model_dir
 
 

@@ -10,12 +10,13 @@ from pathlib import Path
 from torch import nn
 
 from gradflow.provenance import portable_path
+from gradflow.schema import EVAL_FILE, FINETUNE_RESULT_FILE
 
 
 def write_history(result, out: Path | None) -> None:
     """Rewrite ``out/eval.csv`` from ``result`` (a ``FinetuneResult``); nothing when ``out`` is None."""
     if out is not None:
-        result.frame().to_csv(out / "eval.csv", index=False)
+        result.frame().to_csv(out / EVAL_FILE, index=False)
 
 
 def write_outputs(result, out: Path | None, model: nn.Module, tokenizer) -> None:
@@ -23,8 +24,8 @@ def write_outputs(result, out: Path | None, model: nn.Module, tokenizer) -> None
     if out is None:
         return
     write_history(result, out)
-    (out / "result.json").write_text(json.dumps(_portable(result.to_dict(), out), indent=2, default=_json_default)
-                                     + "\n")
+    record = json.dumps(_portable(result.to_dict(), out), indent=2, default=_json_default)
+    (out / FINETUNE_RESULT_FILE).write_text(record + "\n")
     if result.config.save_model:
         model.save_pretrained(out / "model")
         tokenizer.save_pretrained(out / "model")

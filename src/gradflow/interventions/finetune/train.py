@@ -7,7 +7,7 @@ for sequence tasks of BERT-like models, the pooler are newly initialised from ``
 applies block surgery (drop or re-initialise the last k blocks) or trains the head only, and
 writes to ``out_dir``:
 
-- ``eval.csv``: tidy ``step, split, metric, value`` rows (train loss since the last evaluation,
+- ``eval.csv``: tidy rows of :data:`gradflow.schema.EVAL_FIELDS` (train loss since the last evaluation,
   evaluation loss and the task's metrics), rewritten after every evaluation;
 - ``result.json``: the config, surgery records, parameter counts and final metrics (paths in the
   config written as :func:`gradflow.provenance.portable_path` does: never a machine's absolute path).
@@ -48,8 +48,7 @@ from gradflow.interventions.surgery import SurgeryPlan, apply_surgery
 from gradflow.models import resolve_model_path
 from gradflow.models.quiet import quiet_transformers
 from gradflow.progress import progress_bar
-
-EVAL_COLUMNS = ("step", "split", "metric", "value")
+from gradflow.schema import EVAL_COLUMNS
 
 
 @dataclass
@@ -152,7 +151,7 @@ class FinetuneResult:
     stopped_step: int | None = None
 
     def frame(self) -> pd.DataFrame:
-        """The evaluation history as a tidy frame (``step, split, metric, value``)."""
+        """The evaluation history as a tidy frame (columns :data:`gradflow.schema.EVAL_COLUMNS`)."""
         rows = [{"step": r.step, "split": r.split, "metric": k, "value": v} for r in self.history
                 for k, v in r.metrics.items()]
         return pd.DataFrame(rows, columns=list(EVAL_COLUMNS))
