@@ -19,7 +19,7 @@ from pathlib import Path
 
 # The tiers of docs/architecture.md, bottom to top (a unit imports only strictly lower tiers).
 TIERS: dict[str, int] = {
-    "errors": 0, "version": 0, "progress": 0, "provenance": 0,
+    "errors": 0, "version": 0, "progress": 0, "provenance": 0, "formatting": 0,
     "roles": 1, "adapters": 1, "site_names": 1,
     "schema": 2,
     "inputs": 3,

@@ -19,7 +19,8 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from scipy import stats
+
+from gradflow.analysis.experiment_stats import paired_test
 
 REPO = Path(__file__).resolve().parents[2]
 PATH_KEYS = ("model", "task", "data_root", "out_dir")  # config keys that may hold a path
@@ -159,11 +160,10 @@ def mean_ci(values: np.ndarray, level: float = 0.95) -> tuple[float, float, floa
     n = len(values)
     if n == 0:
         return math.nan, math.nan, math.nan, 0
-    mean = float(values.mean())
     if n == 1:
-        return mean, math.nan, math.nan, 1
-    half = float(stats.t.ppf(0.5 + level / 2, n - 1) * values.std(ddof=1) / math.sqrt(n))
-    return mean, mean - half, mean + half, n
+        return float(values[0]), math.nan, math.nan, 1
+    test = paired_test(values, confidence=level)  # the package's t-interval (of paired differences or any sample)
+    return test.mean, test.ci_low, test.ci_high, n
 
 
 def summarise(frame: pd.DataFrame, by: list[str], value: str = "value") -> pd.DataFrame:

@@ -1,4 +1,4 @@
-"""The ``gradflow`` command line: one module per command group; each parses, calls the library, prints."""
+"""The ``gradflow`` command line: one module per command, named after it; each parses, calls the library, prints."""
 
 from gradflow.cli.main import build_parser, main
 

@@ -15,9 +15,12 @@ from gradflow.cli.options import (
     AT_LEAST_ONE,
     FORMATS_DEFAULT,
     CheckedAction,
+    add_device,
+    add_dtype,
     add_limit,
     add_number,
     add_seed,
+    add_trust_remote_code,
     command_line,
     formats,
     model_help,
@@ -45,9 +48,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     add_number(p, "--max-length", int, AT_LEAST_ONE, "tokens per window, special tokens included",
                unset="256 for zoo models, 128 otherwise, at most what the model accepts")
     add_number(p, "--batch-size", int, AT_LEAST_ONE, "sequences per forward and backward pass", 8)
-    add_seed(p)
-    p.add_argument("--device", default="cpu", help="torch device (default %(default)s)")
-    p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32")
+    add_seed(p, meaning="random seed of the masking, the probe splits and the bootstraps")
+    add_device(p)
+    add_dtype(p)
     p.add_argument("--pressure", action="store_true",
                    help="also record under the all-positions loss (counterfactual context pressure; twice the "
                         "recording time)")
@@ -61,8 +64,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     add_number(p, "--resamples", int, AT_LEAST_ONE, "bootstrap resamples of the CIs", 2000)
     p.add_argument("--format", default=FORMATS_DEFAULT, help="comma-separated figure formats (default %(default)s)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
-    p.add_argument("--trust-remote-code", action="store_true",
-                   help="allow a hub checkpoint to run its own Python code (off by default; review the code first)")
+    add_trust_remote_code(p)
     p.set_defaults(run=run)
 
 

@@ -13,7 +13,15 @@ import argparse
 import json
 from collections.abc import Sequence
 
-from gradflow.cli.options import AT_LEAST_ONE, add_max_length, add_model, add_number, add_seed
+from gradflow.cli.options import (
+    AT_LEAST_ONE,
+    add_device,
+    add_max_length,
+    add_model,
+    add_number,
+    add_seed,
+    add_trust_remote_code,
+)
 
 MARK = "*"
 
@@ -27,13 +35,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="UTF-8 text file (one document per line), .jsonl with a 'text' field, a directory of .txt "
                         "files, or - for stdin; the batch is its first windows (default: a zoo model's shipped example "
                         "sequences, else the committed SOTU sample)")
-    add_seed(p)
+    add_seed(p, meaning="random seed of the masking")
     add_number(p, "--batch-size", int, AT_LEAST_ONE, "sequences (windows) in the checked batch", 8)
     add_max_length(p, 128)
-    p.add_argument("--device", default="cpu", help="torch device (default %(default)s)")
+    add_device(p)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the text table")
-    p.add_argument("--trust-remote-code", action="store_true",
-                   help="allow a hub checkpoint to run its own Python code (off by default; review the code first)")
+    add_trust_remote_code(p)
     p.set_defaults(run=run)
 
 

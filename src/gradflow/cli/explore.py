@@ -6,7 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from gradflow.cli.options import AT_LEAST_ONE, add_number, model_help
+from gradflow.cli.options import AT_LEAST_ONE, add_device, add_number, model_help
 from gradflow.errors import UsageError
 
 
@@ -21,7 +21,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                              "explorer to the network)")
     add_number(parser, "--port", int, AT_LEAST_ONE, "port to listen on", 8765)
     add_number(parser, "--max-tokens", int, AT_LEAST_ONE, "longest sentence shown, in tokens (special tokens included)", 64)
-    parser.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    add_device(parser)
     parser.set_defaults(run=run)
 
 

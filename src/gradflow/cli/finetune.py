@@ -14,6 +14,7 @@ from gradflow.cli.options import (
     Bound,
     CheckedAction,
     add_blocks,
+    add_device,
     add_limit,
     add_max_length,
     add_model,
@@ -55,7 +56,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                "fine-tuning (gradient flow logged; with --extend-vocabulary also new_rows.csv: where the new rows get "
                "their gradient)", 0)
     add_number(p, "--continue-mlm-lr", float, POSITIVE, "learning rate of the continued MLM", DEFAULTS["continue_mlm_lr"])
-    p.add_argument("--device", default=DEFAULTS["device"], help="torch device (default %(default)s)")
+    add_device(p, DEFAULTS["device"])
     p.add_argument("--autocast", choices=AUTOCAST, default=None,
                    help="mixed-precision forward passes (fast on GPUs and on CPUs with AVX512-BF16)")
     p.add_argument("--save-model", action="store_true", help="save the fine-tuned model and tokenizer under --out")
@@ -72,7 +73,7 @@ def _add_schedule(p: argparse.ArgumentParser) -> None:
     add_number(p, "--weight-decay", float, NON_NEGATIVE, "AdamW weight decay", DEFAULTS["weight_decay"])
     add_number(p, "--eval-every", int, AT_LEAST_ONE, "steps between evaluations", DEFAULTS["eval_every"])
     add_max_length(p, DEFAULTS["max_length"])
-    add_seed(p, DEFAULTS["seed"])
+    add_seed(p, DEFAULTS["seed"], "random seed of the new head, the surgery, the samples and the data order")
     add_blocks(p, DEFAULTS["drop_last"])
 
 

@@ -1,7 +1,8 @@
 """The ``gradflow`` command line: parser assembly, dispatch and exit codes.
 
-Each command group lives in its own module (``add_parser(subparsers)`` and ``run(args, argv)``),
-which parses, calls the library and prints. Exit codes: 0 success; 2 bad input (one line,
+Each command lives in the module of its name (``gradflow record`` in :mod:`gradflow.cli.record`), which
+has ``add_parser(subparsers)`` and ``run(args, argv)``: it parses, calls the library and prints; options
+several commands share come from :mod:`gradflow.cli.options`. Exit codes: 0 success; 2 bad input (one line,
 ``gradflow: error: ...``, no traceback: every :class:`~gradflow.errors.GradflowError`, including
 out-of-range options); 130 interrupted (partial results flushed and marked ``"complete": false``).
 """
@@ -12,10 +13,27 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from gradflow.cli import atlas, check, explore, finetune, models, probe, record, repair, report, views
+from gradflow.cli import (
+    atlas,
+    channels,
+    check,
+    compare,
+    demo,
+    diagnose,
+    explore,
+    finetune,
+    probe,
+    record,
+    repair,
+    report,
+    surgery,
+    zoo,
+)
 from gradflow.errors import GradflowError
 
-COMMAND_MODULES = (record, report, views, models, finetune, repair, probe, check, atlas, explore)
+COMMAND_MODULES = (record, demo, report, compare, channels, diagnose, zoo, surgery, finetune, repair, probe, check,
+                   atlas, explore)
+"""One module per command, named after it, in the order ``gradflow --help`` lists them."""
 
 
 def build_parser() -> argparse.ArgumentParser:

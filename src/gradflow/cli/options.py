@@ -1,9 +1,16 @@
 """Shared options of the ``gradflow`` commands and the validators that check them at the edge.
 
-Numeric options go through :func:`add_number`: the value is converted and range-checked while
-parsing, and a bad one raises :class:`~gradflow.errors.UsageError` naming the option, its accepted
-range and its meaning (``main`` prints it as one line and exits 2). Choices come from the
-registries that define them (:class:`RegistryChoices` imports a heavy one only when it is used).
+An option several commands take is written once, here, and every command adds it through its
+helper: ``--device`` (:func:`add_device`), ``--dtype`` (:func:`add_dtype`, the choices of
+:data:`gradflow.models.DTYPES`), ``--trust-remote-code`` (:func:`add_trust_remote_code`), ``--seed``
+(:func:`add_seed`), ``--limit`` (:func:`add_limit`), ``--model``, ``--max-length``, the corpus and
+figure-output options; a command keeps its own default and says what the option means for it
+through the helper's parameters. Numeric options go through :func:`add_number`: the value is
+converted and range-checked while parsing, and a bad one raises :class:`~gradflow.errors.UsageError`
+naming the option, its accepted range and its meaning (``main`` prints it as one line and exits 2).
+Choices come from the registries that define them (:class:`RegistryChoices` imports a heavy one
+only when it is used). Pieces that several command modules share (:func:`probe_dirs`,
+:func:`command_line`, :func:`formats`) live here too.
 """
 
 from __future__ import annotations
@@ -17,7 +24,8 @@ from dataclasses import dataclass
 
 from gradflow.adapters import ADAPTER_CHOICES
 from gradflow.errors import UsageError
-from gradflow.models import DEFAULT_MODEL, EMBEDDED_MODELS
+from gradflow.formatting import format_number
+from gradflow.models import DEFAULT_MODEL, DTYPES, EMBEDDED_MODELS
 
 FORMATS_DEFAULT = "pdf,png"
 
@@ -39,12 +47,14 @@ class Bound:
         return above and below
 
     def __str__(self) -> str:
+        """``in [0, 1)``, ``>= 1``, ...: the ends written exactly (``format_number(x, digits=None)``)."""
+        low, high = format_number(self.low, None), format_number(self.high, None)
         if self.low is not None and self.high is not None:
-            return f"in {'(' if self.low_open else '['}{_num(self.low)}, {_num(self.high)}{')' if self.high_open else ']'}"
+            return f"in {'(' if self.low_open else '['}{low}, {high}{')' if self.high_open else ']'}"
         if self.low is not None:
-            return f"{'>' if self.low_open else '>='} {_num(self.low)}"
+            return f"{'>' if self.low_open else '>='} {low}"
         if self.high is not None:
-            return f"{'<' if self.high_open else '<='} {_num(self.high)}"
+            return f"{'<' if self.high_open else '<='} {high}"
         return "a finite number"
 
 
@@ -52,10 +62,6 @@ POSITIVE = Bound(0, low_open=True)
 AT_LEAST_ONE = Bound(1)
 NON_NEGATIVE = Bound(0)
 FRACTION = Bound(0, 1, low_open=True)  # (0, 1]
-
-
-def _num(value: float) -> str:
-    return str(int(value)) if float(value).is_integer() else str(value)
 
 
 class CheckedAction(argparse.Action):
@@ -150,7 +156,7 @@ def add_adapter(parser: argparse.ArgumentParser) -> None:
                              "architectures; prints what it found; block outputs and per-module-path splits only)")
 
 
-def add_corpus(parser: argparse.ArgumentParser) -> None:
+def add_corpus(parser: argparse.ArgumentParser, seed_meaning: str = "random seed of the masking") -> None:
     """The corpus options of ``record`` and ``diagnose``: texts, window length, batch, limit, seed."""
     parser.add_argument("--texts", default=None,
                         help="UTF-8 text file (one document per line), .jsonl with a 'text' field, a directory of "
@@ -158,7 +164,7 @@ def add_corpus(parser: argparse.ArgumentParser) -> None:
     add_max_length(parser, 128)
     add_number(parser, "--batch-size", int, AT_LEAST_ONE, "sequences per forward and backward pass", 8)
     add_limit(parser, "sequences (windows) to read before stopping")
-    add_seed(parser)
+    add_seed(parser, meaning=seed_meaning)
 
 
 def add_max_length(parser: argparse.ArgumentParser, default: int) -> None:
@@ -166,14 +172,35 @@ def add_max_length(parser: argparse.ArgumentParser, default: int) -> None:
     add_number(parser, "--max-length", int, AT_LEAST_ONE, "tokens per sequence, special tokens included", default)
 
 
-def add_limit(parser: argparse.ArgumentParser, meaning: str, flag: str = "--limit", unset: str = "no limit") -> None:
-    """An optional count limit (>= 1; ``unset`` says what happens without it)."""
-    add_number(parser, flag, int, AT_LEAST_ONE, meaning, unset=unset)
+def add_limit(parser: argparse.ArgumentParser, meaning: str, flag: str = "--limit", unset: str = "no limit",
+              default: int | None = None) -> None:
+    """``--limit`` (or ``flag``): a count limit, an integer >= 1; ``meaning`` says what it counts, ``unset``
+    what happens when it is left out (``default`` None), or ``default`` gives a value."""
+    add_number(parser, flag, int, AT_LEAST_ONE, meaning, default, unset=unset)
 
 
-def add_seed(parser: argparse.ArgumentParser, default: int = 0) -> None:
-    """``--seed``: the random seed (>= 0)."""
-    add_number(parser, "--seed", int, NON_NEGATIVE, "random seed", default)
+def add_seed(parser: argparse.ArgumentParser, default: int = 0, meaning: str = "random seed") -> None:
+    """``--seed``: the random seed, an integer >= 0; ``meaning`` says what it seeds."""
+    add_number(parser, "--seed", int, NON_NEGATIVE, meaning, default)
+
+
+def add_device(parser: argparse.ArgumentParser, default: str = "cpu") -> None:
+    """``--device``: the torch device the model runs on (any name torch accepts; checked when it is used)."""
+    parser.add_argument("--device", default=default,
+                        help="torch device: cpu, cuda, cuda:1, mps, ... (default %(default)s)")
+
+
+def add_dtype(parser: argparse.ArgumentParser, default: str = "float32") -> None:
+    """``--dtype``: the dtype the model's weights are loaded in, one of :data:`gradflow.models.DTYPES`."""
+    parser.add_argument("--dtype", choices=list(DTYPES), default=default,
+                        help="dtype the model's weights are loaded in: %(choices)s (default %(default)s)")
+
+
+def add_trust_remote_code(parser: argparse.ArgumentParser) -> None:
+    """``--trust-remote-code``: let a hub checkpoint run its own Python code (off unless given)."""
+    parser.add_argument("--trust-remote-code", action="store_true",
+                        help="allow a hub checkpoint to run its own Python code (off by default; review the code "
+                             "first)")
 
 
 def add_blocks(parser: argparse.ArgumentParser, default: int | None = 0) -> None:
@@ -194,6 +221,19 @@ def add_figure_output(parser: argparse.ArgumentParser, width: str | None = None)
 def formats(text: str) -> tuple[str, ...]:
     """``"pdf,png"`` -> ``("pdf", "png")``."""
     return tuple(f.strip() for f in text.split(",") if f.strip())
+
+
+def probe_dirs(run_dirs: Sequence[str]) -> bool:
+    """True when every directory is a probe directory (``report`` and ``compare`` redraw its figure); a mix of
+    probe and record runs is refused."""
+    from gradflow.analysis.probe_tables import is_probe_dir
+
+    kinds = [is_probe_dir(d) for d in run_dirs]
+    if any(kinds) and not all(kinds):
+        probes = [d for d, k in zip(run_dirs, kinds) if k]
+        raise UsageError(f"cannot compare probe directories ({', '.join(probes)}) with record runs; compare each kind "
+                         "on its own")
+    return all(kinds)
 
 
 def command_line(argv: Sequence[str]) -> str:

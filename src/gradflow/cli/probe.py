@@ -8,7 +8,9 @@ from collections.abc import Callable, Sequence
 from gradflow.cli.options import (
     AT_LEAST_ONE,
     POSITIVE,
+    add_device,
     add_figure_output,
+    add_limit,
     add_max_length,
     add_model,
     add_number,
@@ -29,7 +31,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help=f"{tasks}; or a file of 'word<TAB>label' lines (blank line between sentences), a .jsonl "
                         "file with 'tokens' and 'labels', or a directory with train/validation/test files")
     add_figure_output(p, width="single")
-    add_number(p, "--limit", int, AT_LEAST_ONE, "sentences read from each split (train, validation, test)", 2000)
+    add_limit(p, "sentences read from each split (train, validation, test)", default=2000)
     p.add_argument("--masked", action="store_true",
                    help="also probe with the probed word masked (one forward per word: slower)")
     p.add_argument("--pooling", choices=("first", "mean"), default="first",
@@ -42,10 +44,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     add_max_length(p, 128)
     add_number(p, "--batch-size", int, AT_LEAST_ONE, "sequences per forward pass", 32)
     add_number(p, "--resamples", int, AT_LEAST_ONE, "bootstrap resamples for the CIs", 1000)
-    add_seed(p)
+    add_seed(p, meaning="random seed of the split, the control task and the bootstraps")
     p.add_argument("--feature-dtype", choices=("float16", "float32"), default="float16",
                    help="dtype of the features streamed to disk (default %(default)s)")
-    p.add_argument("--device", default="cpu", help="torch device (default %(default)s)")
+    add_device(p)
     p.add_argument("--data-root", default=None, help="where the built-in tasks live (default $GRADFLOW_TASKS or "
                                                      "data/tasks)")
     p.add_argument("--overwrite", action="store_true", help="replace the probe files in a non-empty --out")

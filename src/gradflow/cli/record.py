@@ -1,4 +1,4 @@
-"""``gradflow record`` (one corpus, one model) and ``gradflow demo`` (the embedded models, offline)."""
+"""``gradflow record``: record the gradient flow of one model over one corpus into a run directory."""
 
 from __future__ import annotations
 
@@ -11,28 +11,23 @@ from gradflow.cli.options import (
     CheckedAction,
     add_adapter,
     add_corpus,
-    add_limit,
+    add_device,
+    add_dtype,
     add_model,
     add_number,
+    add_trust_remote_code,
     command_line,
     describe,
 )
 from gradflow.errors import UsageError
 from gradflow.losses import LOSSES, REDUCTIONS
-from gradflow.models import DTYPES
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    """Register ``record`` and ``demo``."""
+    """Register ``record``."""
     record = subparsers.add_parser("record", help="record gradient flow over a corpus")
     _add_record_args(record)
     record.set_defaults(run=run)
-    demo = subparsers.add_parser("demo", help="record the two embedded models on the committed sample (offline)")
-    demo.add_argument("--out", required=True, help="output directory (one run directory per model)")
-    add_limit(demo, "sequences per run", unset="the whole sample")
-    demo.add_argument("--overwrite", action="store_true", help="replace the run files in a non-empty --out")
-    demo.add_argument("--quiet", action="store_true", help="no progress bar")
-    demo.set_defaults(run=run)
 
 
 def _add_record_args(p: argparse.ArgumentParser) -> None:
@@ -44,8 +39,8 @@ def _add_record_args(p: argparse.ArgumentParser) -> None:
                    help="mask,random,kept: fractions of the selected tokens replaced by [MASK], by a random token "
                         "or kept, summing to 1 (default 0.8,0.1,0.1)")
     p.add_argument("--whole-word", action="store_true", help="select whole words")
-    p.add_argument("--device", default="cpu", help="torch device (default %(default)s)")
-    p.add_argument("--dtype", choices=list(DTYPES), default="float32")
+    add_device(p)
+    add_dtype(p)
     p.add_argument("--loss", choices=list(LOSSES), default="mlm",
                    help=f"{describe(LOSSES)} (default %(default)s)")
     p.add_argument("--reduction", choices=REDUCTIONS, default="sequence",
@@ -53,8 +48,7 @@ def _add_record_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--norms-only", action="store_true", help="skip the per-role sublayer split")
     p.add_argument("--overwrite", action="store_true", help="replace the run files in a non-empty --out")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.add_argument("--trust-remote-code", action="store_true",
-                   help="allow a hub checkpoint to run its own Python code (off by default; review the code first)")
+    add_trust_remote_code(p)
     add_adapter(p)
 
 
@@ -71,11 +65,7 @@ def mask_split(text: str) -> tuple[float, float, float]:
 
 
 def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
-    """Run ``record`` or ``demo``."""
-    return {"record": _record, "demo": _demo}[args.command](args, argv)
-
-
-def _record(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    """Record and print where the run went."""
     from gradflow.runs.record import RecordConfig, record_corpus
 
     config = RecordConfig(
@@ -88,11 +78,4 @@ def _record(args: argparse.Namespace, argv: Sequence[str]) -> int:
     summary = record_corpus(config)
     if summary.meta:
         print(f"wrote {summary.out} ({summary.sequences} sequences, {summary.tokens} tokens, {summary.wall_s:.1f} s)")
-    return 0
-
-
-def _demo(args: argparse.Namespace, argv: Sequence[str]) -> int:
-    from gradflow.runs.demo import run_demo
-
-    run_demo(args.out, limit=args.limit, overwrite=args.overwrite, quiet=args.quiet, command=command_line(argv))
     return 0

@@ -7,7 +7,16 @@ import json
 from collections.abc import Sequence
 from dataclasses import fields
 
-from gradflow.cli.options import AT_LEAST_ONE, POSITIVE, Bound, add_max_length, add_model, add_number, add_seed
+from gradflow.cli.options import (
+    AT_LEAST_ONE,
+    POSITIVE,
+    Bound,
+    add_device,
+    add_max_length,
+    add_model,
+    add_number,
+    add_seed,
+)
 from gradflow.interventions.repair import OBJECTIVES, RepairConfig
 
 DEFAULTS = {f.name: f.default for f in fields(RepairConfig)}
@@ -29,7 +38,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                DEFAULTS["warmup"])
     add_number(p, "--weight-decay", float, Bound(0), "AdamW weight decay", DEFAULTS["weight_decay"])
     add_max_length(p, DEFAULTS["max_length"])
-    add_seed(p, DEFAULTS["seed"])
+    add_seed(p, DEFAULTS["seed"], "random seed of the masking and the data order")
     add_number(p, "--eval-windows", int, AT_LEAST_ONE, "held-out windows (the corpus' first) for top-1 before/after",
                unset="a fifth of the corpus, at most 256")
     add_number(p, "--log-every", int, AT_LEAST_ONE, "steps between gradient-flow log rows", DEFAULTS["log_every"])
@@ -37,7 +46,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="also train the MLM head's transform and bias (never the output-embedding matrix)")
     p.add_argument("--objective", choices=OBJECTIVES, default=DEFAULTS["objective"],
                    help="loss backpropagated (default %(default)s; mlm only for comparison)")
-    p.add_argument("--device", default=DEFAULTS["device"], help="torch device (default %(default)s)")
+    add_device(p, DEFAULTS["device"])
     p.set_defaults(run=run)
 
 

@@ -1,92 +1,31 @@
-"""``gradflow report`` (figures and summary.md for one run) and ``gradflow compare`` (across runs)."""
+"""``gradflow report``: figures and summary.md for one run (a probe directory: its probe figure, drawn again)."""
 
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Sequence
-from pathlib import Path
 
-from gradflow.cli.options import add_figure_output, formats
-from gradflow.errors import UsageError
+from gradflow.cli.options import add_figure_output, formats, probe_dirs
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    """Register ``report`` and ``compare``."""
+    """Register ``report``."""
     report = subparsers.add_parser("report", help="figures and summary.md for one run")
     report.add_argument("run_dir", help="a run directory written by `gradflow record`, or a probe directory "
                                         "(`gradflow probe`: its figure is drawn again)")
     add_figure_output(report, width="single")
     report.set_defaults(run=run)
-    compare = subparsers.add_parser("compare", help="figures and summary.md across runs")
-    compare.add_argument("run_dirs", nargs="+", help="two or more run directories (the first is the baseline), or "
-                                                     "two or more probe directories written by `gradflow probe`")
-    compare.add_argument("--labels", nargs="+", default=None, help="one label per run (default: directory names)")
-    add_figure_output(compare, width="double")
-    compare.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
-    """Run ``report`` or ``compare``."""
-    from gradflow.figures.report import write_comparison, write_report
+    """Write the report and print how many files it has."""
+    from gradflow.figures.report import write_report
 
-    if args.command == "report":
-        if _probe_dirs([args.run_dir]):  # a gradflow probe directory: its probe figure, drawn again into --out
-            from gradflow.figures.probes import write_probe_figures
+    if probe_dirs([args.run_dir]):  # a gradflow probe directory: its probe figure, drawn again into --out
+        from gradflow.figures.probes import write_probe_figures
 
-            paths = write_probe_figures([args.run_dir], None, args.out, formats=formats(args.format),
-                                        width=args.width)
-        else:
-            paths = write_report(args.run_dir, args.out, formats=formats(args.format), width=args.width)
+        paths = write_probe_figures([args.run_dir], None, args.out, formats=formats(args.format), width=args.width)
     else:
-        _check_comparable(args.run_dirs)
-        if _probe_dirs(args.run_dirs):
-            from gradflow.figures.probes import write_probe_figures
-
-            paths = write_probe_figures(args.run_dirs, args.labels, args.out, formats=formats(args.format),
-                                        width=args.width)
-            paths.extend(_probe_differences(args))
-            print(f"wrote {len(paths)} files to {args.out}")
-            return 0
-        paths = write_comparison(args.run_dirs, args.labels, args.out, formats=formats(args.format),
-                                 width=args.width)
+        paths = write_report(args.run_dir, args.out, formats=formats(args.format), width=args.width)
     print(f"wrote {len(paths)} files to {args.out}")
     return 0
-
-
-def _probe_differences(args: argparse.Namespace) -> list[Path]:
-    """Write and print each probe directory's last-layer drop minus the baseline's (paired CIs)."""
-    from gradflow.analysis.probe_tables import probe_drop_differences
-    from gradflow.runs.files import write_csv
-    from gradflow.schema import PROBE_DIFFERENCE_COLUMNS, PROBE_DIFFERENCES_FILE
-
-    result = probe_drop_differences(args.run_dirs, args.labels)
-    for note in result.notes:
-        print(f"note: {note}", file=sys.stderr)
-    if result.table.empty:
-        return []
-    for row in result.table.itertuples():
-        print(f"{row.regime:9s} last-layer accuracy drop, {row.label} - {row.baseline}: {row.difference:+.4f} "
-              f"[{row.ci_low:+.4f}, {row.ci_high:+.4f}] ({row.n_words} words, {row.n_sentences} sentences)")
-    path = Path(args.out) / PROBE_DIFFERENCES_FILE
-    write_csv(result.table, path, PROBE_DIFFERENCE_COLUMNS)
-    return [path]
-
-
-def _check_comparable(run_dirs: Sequence[str]) -> None:
-    """A comparison needs two runs; a single one is what ``gradflow report`` is for."""
-    if len(run_dirs) < 2:
-        raise UsageError(f"gradflow compare needs at least two run directories, got {len(run_dirs)}; for a single "
-                         "run use `gradflow report RUN_DIR --out DIR`.")
-
-
-def _probe_dirs(run_dirs: Sequence[str]) -> bool:
-    """True when every directory is a probe directory; a mix of probe and record runs is refused."""
-    from gradflow.analysis.probe_tables import is_probe_dir
-
-    kinds = [is_probe_dir(d) for d in run_dirs]
-    if any(kinds) and not all(kinds):
-        probes = [d for d, k in zip(run_dirs, kinds) if k]
-        raise UsageError(f"cannot compare probe directories ({', '.join(probes)}) with record runs; compare each kind "
-                         "on its own")
-    return all(kinds)

@@ -8,7 +8,6 @@ numbers are the actual context signal, not the counterfactual pressure.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -30,6 +29,7 @@ from gradflow.figures.canvas import (
     zero_proxy,
 )
 from gradflow.figures.style import RUN_HATCHES, RUN_MARKERS, role_color, shade, styled
+from gradflow.formatting import MISSING, format_estimate, format_number
 from gradflow.schema import SUBLAYER_SEQUENCES_FILE, sorted_sublayers
 
 PRESSURE_FIGURE = "context_pressure"
@@ -137,29 +137,15 @@ def pressure_section(tables: Mapping[str, pd.DataFrame], n_resamples: int, seed:
         row: list[Any] = [sub]
         for last in lasts.values():
             if sub not in last.index:
-                row += ["–"] * 3
+                row += [MISSING] * 3
                 continue
             r = last.loc[sub]
-            row += [_ci(r["pressure"], r["ci_low"], r["ci_high"]), _num(r["earlier_mean"]),
-                    _ci(r["vs_earlier"], r["vs_earlier_ci_low"], r["vs_earlier_ci_high"])]
+            row += [format_estimate(r["pressure"], r["ci_low"], r["ci_high"]), format_number(r["earlier_mean"]),
+                    format_estimate(r["vs_earlier"], r["vs_earlier_ci_low"], r["vs_earlier_ci_high"])]
         rows.append(row)
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
     return lines + [""]
-
-
-def _num(x: Any) -> str:
-    """Three significant digits; ``–`` for NaN (the format of the report's other tables)."""
-    v = float(x)
-    if math.isnan(v):
-        return "–"
-    if v == 0:
-        return "0"
-    return f"{v:.2e}" if abs(v) < 1e-3 or abs(v) >= 1e5 else f"{v:.3g}"
-
-
-def _ci(value: Any, low: Any, high: Any) -> str:
-    return f"{_num(value)} [{_num(low)}, {_num(high)}]"
 
 
 __all__ = ["PRESSURE_FIGURE", "pressure_bars", "pressure_csv", "pressure_section", "pressure_tables"]

@@ -9,7 +9,6 @@ Runs with ``complete = false`` get a warning banner on every figure and at the t
 from __future__ import annotations
 
 import json
-import math
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -38,6 +37,7 @@ from gradflow.figures.pressure import PRESSURE_FIGURE, pressure_bars, pressure_c
 from gradflow.figures.profiles import depth_profile, distribution_ranges, ratio_heatmap
 from gradflow.figures.style import gradflow_style
 from gradflow.figures.sublayers import last_block_bars, sublayer_heatmap
+from gradflow.formatting import MISSING, format_estimate, format_number, format_p_value
 from gradflow.provenance import portable_path
 from gradflow.schema import REQUIRED_META_KEYS
 
@@ -47,36 +47,8 @@ INCOMPLETE_NOTE = ("**Warning: incomplete run.** `meta.json` has `complete: fals
 
 
 # ----------------------------------------------------------------------------------------------
-# Formatting helpers
+# Markdown helpers (numbers: gradflow.formatting)
 # ----------------------------------------------------------------------------------------------
-
-def _num(x: Any, digits: int = 3) -> str:
-    """A number with ``digits`` significant digits; blanks for NaN."""
-    try:
-        v = float(x)
-    except (TypeError, ValueError):
-        return str(x)
-    if math.isnan(v):
-        return "–"
-    if v == 0:
-        return "0"
-    if abs(v) < 1e-3 or abs(v) >= 1e5:
-        return f"{v:.{digits - 1}e}"
-    return f"{v:.{digits}g}"
-
-
-def _ci(value: Any, low: Any, high: Any) -> str:
-    """``value [low, high]``."""
-    return f"{_num(value)} [{_num(low)}, {_num(high)}]"
-
-
-def _pval(p: Any) -> str:
-    """A p-value: scientific below 0.001."""
-    v = float(p)
-    if math.isnan(v):
-        return "–"
-    return f"{v:.1e}" if v < 1e-3 else f"{v:.3f}"
-
 
 def _cell(value: Any) -> str:
     """A Markdown table cell: pipes escaped, newlines flattened."""
@@ -239,9 +211,9 @@ def _headline(run: Run, ratios: pd.DataFrame, deficit: pd.DataFrame) -> list[str
     lines = ["## Headline", ""]
     if len(ctx):
         first, last = ctx.iloc[0], ctx.iloc[-1]
-        lines.append(f"- Context / loss gradient-norm ratio: {_ci(first['ratio'], first['ci_low'], first['ci_high'])} "
+        lines.append(f"- Context / loss gradient-norm ratio: {format_estimate(*first[['ratio', 'ci_low', 'ci_high']])} "
                      f"at layer {int(first['layer'])} ({first['site']}), "
-                     f"{_ci(last['ratio'], last['ci_low'], last['ci_high'])} at layer {int(last['layer'])} "
+                     f"{format_estimate(*last[['ratio', 'ci_low', 'ci_high']])} at layer {int(last['layer'])} "
                      f"({last['site']}).")
     if not deficit.empty:
         zero = deficit.loc[deficit["exact_zero"], "sublayer"].tolist()
@@ -250,7 +222,8 @@ def _headline(run: Run, ratios: pd.DataFrame, deficit: pd.DataFrame) -> list[str
         rest = deficit[~deficit["exact_zero"]]
         if len(rest):
             lines.append("- Last-block sublayers that still learn from context: " + ", ".join(
-                f"{s} {_num(r)}× the earlier mean" for s, r in zip(rest["sublayer"], rest["ratio_to_earlier"])) + ".")
+                f"{s} {format_number(r)}× the earlier mean"
+                for s, r in zip(rest["sublayer"], rest["ratio_to_earlier"])) + ".")
     n_sequences = run.sequences["sequence_index"].nunique()
     lines.append(f"- Loss: `{run.meta.get('loss')}`; {run.num_layers} blocks; {n_sequences} sequences."
                  + (" One sequence gives no bootstrap interval (shown as –): record at least two."
@@ -267,15 +240,15 @@ def _layer_table(ratios: pd.DataFrame, tests: pd.DataFrame) -> list[str]:
     def ratio_cell(role: str, layer: int) -> str:
         frame = by_role[role]
         if layer not in frame.index:
-            return "–"
+            return MISSING
         row = frame.loc[layer]
-        return _ci(row["ratio"], row["ci_low"], row["ci_high"])
+        return format_estimate(row["ratio"], row["ci_low"], row["ci_high"])
 
     rows = []
     for layer in sorted(ratios["layer"].unique()):
-        effect, p = ("–", "–")
+        effect, p = (MISSING, MISSING)
         if layer in test.index:
-            effect, p = _num(test.loc[layer, "rank_biserial"]), _pval(test.loc[layer, "p_holm"])
+            effect, p = format_number(test.loc[layer, "rank_biserial"]), format_p_value(test.loc[layer, "p_holm"])
         rows.append((int(layer), sites[layer], ratio_cell("context", layer), ratio_cell("masked", layer), effect, p))
     return _table(("layer", "site", "context / loss [95% CI]", "masked / loss [95% CI]", "rank-biserial",
                    "p (Holm)"), rows)
@@ -283,8 +256,8 @@ def _layer_table(ratios: pd.DataFrame, tests: pd.DataFrame) -> list[str]:
 
 def _deficit_table(deficit: pd.DataFrame) -> list[str]:
     """Last-block sublayer table."""
-    rows = [(r.sublayer, _num(r.share), f"{_num(r.earlier_mean)} [{_num(r.earlier_min)}, {_num(r.earlier_max)}]",
-             _num(r.ratio_to_earlier), _num(r.coverage), _num(r.earlier_coverage_mean))
+    rows = [(r.sublayer, format_number(r.share), format_estimate(r.earlier_mean, r.earlier_min, r.earlier_max),
+             format_number(r.ratio_to_earlier), format_number(r.coverage), format_number(r.earlier_coverage_mean))
             for r in deficit.itertuples()]
     return _table(("sublayer", "context share", "earlier blocks: mean [min, max]", "ratio to earlier",
                    "coverage", "earlier coverage"), rows)
@@ -384,10 +357,10 @@ def _comparison_ratio_table(comp: Comparison) -> list[str]:
         row: list[Any] = [int(layer)]
         for lab in comp.labels:
             r = ratios[(ratios["label"] == lab) & (ratios["layer"] == layer)]
-            row.append(_ci(*r[["ratio", "ci_low", "ci_high"]].iloc[0]) if len(r) else "–")
+            row.append(format_estimate(*r[["ratio", "ci_low", "ci_high"]].iloc[0]) if len(r) else MISSING)
         for lab in others:
             d = diffs[(diffs["label"] == lab) & (diffs["layer"] == layer)]
-            row.append(_ci(*d[["difference", "ci_low", "ci_high"]].iloc[0]) if len(d) else "–")
+            row.append(format_estimate(*d[["difference", "ci_low", "ci_high"]].iloc[0]) if len(d) else MISSING)
         rows.append(row)
     return _table(header, rows)
 
@@ -400,7 +373,8 @@ def _comparison_last_table(comp: Comparison) -> list[str]:
         row: list[Any] = [sub]
         for lab in comp.labels:
             r = last[(last["label"] == lab) & (last["sublayer"] == sub)]
-            row.append(f"{_num(r['share'].iloc[0])} ({_num(r['ratio_to_earlier'].iloc[0])}×)" if len(r) else "–")
+            row.append(f"{format_number(r['share'].iloc[0])} ({format_number(r['ratio_to_earlier'].iloc[0])}×)"
+                       if len(r) else MISSING)
         rows.append(row)
     return _table(["sublayer", *[f"{lab}: share (× earlier)" for lab in comp.labels]], rows)
 

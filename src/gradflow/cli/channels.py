@@ -1,16 +1,16 @@
-"""``gradflow channels`` (one sentence, tokens x layers) and ``gradflow diagnose`` (per layer and role)."""
+"""``gradflow channels``: the channel view of one sentence (tokens x layers), as figures and optionally HTML."""
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Sequence
 
-from gradflow.cli.options import RegistryChoices, add_corpus, add_figure_output, add_model, command_line, formats
+from gradflow.cli.options import RegistryChoices, add_figure_output, add_model, formats
 from gradflow.errors import UsageError
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
-    """Register ``channels`` and ``diagnose``."""
+    """Register ``channels``."""
     channels = subparsers.add_parser("channels", help="tokens x layers channel-view figure for one sentence")
     add_model(channels)
     channels.add_argument("--text", required=True, help="the sentence to show")
@@ -26,19 +26,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                                "grad_norm only; needs the explore extra)")
     add_figure_output(channels)
     channels.set_defaults(run=run)
-    diagnose = subparsers.add_parser("diagnose", help="representation diagnostics per layer and role over a corpus")
-    add_model(diagnose)
-    add_corpus(diagnose)
-    add_figure_output(diagnose)
-    diagnose.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
-    """Run ``channels`` or ``diagnose``."""
-    return {"channels": _channels, "diagnose": _diagnose}[args.command](args, argv)
-
-
-def _channels(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    """Draw the channel view (and write the HTML page)."""
     from gradflow.models import load_model
     from gradflow.runs.channels import write_channel_view
 
@@ -55,17 +46,4 @@ def _channels(args: argparse.Namespace, argv: Sequence[str]) -> int:
         mask = "random" if args.mask_positions is None else args.mask_positions
         channel_view(loaded, args.text, mask=mask).to_html(args.html)
         print(f"wrote the self-contained page {args.html}")
-    return 0
-
-
-def _diagnose(args: argparse.Namespace, argv: Sequence[str]) -> int:
-    from gradflow.figures.diagnostics import plot_diagnostics
-    from gradflow.models import load_model
-    from gradflow.runs.diagnose import diagnose_corpus
-
-    tables = diagnose_corpus(load_model(args.model), args.texts, args.out, max_length=args.max_length,
-                             batch_size=args.batch_size, limit=args.limit, seed=args.seed,
-                             command=command_line(argv))
-    paths = plot_diagnostics(tables, args.out, formats(args.format))
-    print(f"wrote {len(tables)} tables and {len(paths)} figures to {args.out}")
     return 0

@@ -1,0 +1,74 @@
+"""Numbers as text: the one rule of summaries, tables, figures and option ranges.
+
+:func:`format_number` writes a number with ``digits`` significant digits:
+
+- NaN and ``None`` are ``–`` (an en dash: "no value"); zero (``-0.0`` too) is ``0``;
+- magnitudes below ``1e-3`` or from ``1e5`` up are scientific with ``digits`` significant digits
+  (``digits - 1`` after the point, trailing zeros kept): ``0.000123456`` -> ``1.23e-04``,
+  ``123456`` -> ``1.23e+05``;
+- everything else is Python's ``g`` format with ``digits`` significant digits (rounded half to
+  even on the binary value, trailing zeros dropped): ``0.50123`` -> ``0.501``, ``0.5`` -> ``0.5``,
+  ``12.345`` -> ``12.3``, ``-2`` -> ``-2``; like ``g``, a number with more integer digits than
+  ``digits`` is scientific: ``1234.5`` -> ``1.23e+03``, ``99999.4`` -> ``1e+05``;
+- infinities are ``inf`` and ``-inf``; a value that is not a number (a label) is ``str(value)``.
+
+``digits=None`` writes the number exactly instead (its shortest round-trip form, an integral
+value without ``.0``: ``1.0`` -> ``1``, ``0.15`` -> ``0.15``, ``65535`` -> ``65535``): the form
+of option ranges in usage messages (``in (0, 1]``).
+
+:func:`format_estimate` is an estimate with its interval, ``value [low, high]``, each part by
+:func:`format_number` (``0.501 [0.43, 0.57]``; a missing bound is ``–``: ``0.5 [–, –]``).
+:func:`format_p_value` is a p-value: three decimals, scientific below 0.001.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+MISSING = "–"
+"""What a missing number (NaN, ``None``) is written as."""
+
+
+def _float(x: Any) -> float | None:
+    """``x`` as a float; ``None`` when it is not a number (``None`` itself is NaN)."""
+    if x is None:
+        return math.nan
+    try:
+        return float(x)
+    except (TypeError, ValueError):
+        return None
+
+
+def format_number(x: Any, digits: int | None = 3) -> str:
+    """``x`` with ``digits`` significant digits (the module's rule); ``–`` for NaN or ``None``."""
+    v = _float(x)
+    if v is None:
+        return str(x)
+    if math.isnan(v):
+        return MISSING
+    if digits is None:
+        return str(int(v)) if v.is_integer() else repr(v)
+    if v == 0:
+        return "0"
+    if abs(v) < 1e-3 or abs(v) >= 1e5:
+        return f"{v:.{digits - 1}e}"
+    return f"{v:.{digits}g}"
+
+
+def format_estimate(value: Any, low: Any, high: Any, digits: int = 3) -> str:
+    """``value [low, high]``, each by :func:`format_number` (``0.501 [0.43, 0.57]``)."""
+    return f"{format_number(value, digits)} [{format_number(low, digits)}, {format_number(high, digits)}]"
+
+
+def format_p_value(p: Any) -> str:
+    """A p-value: ``0.042``; scientific below 0.001 (``3.2e-05``); ``–`` for NaN or ``None``."""
+    v = _float(p)
+    if v is None:
+        return str(p)
+    if math.isnan(v):
+        return MISSING
+    return f"{v:.1e}" if v < 1e-3 else f"{v:.3f}"
+
+
+__all__ = ["MISSING", "format_estimate", "format_number", "format_p_value"]
