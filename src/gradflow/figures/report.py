@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +39,7 @@ from gradflow.figures.style import gradflow_style
 from gradflow.figures.sublayers import last_block_bars, sublayer_heatmap
 from gradflow.formatting import MISSING, format_estimate, format_number, format_p_value
 from gradflow.provenance import portable_path
-from gradflow.schema import REQUIRED_META_KEYS
+from gradflow.schema import COMPARISON_TABLES, REPORT_TABLES, REQUIRED_META_KEYS, conform
 
 INCOMPLETE_NOTE = ("**Warning: incomplete run.** `meta.json` has `complete: false`: the run stopped before "
                    "the end of its corpus, so these numbers come from partial data and may change. Finish or "
@@ -161,20 +161,20 @@ def write_report(run_dir: str | Path, out_dir: str | Path, formats: Sequence[str
         written += _render(draw, out / name, formats, banner, width)
     tables = {"role_profile": profile, "role_ratios": ratios, "layer_tests": tests, "sublayer_shares": shares,
               "last_block": deficit, "channel_quantiles": quantiles, **pressure_csv(pressure)}
-    written += _write_tables(out / "tables", tables)
+    written += _write_tables(out / "tables", tables, REPORT_TABLES)
     summary = out / "summary.md"
     summary.write_text(_summary(run, ratios, tests, deficit, list(figures), formats, n_resamples, seed, out,
                                 pressure_section(pressure, n_resamples, seed)), encoding="utf-8")
     return [summary, *written]
 
 
-def _write_tables(folder: Path, tables: dict[str, pd.DataFrame]) -> list[Path]:
-    """Write each table as CSV; return the paths."""
+def _write_tables(folder: Path, tables: dict[str, pd.DataFrame], contract: Mapping[str, Sequence[str]]) -> list[Path]:
+    """Write each table as CSV with the columns ``contract`` (the schema) gives it; return the paths."""
     folder.mkdir(parents=True, exist_ok=True)
     paths = []
     for name, frame in tables.items():
         path = folder / f"{name}.csv"
-        frame.to_csv(path, index=False)
+        conform(frame, contract[name], name).to_csv(path, index=False)
         paths.append(path)
     return paths
 
@@ -311,7 +311,8 @@ def write_comparison(run_dirs: Sequence[str | Path], labels: Sequence[str] | Non
         written += _render(draw, out / name, formats, banner, width)
     written += _write_tables(out / "tables", {
         "profiles": comp.profiles, "ratios": comp.ratios, "ratio_differences": comp.ratio_differences,
-        "shares": comp.shares, "last_block": comp.last_block, "layer_tests": comp.tests, **pressure_csv(pressure)})
+        "shares": comp.shares, "last_block": comp.last_block, "layer_tests": comp.tests, **pressure_csv(pressure)},
+        COMPARISON_TABLES)
     summary = out / "summary.md"
     summary.write_text(_comparison_summary(runs, comp, incomplete, list(figures), formats, n_resamples, seed,
                                            out, pressure_section(pressure, n_resamples, seed)), encoding="utf-8")
