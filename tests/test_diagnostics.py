@@ -303,9 +303,10 @@ def test_diagnose_corpus_accepts_a_list_of_texts(loaded, tmp_path):
 
 
 def test_diagnose_corpus_errors(loaded, tmp_path):
-    with pytest.raises(DiagnosticsError, match="positions"):
+    from gradflow.errors import CorpusError, UsageError
+
+    with pytest.raises(UsageError, match="--max-length 10000 is longer than the 64 positions"):
         diagnose_corpus(loaded, ["text"], tmp_path, max_length=10_000)
-    from gradflow.errors import CorpusError
 
     with pytest.raises(CorpusError):
         diagnose_corpus(loaded, ["   "], tmp_path / "empty", max_length=32)

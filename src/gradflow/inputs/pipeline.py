@@ -2,8 +2,9 @@
 
 Windows are numbered corpus-wide in reading order *before* sharding and masking is seeded by that
 number (see :mod:`gradflow.inputs.masking`), so a window's roles never depend on the batch size or
-on the number of processes. ``record``, ``diagnose`` and the MLM evaluation all read their
-batches from :func:`masked_batches`.
+on the number of processes. Every corpus job (``record``, ``diagnose``, ``check``, the MLM
+evaluation) reads its batches from :func:`masked_batches` through the one corpus-job skeleton,
+:mod:`gradflow.runs.job`.
 """
 
 from __future__ import annotations

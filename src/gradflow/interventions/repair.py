@@ -21,7 +21,6 @@ model + tokenizer), ``gradflow_callback.csv`` and ``repair.json`` (provenance, s
 from __future__ import annotations
 
 import json
-import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -30,16 +29,16 @@ import torch
 
 from gradflow.adapters import adapter_for, block_modules, get_module
 from gradflow.errors import GradflowError, UsageError
-from gradflow.inputs.corpus import CorpusCounts, default_texts, iter_windows, read_documents
+from gradflow.inputs.corpus import default_texts
 from gradflow.inputs.masking import BertMasking
 from gradflow.inputs.pipeline import mask_windows
 from gradflow.interventions.callback import CSV_NAME, GradFlowCallback
 from gradflow.losses import all_positions_labels, cross_entropy
 from gradflow.models import load_model
 from gradflow.models.quiet import quiet_transformers
-from gradflow.provenance import portable_command, portable_path
 from gradflow.runs.evaluation import mlm_accuracy
-from gradflow.runs.meta import versions
+from gradflow.runs.job import open_job
+from gradflow.runs.meta import JobInputs, JobOutcome, job_meta
 from gradflow.site_names import block_group_name
 
 META_NAME = "repair.json"
@@ -163,16 +162,18 @@ def context_shares(rows: list[dict], group: str) -> list[dict]:
 def repair(config: RepairConfig) -> RepairResult:
     """Repair ``config.model``'s last block; write the checkpoint and ``repair.json``; return the result.
 
-    ``repair.json``: the config (paths portable), trained parameter names and count, whether the
-    embeddings are tied (then frozen), held-out top-1 before/after and their difference
-    (``top1_drop_ok``: it fell by at most 0.01), the last block's context share per logged step,
-    versions, command and wall seconds.
+    ``repair.json``: the provenance block of every job (:func:`gradflow.runs.meta.job_meta`: model,
+    corpus, masking, seed, versions, command, wall seconds, ``complete``), the config, trained
+    parameter names and count, whether the embeddings are tied (then frozen), held-out top-1
+    before/after and their difference (``top1_drop_ok``: it fell by at most 0.01) and the last
+    block's context share per logged step. The window length is ``max_length`` fitted to the model
+    (never longer than it accepts).
     """
     from transformers import Trainer, TrainingArguments
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
     _check(config)
-    start = time.perf_counter()
+    start = time.time()
     out = Path(config.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     for stale in (CSV_NAME, META_NAME):
@@ -183,13 +184,13 @@ def repair(config: RepairConfig) -> RepairResult:
         loaded = load_model(config.model, device=config.device, dtype="float32")
         model, tokenizer = loaded.model, loaded.tokenizer
         limit = min(config.max_length, loaded.max_positions())
-        windows = list(iter_windows(tokenizer, read_documents(texts), limit, CorpusCounts()))
+        policy = BertMasking(seed=config.seed)
+        windows = list(open_job(loaded, texts, policy, limit, config.batch_size).windows())
         n_eval = config.eval_windows if config.eval_windows is not None else min(256, max(1, len(windows) // 5))
         train_windows = windows[n_eval:]
         if not train_windows:
             raise UsageError(f"repair: the corpus has {len(windows)} windows of {limit} tokens; "
                              f"none left for training after {n_eval} held-out windows")
-        policy = BertMasking(seed=config.seed)
 
         def top1() -> float:
             model.eval()
@@ -229,14 +230,13 @@ def repair(config: RepairConfig) -> RepairResult:
     blocks = block_modules(loaded.adapter, model.base_model)
     group = block_group_name(len(blocks) - 1)
     tied = _ties_embeddings(model)
-    meta = {
-        "model": portable_path(config.model, out), "model_path": portable_path(loaded.path, out),
-        "family": loaded.adapter.family, "texts": portable_path(texts, out), "windows": len(windows),
-        "eval_windows": n_eval, "train_windows": len(train_windows), "max_length": limit,
+    inputs = JobInputs(model=config.model, texts=texts, masking=policy.describe(), seed=config.seed,
+                       num_layers=len(blocks))
+    fields = {
+        "windows": len(windows), "eval_windows": n_eval, "train_windows": len(train_windows), "max_length": limit,
         **{k: v for k, v in asdict(config).items()
-           if k in ("steps", "batch_size", "lr", "warmup", "weight_decay", "seed", "train_head", "objective",
-                    "log_every", "device")},
-        "masking": policy.describe(),
+           if k in ("steps", "batch_size", "lr", "warmup", "weight_decay", "train_head", "objective", "log_every",
+                    "device")},
         "trained_parameters": sorted(trained), "trained_parameter_count": sum(p.numel() for p in trained.values()),
         "total_parameter_count": sum(p.numel() for p in model.parameters()),
         "tied_embeddings": tied,
@@ -245,9 +245,8 @@ def repair(config: RepairConfig) -> RepairResult:
         "top1_before": before, "top1_after": after, "top1_change": after - before,
         "top1_drop_ok": after >= before - 0.01,
         "last_block_group": group, "context_share": context_shares(callback.rows, group),
-        "versions": versions(), "command": portable_command(config.command or sys.argv, out),
-        "wall_s": round(time.perf_counter() - start, 2),
     }
+    meta = job_meta(loaded, inputs, JobOutcome(True, None, start, config.command or "", str(out)), fields)
     (out / META_NAME).write_text(json.dumps(meta, indent=2) + "\n")
     model.eval()
     return RepairResult(model_dir, meta, model)

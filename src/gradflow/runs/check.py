@@ -42,14 +42,14 @@ from gradflow.adapters.norms import splittable
 from gradflow.errors import CorpusError, UsageError
 from gradflow.hooks.recorder import GradFlowRecorder, RecorderConfig
 from gradflow.hooks.records import BatchRecord
-from gradflow.inputs.corpus import check_corpus_path, default_texts, read_documents
+from gradflow.inputs.corpus import check_corpus_path, default_texts
 from gradflow.inputs.masking import BertMasking, MaskedBatch
-from gradflow.inputs.pipeline import masked_batches
 from gradflow.models import LoadedModel, load_model
 from gradflow.models.zoo import example_inputs_path
 from gradflow.provenance import portable_path
 from gradflow.roles import ALL_ROLES, LOSS_ROLES, Role, role_counts
 from gradflow.runs.check_flops import FlopCount, count_flops, count_linear_calls
+from gradflow.runs.job import open_job
 
 OTHER = "other:"
 """Prefix of the recorder's names for a block's non-standard modules (stripped in the result)."""
@@ -156,12 +156,8 @@ def check_model(model: str | LoadedModel = "gradflow-mini-en", texts: str | None
     check_corpus_path(source)
     loaded = model if isinstance(model, LoadedModel) else load_model(model, device, "float32", trust_remote_code)
     name = loaded.name
-    if max_length > loaded.max_positions():
-        raise UsageError(f"--max-length {max_length} is longer than the {loaded.max_positions()} positions {name} "
-                         f"accepts; pass --max-length {loaded.max_positions()} or less.")
-    stream = masked_batches(loaded.tokenizer, read_documents(source), BertMasking(seed=seed), max_length, batch_size,
-                            limit=batch_size)
-    batch = next(iter(stream), None)
+    job = open_job(loaded, source, BertMasking(seed=seed), max_length, batch_size, limit=batch_size, model=name)
+    batch = next(job.batches(), None)
     if batch is None:
         raise CorpusError(f"the corpus {source} has no document with a maskable token: pass real text in the "
                           "model's language.")

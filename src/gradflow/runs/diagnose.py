@@ -29,7 +29,6 @@ with the corpus.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -39,14 +38,13 @@ from torch import nn
 from gradflow.adapters import Adapter, block_modules
 from gradflow.errors import CorpusError, DiagnosticsError
 from gradflow.hooks.states import SiteStates, collect_states
-from gradflow.inputs.corpus import CorpusCounts, open_corpus
 from gradflow.inputs.masking import BertMasking, MaskedBatch
-from gradflow.inputs.pipeline import masked_batches
 from gradflow.models import LoadedModel
-from gradflow.roles import TOKEN_ROLES, Role, role_counts
+from gradflow.roles import Role
 from gradflow.runs.files import write_csv, write_meta
+from gradflow.runs.job import RoleTally, open_job
 from gradflow.runs.logit_lens import LogitLens, LogitLensAccumulator
-from gradflow.runs.meta import JobInputs, JobOutcome, job_meta
+from gradflow.runs.meta import JobInputs, job_meta
 from gradflow.runs.representations import AnisotropyAccumulator, InputShiftAccumulator, TransformationAccumulator
 from gradflow.schema import DIAGNOSTIC_COLUMNS as TABLE_COLUMNS
 from gradflow.schema import META_FILE
@@ -92,46 +90,35 @@ def diagnose_corpus(loaded: LoadedModel, texts: str | Path | Sequence[str] | Non
     ``texts``: a corpus path (see :func:`gradflow.inputs.corpus.read_documents`), a list of strings, or
     None for the committed SOTU sample. Masking is BERT's (15%, 80/10/10) seeded by ``seed``;
     ``limit`` stops after that many windows. Writes ``<table>.csv`` for each of
-    :data:`TABLE_COLUMNS` and ``meta.json`` (``complete`` false if interrupted) into ``out_dir``.
+    :data:`TABLE_COLUMNS` and ``meta.json`` into ``out_dir``; an interrupt or error mid-corpus writes the
+    partial tables with ``complete`` false, then goes on (the rule of :mod:`gradflow.runs.job`).
     """
-    start = time.time()
-    if max_length > loaded.max_positions():
-        raise DiagnosticsError(f"max_length {max_length} is longer than the {loaded.max_positions()} positions "
-                               f"{loaded.name} accepts; pass a max_length of {loaded.max_positions()} or less.")
+    job = open_job(loaded, texts, BertMasking(seed=seed), max_length, batch_size, limit=limit)
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise DiagnosticsError(f"output path {out} exists and is a file; pass a directory.")
-    documents, source = open_corpus(texts)
-    policy = BertMasking(seed=seed)
     diag = Diagnostics(loaded.model, loaded.adapter, max_per_group, seed)
-    counts = CorpusCounts()
-    tokens = dict.fromkeys(TOKEN_ROLES, 0)
-    sequences, complete, error = 0, False, None
-    try:
-        for batch in masked_batches(loaded.tokenizer, documents, policy, max_length, batch_size, limit=limit,
-                                    counts=counts):
-            diag.add(collect_states(loaded.model, batch, loaded.adapter, keep_logits=sequences == 0), batch)
-            for role, n in role_counts(batch.roles).items():
-                tokens[role] += n
-            sequences += len(batch.sequence_index)
-        complete = True
-    except KeyboardInterrupt:
-        error = "interrupted (SIGINT)"
-        if sequences == 0:
-            raise
-    if complete and sequences == 0:
-        raise CorpusError(f"the corpus {source} has no text to diagnose (no non-blank document with a maskable token).")
+    tally = RoleTally()
+    with job.running():
+        for batch in job.batches():
+            diag.add(collect_states(loaded.model, batch, loaded.adapter, keep_logits=tally.sequences == 0), batch)
+            tally.add(batch.roles)
+    refusal = job.refusal(tally.sequences)
+    if refusal is not None:
+        raise refusal
+    if job.complete and tally.sequences == 0:
+        raise CorpusError(f"the corpus {job.source} has no text to diagnose (no non-blank document with a maskable "
+                          "token).")
     tables = diag.tables()
-    inputs = JobInputs(model=loaded.name, texts=source, masking=policy.describe(), seed=seed,
+    inputs = JobInputs(model=loaded.name, texts=job.source, masking=job.policy.describe(), seed=seed,
                        num_layers=diag.num_blocks)
     fields = {"max_length": max_length, "batch_size": batch_size, "limit": limit, "max_per_group": max_per_group,
               "logit_lens": {"final_norm": diag.lens.final_path, "max_abs_logit_diff": diag.lens.max_abs_diff},
-              "counts": {"documents": counts.documents, "windows": counts.windows, "sequences": sequences,
-                         "tokens_per_role": tokens}}
-    _write(out, tables, job_meta(loaded, inputs, JobOutcome(complete, error, start, command, str(out)), fields,
+              "counts": {"documents": job.counts.documents, "windows": job.counts.windows,
+                         "sequences": tally.sequences, "tokens_per_role": tally.tokens}}
+    _write(out, tables, job_meta(loaded, inputs, job.outcome(command, out), fields,
                                  extra_versions={"scikit-learn": _sklearn_version()}))
-    if error is not None:
-        raise KeyboardInterrupt(error)
+    job.reraise()
     return tables
 
 

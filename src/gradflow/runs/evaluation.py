@@ -6,11 +6,10 @@ from dataclasses import dataclass
 
 import torch
 
-from gradflow.inputs.corpus import read_documents
 from gradflow.inputs.masking import BertMasking
-from gradflow.inputs.pipeline import masked_batches
 from gradflow.models import LoadedModel
 from gradflow.roles import Role
+from gradflow.runs.job import open_job
 
 
 @dataclass(frozen=True)
@@ -27,13 +26,17 @@ class MlmAccuracy:
 @torch.no_grad()
 def mlm_accuracy(loaded: LoadedModel, texts: str, policy: BertMasking | None = None, max_length: int = 128,
                  batch_size: int = 16, limit: int | None = None) -> MlmAccuracy:
-    """Predict the original token at the selected positions of a seeded masking of ``texts``."""
-    policy = policy or BertMasking(seed=0)
+    """Predict the original token at the selected positions of a seeded masking of ``texts``.
+
+    ``max_length`` longer than the model accepts raises :class:`~gradflow.errors.UsageError`;
+    ``limit`` stops after that many windows.
+    """
+    job = open_job(loaded, texts, policy or BertMasking(seed=0), max_length, batch_size, limit=limit)
     model = loaded.model
     device = next(model.parameters()).device
     correct = total = correct_masked = total_masked = 0
     loss_sum = 0.0
-    for batch in masked_batches(loaded.tokenizer, read_documents(texts), policy, max_length, batch_size, limit=limit):
+    for batch in job.batches():
         batch = batch.to(device)
         logits = model(**batch.model_inputs()).logits.float()
         where = batch.labels != -100

@@ -13,7 +13,7 @@ from __future__ import annotations
 import platform
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,12 +37,15 @@ class JobInputs:
 
 @dataclass(frozen=True)
 class JobOutcome:
-    """How a job ended: ``complete`` false with an ``error`` text when stopped early; ``start`` from time.time()."""
+    """How a job ended: ``complete`` false with an ``error`` text when stopped early; ``start`` from time.time().
+
+    ``command``: the command line, a string or an argument list (empty: this process's argv).
+    """
 
     complete: bool
     error: str | None
     start: float
-    command: str = ""
+    command: str | Sequence[str] = ""
     out_dir: str = "."  # where the meta.json goes: paths in it are written relative to this
 
 

@@ -16,15 +16,13 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-from gradflow.errors import CorpusError, GradflowError
+from gradflow.errors import CorpusError, UsageError
 from gradflow.hooks.recorder import BatchRecord, GradFlowRecorder, RecorderConfig
-from gradflow.inputs.corpus import CorpusCounts, check_corpus_path, default_texts, read_documents
+from gradflow.inputs.corpus import CorpusCounts, check_corpus_path, default_texts
 from gradflow.inputs.masking import BertMasking, MaskedBatch, TokenizerInfo
-from gradflow.inputs.pipeline import masked_batches
 from gradflow.models import DEFAULT_MODEL, LoadedModel, load_model
 from gradflow.progress import progress_bar
 from gradflow.provenance import portable_path
-from gradflow.roles import LOSS_ROLES, TOKEN_ROLES, role_counts
 from gradflow.runs.aggregate import (
     SiteAggregator,
     SublayerAggregator,
@@ -40,7 +38,8 @@ from gradflow.runs.files import (
     write_csv,
     write_meta,
 )
-from gradflow.runs.meta import JobInputs, JobOutcome, job_meta
+from gradflow.runs.job import CorpusJob, RoleTally, open_job
+from gradflow.runs.meta import JobInputs, job_meta
 from gradflow.schema import (
     CHANNEL_COLUMNS,
     CHANNELS_FILE,
@@ -93,22 +92,17 @@ class RunSummary:
 
 
 @dataclass
-class RecordStats:
-    """Counts of a recording: sequences, batches, tokens per role, skipped non-finite batches, summed loss."""
+class RecordStats(RoleTally):
+    """Counts of a recording: the recorded batches' roles (:class:`RoleTally`), skipped non-finite batches,
+    summed loss."""
 
-    sequences: int = 0
-    batches: int = 0
-    tokens: dict[str, int] = field(default_factory=lambda: dict.fromkeys(TOKEN_ROLES, 0))
     nonfinite_batches: int = 0
     nonfinite_sequences: int = 0
     loss_sum: float = 0.0
 
-    def add(self, record: BatchRecord, sequences: int) -> None:
-        """Count one recorded batch of ``sequences`` rows (its roles are (B, T) codes)."""
-        for role, n in role_counts(record.roles).items():
-            self.tokens[role] += n
-        self.sequences += sequences
-        self.batches += 1
+    def add_record(self, record: BatchRecord) -> None:
+        """Count one recorded batch (its roles are (B, T) codes) and its loss."""
+        self.add(record.roles)
         self.loss_sum += record.loss
 
     def skip(self, sequences: int) -> None:
@@ -118,20 +112,9 @@ class RecordStats:
 
     def merge(self, other: RecordStats) -> None:
         """Add another process's counts to these."""
-        for name in ("sequences", "batches", "nonfinite_batches", "nonfinite_sequences", "loss_sum"):
+        super().merge(other)
+        for name in ("nonfinite_batches", "nonfinite_sequences", "loss_sum"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
-        for role in TOKEN_ROLES:
-            self.tokens[role] += other.tokens[role]
-
-    @property
-    def loss_tokens(self) -> int:
-        """Positions that carried the loss (masked + random + kept)."""
-        return sum(self.tokens[r] for r in LOSS_ROLES)
-
-    @property
-    def real_tokens(self) -> int:
-        """Positions recorded, padding left out."""
-        return sum(v for r, v in self.tokens.items() if r != "pad")
 
     @property
     def mean_loss(self) -> float | None:
@@ -141,28 +124,21 @@ class RecordStats:
 
 @dataclass
 class _Job:
-    """State of one recording process: inputs, accumulators, counts and how it ended."""
+    """State of one recording process: inputs, the corpus pass (and how it ended), accumulators and counts."""
 
     config: RecordConfig
     loaded: LoadedModel
-    policy: BertMasking
+    corpus: CorpusJob
     out: Path
-    texts: str
-    rank: int
-    world: int
     num_layers: int
     sites: SiteAggregator
     subs: SublayerAggregator
-    start: float
-    counts: CorpusCounts = field(default_factory=CorpusCounts)
     stats: RecordStats = field(default_factory=RecordStats)
-    complete: bool = False
-    error: str | None = None
 
     def summary(self, meta: dict | None = None) -> RunSummary:
         """The run summary as this process sees it."""
-        return RunSummary(self.out, self.complete, self.stats.sequences, self.stats.real_tokens,
-                          time.time() - self.start, meta or {})
+        return RunSummary(self.out, self.corpus.complete, self.stats.sequences, self.stats.real_tokens,
+                          time.time() - self.corpus.start, meta or {})
 
 
 def _dist() -> tuple[int, int]:
@@ -187,69 +163,49 @@ def record_corpus(config: RecordConfig, loaded: LoadedModel | None = None) -> Ru
     if world > 1:
         torch.distributed.barrier()
     loaded = loaded or load_model(config.model, config.device, config.dtype, config.trust_remote_code, config.adapter)
-    _check_max_length(config, loaded, out)
     policy = BertMasking(rate=config.mask_rate, split=tuple(config.mask_split), whole_word=config.whole_word,
                          seed=config.seed)
+    try:
+        corpus = open_job(loaded, texts, policy, config.max_length, config.batch_size, limit=config.limit,
+                          rank=rank, world=world, start=start, model=config.model)
+    except UsageError:  # a window longer than the model accepts: refused before anything is recorded
+        _discard(out)
+        raise
     TokenizerInfo.from_tokenizer(loaded.tokenizer)
     recorder = GradFlowRecorder(loaded.model, RecorderConfig(sublayers=config.sublayers,
                                                              position_magnitudes=config.sublayers), loaded.adapter)
-    job = _Job(config, loaded, policy, out, texts, rank, world, recorder.num_blocks,
-               SiteAggregator(recorder.site_names, recorder.site_layers, recorder.site_points),
-               SublayerAggregator(), start)
-    failure = _stream(job, recorder)
-    if isinstance(failure, GradflowError) and job.stats.sequences == 0:
+    job = _Job(config, loaded, corpus, out, recorder.num_blocks,
+               SiteAggregator(recorder.site_names, recorder.site_layers, recorder.site_points), SublayerAggregator())
+    _stream(job, recorder)
+    refusal = corpus.refusal(job.stats.sequences)
+    if refusal is not None:
         _discard(out)
-        raise failure
-    if job.complete and rank == 0 and world == 1:
+        raise refusal
+    if corpus.complete and rank == 0 and world == 1:
         _check_nonempty(job)
     summary = _finish(job)
-    if failure is not None:
-        raise failure
-    if job.error is not None:
-        raise KeyboardInterrupt(job.error)
+    corpus.reraise()
     return summary
 
 
-def _check_max_length(config: RecordConfig, loaded: LoadedModel, out: Path) -> None:
-    """Refuse a window longer than the model accepts (before anything is recorded)."""
-    if config.max_length > loaded.max_positions():
-        _discard(out)
-        raise GradflowError(f"--max-length {config.max_length} is longer than the {loaded.max_positions()} positions "
-                            f"{config.model} accepts; pass --max-length {loaded.max_positions()} or less.")
-
-
-def _stream(job: _Job, recorder: GradFlowRecorder) -> BaseException | None:
-    """Record this process's batches into ``job``; returns the error that stopped it early, if any.
-
-    An interrupt sets ``job.error`` and returns None; partial results are flushed either way.
-    """
-    cfg = job.config
+def _stream(job: _Job, recorder: GradFlowRecorder) -> None:
+    """Record this process's batches into ``job`` (an interrupt or error is kept on ``job.corpus``)."""
     writers = _writers(job)
-    progress = _progress(cfg.quiet or job.rank != 0)
-    failure: BaseException | None = None
+    progress = _progress(job.config.quiet or job.corpus.rank != 0)
     try:
-        stream = masked_batches(job.loaded.tokenizer, read_documents(job.texts), job.policy, cfg.max_length,
-                                cfg.batch_size, limit=cfg.limit, rank=job.rank, world_size=job.world,
-                                counts=job.counts)
-        with recorder:
-            for batch in stream:
+        with job.corpus.running(), recorder:
+            for batch in job.corpus.batches():
                 if _record_batch(job, recorder, batch, writers):
                     progress.update(len(batch.sequence_index), int(batch.attention_mask.sum()))
-        job.complete = True
-    except KeyboardInterrupt:
-        job.error = "interrupted (SIGINT)"
-    except Exception as err:  # noqa: BLE001 - partial results are flushed by the caller, then it is re-raised
-        failure, job.error = err, f"{type(err).__name__}: {err}"
     finally:
         progress.close()
         for writer, _ in writers:
             writer.close()
-    return failure
 
 
 def _part(job: _Job, name: str, rank: int) -> Path:
     """This run's file ``name`` or, with several processes, rank ``rank``'s part of it."""
-    return job.out / (name.replace(".parquet", f".rank{rank}.parquet") if job.world > 1 else name)
+    return job.out / (name.replace(".parquet", f".rank{rank}.parquet") if job.corpus.world > 1 else name)
 
 
 def _writers(job: _Job) -> list[tuple[SequenceWriter, Callable[[BatchRecord], pd.DataFrame]]]:
@@ -257,9 +213,9 @@ def _writers(job: _Job) -> list[tuple[SequenceWriter, Callable[[BatchRecord], pd
 
     ``sublayer_sequences.parquet`` is written whenever sublayers are recorded (see its schema entry).
     """
-    writers = [(SequenceWriter(_part(job, SEQUENCES_FILE, job.rank)), sequence_rows)]
+    writers = [(SequenceWriter(_part(job, SEQUENCES_FILE, job.corpus.rank)), sequence_rows)]
     if job.config.sublayers:
-        writers.append((SequenceWriter(_part(job, SUBLAYER_SEQUENCES_FILE, job.rank), 50_000,
+        writers.append((SequenceWriter(_part(job, SUBLAYER_SEQUENCES_FILE, job.corpus.rank), 50_000,
                                        SUBLAYER_SEQUENCE_SCHEMA), sublayer_sequence_rows))
     return writers
 
@@ -276,7 +232,7 @@ def _record_batch(job: _Job, recorder: GradFlowRecorder, batch: MaskedBatch,
     job.subs.add(record)
     for writer, rows in writers:
         writer.add(rows(record))
-    job.stats.add(record, sequences)
+    job.stats.add_record(record)
     return True
 
 
@@ -291,7 +247,7 @@ def _discard(out: Path) -> None:
 
 def _check_nonempty(job: _Job) -> None:
     """Refuse a corpus with no document, or with nothing the tokenizer leaves maskable."""
-    texts, counts = job.texts, job.counts
+    texts, counts = job.corpus.source, job.corpus.counts
     if counts.documents == 0:
         _discard(job.out)
         raise CorpusError(f"the corpus {texts} is empty: it has no non-blank document. Pass a corpus with at "
@@ -305,30 +261,33 @@ def _check_nonempty(job: _Job) -> None:
 
 def _finish(job: _Job) -> RunSummary:
     """Merge across processes and write every table; partial runs are marked complete=false."""
-    if job.world > 1:
+    world = job.corpus.world
+    if world > 1:
         _gather(job)
-    if job.rank != 0:
+    if job.corpus.rank != 0:
         torch.distributed.barrier()
         return job.summary()
-    if job.world > 1:
-        merge_sequence_parts([_part(job, SEQUENCES_FILE, r) for r in range(job.world)], job.out / SEQUENCES_FILE)
+    if world > 1:
+        merge_sequence_parts([_part(job, SEQUENCES_FILE, r) for r in range(world)], job.out / SEQUENCES_FILE)
         if job.config.sublayers:
-            merge_sequence_parts([_part(job, SUBLAYER_SEQUENCES_FILE, r) for r in range(job.world)],
+            merge_sequence_parts([_part(job, SUBLAYER_SEQUENCES_FILE, r) for r in range(world)],
                                  job.out / SUBLAYER_SEQUENCES_FILE, SUBLAYER_SEQUENCE_SCHEMA)
     write_csv(job.sites.frame(), job.out / CHANNELS_FILE, CHANNEL_COLUMNS)
     write_csv(job.subs.frame(), job.out / SUBLAYERS_FILE, SUBLAYER_COLUMNS)
     meta = _meta(job)
     write_meta(job.out / META_FILE, meta)
-    if job.world > 1:
+    if world > 1:
         torch.distributed.barrier()
     return job.summary(meta)
 
 
 def _gather(job: _Job) -> None:
     """Fold every process's accumulators and counts into rank 0's job (the others keep their own)."""
-    gathered: list = [None] * job.world
-    torch.distributed.all_gather_object(gathered, (job.sites, job.subs, asdict(job.counts), job.stats, job.complete))
-    if job.rank != 0:
+    corpus = job.corpus
+    gathered: list = [None] * corpus.world
+    torch.distributed.all_gather_object(gathered, (job.sites, job.subs, asdict(corpus.counts), job.stats,
+                                                   corpus.complete))
+    if corpus.rank != 0:
         return
     job.sites, job.subs = gathered[0][0], gathered[0][1]
     for other in gathered[1:]:
@@ -337,23 +296,23 @@ def _gather(job: _Job) -> None:
     job.stats = RecordStats()
     for other in gathered:
         job.stats.merge(other[3])
-    job.complete = all(g[4] for g in gathered)
-    job.counts = CorpusCounts(**gathered[0][2])  # every rank reads the whole document stream
-    job.counts.windows = sum(g[2]["windows"] for g in gathered) // job.world
+    corpus.complete = all(g[4] for g in gathered)
+    corpus.counts = CorpusCounts(**gathered[0][2])  # every rank reads the whole document stream
+    corpus.counts.windows = sum(g[2]["windows"] for g in gathered) // corpus.world
 
 
 def _meta(job: _Job) -> dict:
     """meta.json of a record run: the common provenance block plus the recording's settings and counts."""
-    cfg, loaded = job.config, job.loaded
-    masking = {k: v for k, v in job.policy.describe().items() if k != "min_selected"}
-    inputs = JobInputs(model=cfg.model, texts=job.texts, masking=masking, seed=cfg.seed, num_layers=job.num_layers)
+    cfg, loaded, corpus = job.config, job.loaded, job.corpus
+    masking = {k: v for k, v in corpus.policy.describe().items() if k != "min_selected"}
+    inputs = JobInputs(model=cfg.model, texts=corpus.source, masking=masking, seed=cfg.seed, num_layers=job.num_layers)
     fields = {
         "attn_norm": loaded.adapter.attn_norm, "after_mixing_sublayers": list(loaded.adapter.after_mixing()),
         "tokenizer": _portable_tokenizer(loaded, job.out), "loss": cfg.loss, "reduction": cfg.reduction,
         "max_length": cfg.max_length, "batch_size": cfg.batch_size, "limit": cfg.limit, "device": cfg.device,
-        "dtype": cfg.dtype, "world_size": job.world, "counts": _counts(job), "mean_loss": job.stats.mean_loss,
+        "dtype": cfg.dtype, "world_size": corpus.world, "counts": _counts(job), "mean_loss": job.stats.mean_loss,
     }
-    return job_meta(loaded, inputs, JobOutcome(job.complete, job.error, job.start, cfg.command, str(job.out)), fields)
+    return job_meta(loaded, inputs, corpus.outcome(cfg.command, job.out), fields)
 
 
 def _portable_tokenizer(loaded: LoadedModel, out: Path) -> dict:
@@ -364,7 +323,7 @@ def _portable_tokenizer(loaded: LoadedModel, out: Path) -> dict:
 
 def _counts(job: _Job) -> dict:
     """The ``counts`` block of meta.json."""
-    counts, stats = job.counts, job.stats
+    counts, stats = job.corpus.counts, job.stats
     return {
         "documents": counts.documents, "windows": counts.windows, "split_documents": counts.split_documents,
         "sequences_recorded": stats.sequences, "batches": stats.batches, "tokens_per_role": stats.tokens,

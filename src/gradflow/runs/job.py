@@ -1,0 +1,169 @@
+"""The one corpus-job skeleton: length check, corpus, masked batches, role counts, and how a job stops.
+
+Every corpus job (``gradflow record``, ``diagnose``, the batch of ``gradflow check``, the MLM
+evaluation, ``repair``'s windows) goes through it::
+
+    job = open_job(loaded, texts, policy, max_length, batch_size, start=start)  # refuses an over-long window
+    tally = RoleTally()
+    with job.running():                # an interrupt or error is kept on ``job``, not raised here
+        for batch in job.batches():    # masked batches (B, T); ``job.counts`` fills in as the corpus is read
+            ...                        # the job's own work on the batch
+            tally.add(batch.roles)
+    refusal = job.refusal(tally.sequences)
+    if refusal is not None:
+        raise refusal                  # bad input before anything was counted: nothing is written
+    ...                                # write the (partial) results, meta.json from job.outcome(command, out)
+    job.reraise()                      # then the interrupt or error goes on to the caller
+
+The interrupt rule, the same for every job: ``KeyboardInterrupt`` (Ctrl-C, SIGINT) stops the loop with
+``complete`` false and ``error`` "interrupted (SIGINT)"; any other exception stops it with ``error``
+"<Type>: <message>". Either way the job writes what it has, then :meth:`CorpusJob.reraise` raises the
+interrupt (as ``KeyboardInterrupt``) or the exception. The one exception: a :class:`GradflowError`
+raised before any sequence was counted is a bad input, not a partial run, and is raised with nothing
+written (:meth:`CorpusJob.refusal`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from gradflow.errors import GradflowError, UsageError
+from gradflow.inputs.corpus import CorpusCounts, Document, Window, iter_windows, open_corpus
+from gradflow.inputs.masking import MaskedBatch, MaskingPolicy
+from gradflow.inputs.pipeline import masked_batches
+from gradflow.models import LoadedModel
+from gradflow.roles import LOSS_ROLES, TOKEN_ROLES, role_counts
+from gradflow.runs.meta import JobOutcome
+
+INTERRUPTED = "interrupted (SIGINT)"
+"""The ``error`` of meta.json when a job was interrupted."""
+
+
+def check_max_length(max_length: int, loaded: LoadedModel, model: str | None = None) -> None:
+    """Raise :class:`UsageError` when windows of ``max_length`` tokens are longer than ``loaded`` accepts.
+
+    ``model``: the name the message gives (default ``loaded.name``).
+    """
+    limit = loaded.max_positions()
+    if max_length > limit:
+        raise UsageError(f"--max-length {max_length} is longer than the {limit} positions {model or loaded.name} "
+                         f"accepts; pass --max-length {limit} or less.")
+
+
+@dataclass
+class RoleTally:
+    """Sequences, batches and positions per token role (in :data:`TOKEN_ROLES` order) counted so far."""
+
+    sequences: int = 0
+    batches: int = 0
+    tokens: dict[str, int] = field(default_factory=lambda: dict.fromkeys(TOKEN_ROLES, 0))
+
+    def add(self, roles: torch.Tensor) -> None:
+        """Count one batch of (B, T) role codes: B sequences, B x T positions."""
+        for role, n in role_counts(roles).items():
+            self.tokens[role] += n
+        self.sequences += int(roles.shape[0])
+        self.batches += 1
+
+    def merge(self, other: RoleTally) -> None:
+        """Add another tally (another process's) to this one."""
+        self.sequences += other.sequences
+        self.batches += other.batches
+        for role in TOKEN_ROLES:
+            self.tokens[role] += other.tokens[role]
+
+    @property
+    def loss_tokens(self) -> int:
+        """Positions that carried the loss (masked + random + kept)."""
+        return sum(self.tokens[r] for r in LOSS_ROLES)
+
+    @property
+    def real_tokens(self) -> int:
+        """Positions counted, padding left out."""
+        return sum(v for r, v in self.tokens.items() if r != "pad")
+
+
+@dataclass
+class CorpusJob:
+    """One pass over a corpus: what it reads, how it windows and masks, and how it ended.
+
+    ``documents`` is read once (lazily); ``source`` names the corpus for meta.json. ``limit`` stops
+    after that many windows of the whole corpus; ``rank``/``world`` shard the windows between
+    processes. ``start`` is the job's start (``time.time()``, seconds) for meta.json's ``wall_s``.
+    """
+
+    tokenizer: object
+    documents: Iterable[Document]
+    source: str
+    policy: MaskingPolicy
+    max_length: int
+    batch_size: int
+    limit: int | None = None
+    rank: int = 0
+    world: int = 1
+    start: float = field(default_factory=time.time)
+    counts: CorpusCounts = field(default_factory=CorpusCounts)
+    complete: bool = False
+    error: str | None = None
+    failure: Exception | None = None
+
+    def batches(self) -> Iterator[MaskedBatch]:
+        """This process's masked batches of at most ``batch_size`` windows of ``max_length`` tokens (B, T)."""
+        return masked_batches(self.tokenizer, self.documents, self.policy, self.max_length, self.batch_size,
+                              limit=self.limit, rank=self.rank, world_size=self.world, counts=self.counts)
+
+    def windows(self) -> Iterator[Window]:
+        """The corpus' windows of at most ``max_length`` tokens, unmasked and unsharded (up to ``limit``)."""
+        return iter_windows(self.tokenizer, self.documents, self.max_length, self.counts, self.limit)
+
+    @contextmanager
+    def running(self) -> Iterator[None]:
+        """Run the batch loop inside: ``complete`` when it ends normally; an interrupt or an error is kept
+        on the job (``error``, ``failure``) instead of raised, so the caller can write what it has."""
+        try:
+            yield
+            self.complete = True
+        except KeyboardInterrupt:
+            self.error = INTERRUPTED
+        except Exception as err:  # noqa: BLE001 - kept, then raised by reraise() after the flush
+            self.failure, self.error = err, f"{type(err).__name__}: {err}"
+
+    def refusal(self, counted: int) -> GradflowError | None:
+        """The error to raise at once, writing nothing: a GradflowError before any of ``counted`` sequences."""
+        if isinstance(self.failure, GradflowError) and counted == 0:
+            return self.failure
+        return None
+
+    def reraise(self) -> None:
+        """After the partial results are written: raise the error, or ``KeyboardInterrupt`` for an interrupt."""
+        if self.failure is not None:
+            raise self.failure
+        if self.error is not None:
+            raise KeyboardInterrupt(self.error)
+
+    def outcome(self, command: str | Sequence[str], out: str | Path) -> JobOutcome:
+        """How the job ended, for :func:`gradflow.runs.meta.job_meta` (paths written relative to ``out``)."""
+        return JobOutcome(self.complete, self.error, self.start, command, str(out))
+
+
+def open_job(loaded: LoadedModel, texts: str | Path | Sequence[str] | None, policy: MaskingPolicy,
+             max_length: int, batch_size: int, *, limit: int | None = None, rank: int = 0, world: int = 1,
+             start: float | None = None, model: str | None = None) -> CorpusJob:
+    """Check ``max_length`` against the model (:func:`check_max_length`, naming ``model``) and open ``texts``.
+
+    ``texts``: a corpus path, a list of strings or None (the committed sample); see
+    :func:`gradflow.inputs.corpus.open_corpus`. Nothing is read until the batches are iterated.
+    """
+    check_max_length(max_length, loaded, model)
+    documents, source = open_corpus(texts)
+    return CorpusJob(loaded.tokenizer, documents, source, policy, max_length, batch_size, limit, rank, world,
+                     time.time() if start is None else start)
+
+
+__all__ = ["INTERRUPTED", "CorpusJob", "RoleTally", "check_max_length", "open_job"]
