@@ -133,3 +133,25 @@ def test_comparison_needs_two_runs(tmp_path):
     a = write_run(tmp_path / "a", num_layers=2, n_sequences=5)
     with pytest.raises(RunError, match="at least two"):
         report.write_comparison([a], None, tmp_path / "out")
+
+
+def test_the_tokenizer_refusal_names_the_command_that_compares_such_models(tmp_path, capsys):
+    """Issue 27 point 1: the refusal gives the atlas command (unpaired, normalised depth) for these very models,
+    and that command parses."""
+    import json
+    import shlex
+
+    from gradflow.cli.main import build_parser, main
+
+    runs = []
+    for name, model, tok in (("a", "gradflow-mini-en", "tok-a"), ("b", "/data/albert-smiles", "tok-b")):
+        path = write_run(tmp_path / name, num_layers=2, n_sequences=5, tokenizer_hash=tok)
+        meta = json.loads((path / "meta.json").read_text())
+        (path / "meta.json").write_text(json.dumps({**meta, "model": model}))
+        runs.append(str(path))
+    assert main(["compare", *runs, "--out", str(tmp_path / "out")]) == 2
+    message = capsys.readouterr().err
+    command = message.split("run: ", 1)[1].split(" (it records", 1)[0]
+    assert command == "gradflow atlas gradflow-mini-en /data/albert-smiles --out atlas --no-probes"
+    args = build_parser().parse_args(shlex.split(command)[1:])
+    assert args.models == ["gradflow-mini-en", "/data/albert-smiles"] and args.probes is False

@@ -65,10 +65,14 @@ def check_same_tokenizer(runs: Sequence[Run], labels: Sequence[str] | None = Non
     hashes = {label: run.tokenizer_hash for label, run in zip(labels, runs)}
     if None in hashes.values() or len(set(hashes.values())) > 1:
         listed = "; ".join(f"{k}: {v}" for k, v in hashes.items())
+        models = " ".join(str(run.meta.get("model") or label) for label, run in zip(labels, runs))
         raise RunError(
-            f"The runs use different tokenizers ({listed}). Per-token gradient statistics are only comparable "
-            "when every run splits the text into the same tokens; compare runs of one tokenizer (e.g. "
-            "checkpoints, losses or masking schemes of the same model family), or report them separately.")
+            f"The runs use different tokenizers ({listed}). Paired per-token comparisons need every run to split "
+            "the text into the same tokens, so compare takes runs of one tokenizer (checkpoints, losses or masking "
+            "schemes of one model family). To put models with different tokenizers side by side, unpaired, on "
+            f"normalised depth (layer / blocks), run: gradflow atlas {models} --out atlas --no-probes "
+            "(it records each model and draws every measure of the atlas per model); or report each run "
+            "separately with gradflow report.")
 
 
 def compare_runs(runs: Sequence[Run], labels: Sequence[str] | None = None, baseline: int = 0,
