@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -19,6 +20,7 @@ from torch import nn
 from gradflow.adapters import ADAPTER_CHOICES, Adapter, UnsupportedArchitectureError, adapter_for, discover_adapter
 from gradflow.errors import ModelLoadError
 from gradflow.models import zoo
+from gradflow.models.quiet import quiet_transformers
 
 EMBEDDED_MODELS: dict[str, str] = {
     "gradflow-mini-en": "BERT MLM (6 layers, hidden 256) pretrained on SOTU + Brown with standard 15% MLM",
@@ -113,9 +115,10 @@ def load_model(spec: str = DEFAULT_MODEL, device: str = "cpu", dtype: str = "flo
                                                       "one, discovered from its modules: pass --adapter auto.")
         raise ModelLoadError(f"{err}{hint}") from None
     try:
-        model, info = AutoModelForMaskedLM.from_pretrained(path, config=config, dtype=DTYPES[dtype],
-                                                           trust_remote_code=trust_remote_code,
-                                                           output_loading_info=True)
+        with quiet_transformers():  # its load report lists unused heads (pooler, NSP): noise; gradflow checks below
+            model, info = AutoModelForMaskedLM.from_pretrained(path, config=config, dtype=DTYPES[dtype],
+                                                               trust_remote_code=trust_remote_code,
+                                                               output_loading_info=True)
     except ValueError as err:
         raise ModelLoadError(f"{spec!r} (model_type {config.model_type!r}) has no masked-LM class: {err}") from None
     except OSError as err:
@@ -128,6 +131,11 @@ def load_model(spec: str = DEFAULT_MODEL, device: str = "cpu", dtype: str = "flo
             "bare encoder (e.g. BertModel). gradflow needs a ForMaskedLM checkpoint such as bert-base-uncased "
             "or roberta-base, whose MLM head was trained with the encoder."
         )
+    encoder_missing = sorted(k for k in info.get("missing_keys", []) if k.startswith(model.base_model_prefix + "."))
+    if encoder_missing:
+        print(f"gradflow: warning: {len(encoder_missing)} encoder weight(s) of {spec!r} are not in the checkpoint and "
+              f"were initialised at random ({', '.join(encoder_missing[:3])}{', ...' if len(encoder_missing) > 3 else ''}"
+              "): gradients recorded through them describe an untrained part of the model.", file=sys.stderr)
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as err:
