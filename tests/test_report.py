@@ -155,3 +155,13 @@ def test_the_tokenizer_refusal_names_the_command_that_compares_such_models(tmp_p
     assert command == "gradflow atlas gradflow-mini-en /data/albert-smiles --out atlas --no-probes"
     args = build_parser().parse_args(shlex.split(command)[1:])
     assert args.models == ["gradflow-mini-en", "/data/albert-smiles"] and args.probes is False
+
+
+@pytest.mark.parametrize(("n_sequences", "warned"), [(12, True), (29, True), (30, False), (40, False)])
+def test_a_headline_over_few_sequences_carries_a_small_sample_warning(tmp_path, n_sequences, warned):
+    run = write_run(tmp_path / "run", num_layers=2, n_sequences=n_sequences)
+    report.write_report(run, tmp_path / "out", formats=("png",), **FAST)
+    headline = (tmp_path / "out" / "summary.md").read_text().split("## Headline", 1)[1].split("\n## ", 1)[0]
+    assert ("**Small sample**" in headline) is warned
+    if warned:
+        assert f"over {n_sequences} sequences" in headline and "--limit" in headline

@@ -226,9 +226,22 @@ def _headline(run: Run, ratios: pd.DataFrame, deficit: pd.DataFrame) -> list[str
                 for s, r in zip(rest["sublayer"], rest["ratio_to_earlier"])) + ".")
     n_sequences = run.sequences["sequence_index"].nunique()
     lines.append(f"- Loss: `{run.meta.get('loss')}`; {run.num_layers} blocks; {n_sequences} sequences."
-                 + (" One sequence gives no bootstrap interval (shown as –): record at least two."
-                    if n_sequences < 2 else ""))
+                 + _sample_warning(n_sequences))
     return lines
+
+
+SMALL_SAMPLE = 30
+"""Below this many sequences a percentile bootstrap's interval is rough (too narrow, unstable in its ends)."""
+
+
+def _sample_warning(n_sequences: int) -> str:
+    """The caveat a headline over ``n_sequences`` needs ('' from :data:`SMALL_SAMPLE` sequences on)."""
+    if n_sequences < 2:
+        return " One sequence gives no bootstrap interval (shown as –): record at least two."
+    if n_sequences < SMALL_SAMPLE:
+        return (f" **Small sample**: a bootstrap over {n_sequences} sequences gives rough intervals (too narrow, "
+                f"unstable ends); record at least {SMALL_SAMPLE} (raise --limit) before quoting them.")
+    return ""
 
 
 def _layer_table(ratios: pd.DataFrame, tests: pd.DataFrame) -> list[str]:
