@@ -34,3 +34,17 @@ def test_outside_a_checkout_it_is_unknown(tmp_path, monkeypatch):
     package.mkdir(parents=True)
     monkeypatch.setattr(provenance, "_package_root", lambda: package)
     assert provenance.source_revision() == "unknown"
+
+
+def test_every_provenance_block_carries_the_revision(tmp_path, tiny_mlm_dir, tiny_corpus):
+    import json
+
+    from gradflow.runs.meta import versions
+    from gradflow.runs.record import RecordConfig, record_corpus
+
+    assert versions()["gradflow_revision"] == provenance.source_revision()
+    record_corpus(RecordConfig(out=str(tmp_path / "run"), model=str(tiny_mlm_dir), texts=str(tiny_corpus), limit=4,
+                               max_length=32, quiet=True))
+    meta = json.loads((tmp_path / "run" / "meta.json").read_text())
+    assert meta["versions"]["gradflow_revision"] == provenance.source_revision()
+    assert meta["versions"]["gradflow"] == "0.1.0"

@@ -34,7 +34,7 @@ from torch import nn
 from gradflow.adapters import Adapter, adapter_for, block_modules, count_parameters, get_module
 from gradflow.errors import OutputDirError, SurgeryError
 from gradflow.models import load_model
-from gradflow.provenance import portable_path
+from gradflow.provenance import portable_path, source_revision
 from gradflow.version import __version__
 
 SURGERY_FILE = "surgery.json"
@@ -270,7 +270,7 @@ def surgery_to_dir(model_spec: str, out_dir: str | Path, drop_last: int = 0, rei
     meta = {"source": portable_path(model_spec, out), "source_path": portable_path(loaded.path, out),
             "source_config_hash": loaded.config_hash,
             "plan": asdict(plan), "operations": result.to_dict(), "num_hidden_layers": model.config.num_hidden_layers,
-            "gradflow_version": __version__}
+            "gradflow_version": __version__, "gradflow_revision": source_revision()}
     (out / SURGERY_FILE).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
     return out
 

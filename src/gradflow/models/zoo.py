@@ -33,6 +33,7 @@ from importlib import resources
 from pathlib import Path
 
 from gradflow.errors import ZooError
+from gradflow.provenance import source_revision
 from gradflow.version import __version__
 
 # rxnfp's own pattern (rxnfp/tokenization.py, SMI_REGEX_PATTERN in the 0.1.0 wheel): the Schwaller
@@ -267,7 +268,7 @@ def convert_wheel(e: ZooEntry, wheel: Path, out: Path) -> None:
         "wheel_sha256": sha256(wheel), "source": weights_name, "source_config": config_name,
         "source_vocab": e.vocab, "dropped_keys": dropped,
         "converted": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "gradflow_version": __version__, "transformers_version": transformers.__version__,
+        "gradflow_version": __version__, "gradflow_revision": source_revision(), "transformers_version": transformers.__version__,
     }
     (out / "zoo.json").write_text(json.dumps(provenance, indent=2) + "\n", encoding="utf-8")
 

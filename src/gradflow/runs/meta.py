@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from gradflow.models import LoadedModel
-from gradflow.provenance import portable_command, portable_path
+from gradflow.provenance import portable_command, portable_path, source_revision
 from gradflow.version import __version__
 
 
@@ -50,11 +50,14 @@ class JobOutcome:
 
 
 def versions(extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    """Versions of python, torch, transformers and gradflow, plus ``extra`` (e.g. ``{"scikit-learn": ...}``)."""
+    """Versions of python, torch, transformers and gradflow, gradflow's source revision (the git commit of a
+    checkout, ``"unknown"`` for a wheel: see :func:`gradflow.provenance.source_revision`), plus ``extra``
+    (e.g. ``{"scikit-learn": ...}``)."""
     import transformers
 
     return {"python": platform.python_version(), "torch": torch.__version__,
-            "transformers": transformers.__version__, "gradflow": __version__, **(extra or {})}
+            "transformers": transformers.__version__, "gradflow": __version__,
+            "gradflow_revision": source_revision(), **(extra or {})}
 
 
 def provenance(loaded: LoadedModel, inputs: JobInputs, outcome: JobOutcome,

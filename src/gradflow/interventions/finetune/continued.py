@@ -42,6 +42,7 @@ from gradflow.interventions.vocabulary import extend_vocabulary
 from gradflow.models import load_model
 from gradflow.models.quiet import quiet_transformers
 from gradflow.provenance import portable_path
+from gradflow.runs.meta import versions
 from gradflow.schema import CALLBACK_FILE, CONTINUED_META_FILE, MLM_LOG_COLUMNS, MLM_LOG_FILE, NEW_ROWS_FILE
 
 LOG_NAME = MLM_LOG_FILE
@@ -119,7 +120,8 @@ def continue_mlm(model_spec: str, texts: list[str], out_dir: str | Path, steps: 
             "device": device, "torch_threads": torch.get_num_threads(),
             "final_loss": float(log.loss.tail(log_every).mean()),
             "vocabulary_extension": extension.to_dict() if extension is not None else None,
-            "seconds": time.perf_counter() - start, "cpu_seconds": time.process_time() - cpu_start}
+            "seconds": time.perf_counter() - start, "cpu_seconds": time.process_time() - cpu_start,
+            "versions": versions()}
     (out / CONTINUED_META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
     return model_dir
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from torch import nn
 
 from gradflow.provenance import portable_path
+from gradflow.runs.meta import versions
 from gradflow.schema import EVAL_FILE, FINETUNE_RESULT_FILE
 
 
@@ -24,7 +25,7 @@ def write_outputs(result, out: Path | None, model: nn.Module, tokenizer) -> None
     if out is None:
         return
     write_history(result, out)
-    record = json.dumps(_portable(result.to_dict(), out), indent=2, default=_json_default)
+    record = json.dumps(_portable({**result.to_dict(), "versions": versions()}, out), indent=2, default=_json_default)
     (out / FINETUNE_RESULT_FILE).write_text(record + "\n")
     if result.config.save_model:
         model.save_pretrained(out / "model")
