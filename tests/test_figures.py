@@ -205,3 +205,30 @@ def test_save_figure_strips_known_suffix(tmp_path):
     ax.plot([0, 1], [0, 1])
     paths = F.save_figure(fig, tmp_path / "x.png", formats=("png",))
     assert [p.name for p in paths] == ["x.png"]
+
+
+def test_saved_files_are_byte_stable(tmp_path):
+    """Saving the same figure twice, a second apart, gives identical bytes (no dates, no random ids)."""
+    import os
+    import time
+
+    env = os.environ.get("SOURCE_DATE_EPOCH")
+    with gradflow_style("single"):
+        fig, ax = plt.subplots(layout="constrained")
+        ax.plot([0, 1, 2], [1, 3, 2], label="run")
+        ax.set(title="title", xlabel="layer", ylabel="ratio")
+        ax.legend()
+    formats = ("pdf", "png", "svg")
+    first = F.save_figure(fig, tmp_path / "a" / "figure", formats)
+    time.sleep(1.1)  # a creation date in seconds would now differ
+    second = F.save_figure(fig, tmp_path / "b" / "figure", formats)
+    for a, b in zip(first, second):
+        assert a.read_bytes() == b.read_bytes(), a.suffix
+    assert b"CreationDate" not in first[0].read_bytes()
+    assert b"Software" in first[1].read_bytes()  # the PNG keeps matplotlib's Software key
+    eps = F.save_figure(fig, tmp_path / "figure", ("eps",))[0]  # PostScript names its file: same path
+    before = eps.read_bytes()
+    time.sleep(1.1)
+    F.save_figure(fig, tmp_path / "figure", ("eps",))
+    assert eps.read_bytes() == before
+    assert os.environ.get("SOURCE_DATE_EPOCH") == env  # the caller's environment is left as it was

@@ -2,12 +2,14 @@
 
 Plot functions draw inside :func:`gradflow_style` (rcParams are restored afterwards), take
 ``ax=None`` (a new figure of the ``"single"`` 3.5 in or ``"double"`` 7 in preset is created), and
-return the artists they drew. :func:`save_figure` writes a vector PDF and a 300-dpi PNG.
+return the artists they drew. :func:`save_figure` writes a vector PDF and a 300-dpi PNG, byte for
+byte the same each time the same figure is saved.
 
 - :mod:`.profiles`: one run's channels (depth profile, ratio heat map, distributions);
 - :mod:`.sublayers`: one run's sublayers (coverage/share heat map, last-block bars);
 - :mod:`.comparison`: several runs side by side;
-- :mod:`.canvas`: the shared axis, legend, heat-map and saving helpers; :mod:`.style`: the style.
+- :mod:`.canvas`: the shared axis, heat-map and saving helpers; :mod:`.fitting`: titles, labels
+  and legends wrapped and arranged to fit the column width; :mod:`.style`: the style.
 """
 
 from gradflow.figures.canvas import INCOMPLETE_BANNER, add_banner, save_figure

@@ -14,7 +14,9 @@ cells that are exactly 0 are hatched grey (:func:`heatmap_cells`).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import os
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,12 +29,14 @@ from matplotlib.collections import QuadMesh
 from matplotlib.colorbar import Colorbar
 from matplotlib.colors import Colormap, Normalize
 from matplotlib.figure import Figure
+from matplotlib.layout_engine import PlaceHolderLayoutEngine
 from matplotlib.lines import Line2D
 from matplotlib.patches import Rectangle
 from matplotlib.text import Text
 from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
 from matplotlib.transforms import ScaledTranslation
 
+from gradflow.figures.fitting import legend_above, title_above_legend, wrap_text
 from gradflow.figures.style import WARNING_COLOR, ZERO_COLOR, figure_size, figure_width, gradflow_style
 from gradflow.schema import REPORTED_ROLES
 
@@ -88,14 +92,6 @@ def zero_proxy() -> Line2D:
                   markeredgecolor="white", markeredgewidth=0.4, label="exactly 0")
 
 
-def legend_above(ax: Axes, handles: list[Artist], ncols: int | None = None) -> Artist:
-    """A frameless legend in one or two rows just above the axes."""
-    n = len(handles)
-    ncols = ncols or (n if n <= 4 or ax.figure.get_figwidth() > 5 else math.ceil(n / 2))
-    return ax.legend(handles=handles, loc="lower left", bbox_to_anchor=(0.0, 1.01), ncols=ncols,
-                     borderaxespad=0.0, columnspacing=0.9, handlelength=1.4)
-
-
 def set_log_or_linear(ax: Axes, positive: np.ndarray) -> bool:
     """Use a log y axis when there are positive values; returns whether it is log."""
     if positive.size and np.nanmax(positive) > 0:
@@ -130,17 +126,16 @@ def log_format(ax: Axes) -> None:
 
 def finish_log_panel(ax: Axes, drawn: list[Artist], ylabel: str, title: str | None, handles: list[Artist],
                      any_zero: bool) -> list[Artist]:
-    """Plain log ticks, the y label, the title and (when ``handles``) the legend above the axes.
+    """Plain log ticks, the y label, (when ``handles``) the legend above the axes and the title above it.
 
     The legend gets the "exactly 0" marker when ``any_zero``; returns ``drawn`` with the legend.
     """
     log_format(ax)
     ax.set_ylabel(ylabel)
+    legend = legend_above(ax, handles + ([zero_proxy()] if any_zero else [])) if handles else None
     if title:
-        ax.set_title(title)
-    if handles:
-        drawn.append(legend_above(ax, handles + ([zero_proxy()] if any_zero else [])))
-    return drawn
+        title_above_legend(ax, title, legend)
+    return drawn + ([legend] if legend is not None else [])
 
 
 def fits_annotation(ax: Axes, n_cols: int, chars: int = 4, fontsize: float = 6.0) -> bool:
@@ -262,24 +257,80 @@ def sublayer_ticklabel(name: str) -> str:
 
 
 def add_banner(fig: Figure, text: str = INCOMPLETE_BANNER) -> Text:
-    """A warning banner across the top of ``fig`` (used for runs with ``complete = false``)."""
+    """A warning banner across the top of ``fig`` (used for runs with ``complete = false``), wrapped to its width."""
     with gradflow_style(fig.get_figwidth()):
+        text = wrap_text(text, fig.get_figwidth() * 72.0 - 16.0, 7, "bold")
         return fig.suptitle(text, color=WARNING_COLOR, fontsize=7, fontweight="bold",
                             bbox=dict(boxstyle="round,pad=0.25", facecolor="#FFF3CD", edgecolor=WARNING_COLOR,
                                       linewidth=0.6))
 
 
+FIXED_METADATA: dict[str, dict[str, str | None]] = {"pdf": {"CreationDate": None}, "svg": {"Date": None}}
+"""Metadata that keeps saved files byte-stable: no creation dates (PNG has none; Software stays)."""
+
+
 def save_figure(fig: Figure, path_stem: str | Path, formats: Sequence[str] = ("pdf", "png"),
                 dpi: int = 300) -> list[Path]:
-    """Write ``fig`` as ``<path_stem>.<fmt>`` for each format (vector PDF, ``dpi`` PNG); returns the paths."""
+    """Write ``fig`` as ``<path_stem>.<fmt>`` for each format (vector PDF, ``dpi`` PNG); returns the paths.
+
+    Saving the same figure again gives byte-identical files: the layout is settled first and
+    held while every format is written (:func:`settled_layout`), PDF and SVG carry no creation
+    date (:data:`FIXED_METADATA`), PNG never has one, and PostScript dates its files from
+    ``SOURCE_DATE_EPOCH`` (0 unless the caller set it, as for reproducible builds).
+    """
     stem = Path(path_stem)
     if stem.suffix.lstrip(".") in formats:
         stem = stem.with_suffix("")
     stem.parent.mkdir(parents=True, exist_ok=True)
     paths = []
-    with gradflow_style(fig.get_figwidth()):
+    with gradflow_style(fig.get_figwidth()), settled_layout(fig):
         for fmt in formats:
             path = stem.parent / f"{stem.name}.{fmt}"
-            fig.savefig(path, format=fmt, dpi=dpi)
+            with _source_date_epoch(fmt in ("ps", "eps")):
+                fig.savefig(path, format=fmt, dpi=dpi, metadata=FIXED_METADATA.get(fmt))
             paths.append(path)
     return paths
+
+
+@contextmanager
+def settled_layout(fig: Figure, max_draws: int = 12) -> Iterator[None]:
+    """Inside the block, ``fig`` keeps the fixed point of its layout engine; the engine comes back after.
+
+    Constrained layout refines the axes' positions a little at every draw (and differently at
+    each dpi), so a figure saved twice would differ in its last digits. Here the layout is drawn
+    (at the figure's dpi, without rendering) until the positions move less than 1e-10 of the
+    figure, rounded to 1e-7 (well under a thousandth of a point) and held while the block saves.
+    """
+    engine = fig.get_layout_engine()
+    if engine is None or isinstance(engine, PlaceHolderLayoutEngine):
+        yield
+        return
+    before = None
+    for _ in range(max_draws):  # each draw moves the axes about 1000 times less than the one before
+        fig.draw_without_rendering()
+        now = np.array([ax.get_position().bounds for ax in fig.axes]).reshape(-1, 4)
+        if before is not None and np.abs(now - before).max(initial=0.0) < 1e-10:
+            break
+        before = now
+    for ax in fig.axes:
+        in_layout = ax.get_in_layout()
+        ax.set_position(np.round(ax.get_position().bounds, 7))
+        ax.set_in_layout(in_layout)  # set_position takes an axes out of the layout
+    fig.set_layout_engine("none")
+    try:
+        yield
+    finally:
+        fig.set_layout_engine(engine)
+
+
+@contextmanager
+def _source_date_epoch(needed: bool) -> Iterator[None]:
+    """Set ``SOURCE_DATE_EPOCH`` to 0 inside the block when ``needed`` and the caller has not set it."""
+    if not needed or "SOURCE_DATE_EPOCH" in os.environ:
+        yield
+        return
+    os.environ["SOURCE_DATE_EPOCH"] = "0"
+    try:
+        yield
+    finally:
+        os.environ.pop("SOURCE_DATE_EPOCH", None)

@@ -19,7 +19,8 @@ import pandas as pd
 from matplotlib.artist import Artist
 from matplotlib.axes import Axes
 
-from gradflow.figures.canvas import save_figure
+from gradflow.figures.canvas import log_format, save_figure
+from gradflow.figures.fitting import wrap_title
 from gradflow.figures.style import ZERO_COLOR, diverging_cmap, gradflow_style, role_color
 from gradflow.roles import TOKEN_ROLES
 
@@ -117,7 +118,7 @@ def plot_channel_view(table: pd.DataFrame, value: str = "grad_norm", ax: Axes | 
         ax.set_xlabel("site (block, point); layers run left to right")
         drawn += _last_block_bracket(ax, table, sites)
         if title:
-            ax.set_title(title, pad=22)
+            wrap_title(ax, title, pad=22)
         if legend:
             present = [r for r in TOKEN_ROLES if r in roles]
             handles = [Patch(facecolor=role_color(r), label=r) for r in present]
@@ -132,6 +133,7 @@ def plot_channel_view(table: pd.DataFrame, value: str = "grad_norm", ax: Axes | 
             cbar.ax.tick_params(labelsize=6, width=0.4, length=2)
             cbar.outline.set_linewidth(0.4)
             cbar.ax.set_gid("colorbar")
+            log_format(cbar.ax)  # a log scale: plain 1-2-5 ticks, no crowded minor labels
             drawn.append(cbar.ax)
     return drawn
 

@@ -16,15 +16,8 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
-from gradflow.figures.canvas import (
-    LAYER_LABEL,
-    legend_above,
-    new_axes,
-    panel_grid,
-    present_roles,
-    sublayer_ticklabel,
-    zero_proxy,
-)
+from gradflow.figures.canvas import LAYER_LABEL, new_axes, panel_grid, present_roles, sublayer_ticklabel, zero_proxy
+from gradflow.figures.fitting import fitted_legend, legend_above, legend_below, wrap_title, wrap_ylabel
 from gradflow.figures.profiles import depth_profile
 from gradflow.figures.style import RUN_HATCHES, figure_width, role_color, role_label, run_style, shade, styled
 from gradflow.schema import sorted_sublayers
@@ -54,12 +47,12 @@ def comparison_profiles(profiles: pd.DataFrame, labels: Sequence[str] | None = N
                              for r in roles_drawn]
     if any(str(a.get_gid() or "").startswith("zeros:") for a in drawn):
         handles.append(zero_proxy())
+    fig = axs[0].figure
     if spare:
-        drawn.append(spare[0].legend(handles=handles, loc="center", frameon=False))
+        cell = spare[0].get_position().width * fig.get_figwidth() * 72.0
+        drawn.append(fitted_legend(spare[0], handles, cell, 1, loc="center", frameon=False))
     else:
-        fig = axs[0].figure
-        ncols = len(handles) if fig.get_figwidth() > 5 else min(len(handles), 3)
-        drawn.append(fig.legend(handles=handles, loc="outside lower center", ncols=ncols, frameon=False))
+        drawn.append(legend_below(fig, handles))
     return drawn
 
 
@@ -76,21 +69,26 @@ def comparison_ratios(comparison: object, role: str = "context", axes: Sequence[
     """Two panels: the role / loss ratio by layer for every run, and each run minus the baseline.
 
     ``comparison``: a :class:`gradflow.analysis.Comparison`. Runs share the role's colour in
-    shades and differ by dash and marker; bands are bootstrap CIs (of the difference on the right).
-    Returns lines (gid ``ratio:<label>``, ``difference:<label>``), bands and the legend.
+    shades and differ by dash and marker; bands are bootstrap CIs (of the difference in the second
+    panel). The panels sit side by side at page width and stacked at column width; the legend of
+    the runs goes under the figure (into the first panel when ``axes`` are given). Returns lines
+    (gid ``ratio:<label>``, ``difference:<label>``), bands and the legend.
     """
     ratios = comparison.ratios[comparison.ratios["role"] == role]  # type: ignore[attr-defined]
     diffs = comparison.ratio_differences  # type: ignore[attr-defined]
     diffs = diffs[diffs["role"] == role]
     labels: list[str] = list(comparison.labels)  # type: ignore[attr-defined]
     baseline: str = comparison.baseline  # type: ignore[attr-defined]
-    axs, _ = panel_grid(2, axes, width, 0.62, 2, sharey=False)
+    wide = figure_width(width) > 5
+    axs, _ = panel_grid(2, axes, width, 0.62 if wide else 0.5, 2 if wide else 1, sharey=False)
     col, xlabel = _depth_column(ratios)
     drawn: list[Artist] = []
+    handles: list[Artist] = []
     for k, label in enumerate(labels):
         st = run_style(k, len(labels), role)
         d = ratios[ratios["label"] == label].sort_values(col)
         (line,) = axs[0].plot(d[col], d["ratio"], markersize=2.5, label=str(label), gid=f"ratio:{label}", **st)
+        handles.append(line)
         drawn += [line, axs[0].fill_between(d[col], d["ci_low"], d["ci_high"], color=st["color"], alpha=0.18,
                                             linewidth=0, gid=f"band:{label}")]
         dd = diffs[diffs["label"] == label].sort_values("layer")
@@ -101,15 +99,18 @@ def comparison_ratios(comparison: object, role: str = "context", axes: Sequence[
                                               linewidth=0, gid=f"diffband:{label}")]
     axs[0].axhline(1.0, color="#888888", linewidth=0.5, linestyle=":", zorder=1)
     axs[1].axhline(0.0, color="#888888", linewidth=0.5, linestyle=":", zorder=1)
-    axs[0].set_ylabel(f"{role} / loss gradient norm")
-    axs[1].set_ylabel(f"difference to {baseline}")
+    wrap_ylabel(axs[0], f"{role} / loss gradient norm")
+    wrap_ylabel(axs[1], "difference in ratio")
     for ax in axs:
         ax.set_xlabel(xlabel)
         if col == "layer":
             ax.xaxis.set_major_locator(MaxNLocator(integer=True, nbins=12))
-    axs[0].set_title("ratio (95% CI)")
-    axs[1].set_title(f"run − {baseline} (95% CI)")
-    drawn.append(axs[0].legend(loc="best", handlelength=2.2))
+    wrap_title(axs[0], "ratio (95% CI)")
+    wrap_title(axs[1], f"run − {baseline} (95% CI)")
+    if axes is None:
+        drawn.append(legend_below(axs[0].figure, handles, handlelength=2.2))
+    else:
+        drawn.append(axs[0].legend(loc="best", handlelength=2.2))
     return drawn
 
 

@@ -10,17 +10,18 @@ import numpy as np
 import pandas as pd
 from matplotlib.ticker import MaxNLocator
 
-from gradflow.figures.canvas import LAYER_LABEL, save_figure
+from gradflow.figures.canvas import LAYER_LABEL, MAX_HEIGHT, save_figure
 from gradflow.figures.style import figure_size, gradflow_style, role_color, role_label, styled
 from gradflow.roles import LOSS_ROLES
 from gradflow.schema import LOSS
 
 
-def _axes(ax, aspect: float = 0.68):
-    """``ax`` itself, or the axes of a new single-column figure."""
+def _axes(ax, width: str | float = "single", aspect: float = 0.68):
+    """``ax`` itself, or the axes of a new figure of ``width`` (height capped, see :data:`MAX_HEIGHT`)."""
     if ax is not None:
         return ax
-    _, ax = plt.subplots(figsize=figure_size("single", aspect), layout="constrained")
+    w, h = figure_size(width, aspect)
+    _, ax = plt.subplots(figsize=(w, min(h, MAX_HEIGHT)), layout="constrained")
     return ax
 
 
@@ -48,9 +49,9 @@ def _finish(ax, drawn: list, xlabel: str, ylabel: str) -> None:
 
 @styled
 def plot_logit_lens(table: pd.DataFrame, ax=None,
-                    roles: Sequence[str] = ("context", *LOSS_ROLES)) -> list:
+                    roles: Sequence[str] = ("context", *LOSS_ROLES), width: str | float = "single") -> list:
     """Top-1 recovery of the original token vs layer, one line per role. Returns the artists."""
-    ax = _axes(ax)
+    ax = _axes(ax, width)
     drawn = _role_lines(ax, table, "top1_original", roles)
     ax.set_ylim(-0.03, 1.03)
     _finish(ax, drawn, LAYER_LABEL, "top-1 = original token")
@@ -59,9 +60,9 @@ def plot_logit_lens(table: pd.DataFrame, ax=None,
 
 
 @styled
-def plot_input_shift(table: pd.DataFrame, ax=None) -> list:
+def plot_input_shift(table: pd.DataFrame, ax=None, width: str | float = "single") -> list:
     """Probe AUROC (loss vs context FFN inputs) per block with its 95% interval; 0.5 = no shift."""
-    ax, d = _axes(ax), table.sort_values("layer")
+    ax, d = _axes(ax, width), table.sort_values("layer")
     color = role_color(LOSS)
     band = ax.fill_between(d["layer"], d["auroc_ci_low"], d["auroc_ci_high"], color=color, alpha=0.15,
                            linewidth=0, gid="input_shift:ci")
@@ -75,9 +76,9 @@ def plot_input_shift(table: pd.DataFrame, ax=None) -> list:
 
 
 @styled
-def plot_frechet(table: pd.DataFrame, ax=None) -> list:
+def plot_frechet(table: pd.DataFrame, ax=None, width: str | float = "single") -> list:
     """Frechet distance between loss and context FFN-input Gaussians per block (log scale if > 0)."""
-    ax, d = _axes(ax), table.sort_values("layer")
+    ax, d = _axes(ax, width), table.sort_values("layer")
     drawn = ax.plot(d["layer"], d["frechet_distance"], marker="o", color=role_color(LOSS),
                     label="Frechet distance", gid="frechet:distance")
     drawn += ax.plot(d["layer"], d["mean_shift_sq"], marker="s", linestyle="--", color=role_color("context"),
@@ -93,10 +94,10 @@ def plot_frechet(table: pd.DataFrame, ax=None) -> list:
 
 
 @styled
-def plot_anisotropy(table: pd.DataFrame, ax=None,
-                    roles: Sequence[str] = ("context", "masked", "special", LOSS)) -> list:
+def plot_anisotropy(table: pd.DataFrame, ax=None, roles: Sequence[str] = ("context", "masked", "special", LOSS),
+                    width: str | float = "single") -> list:
     """Mean pairwise cosine of hidden states vs layer, one line per role."""
-    ax = _axes(ax)
+    ax = _axes(ax, width)
     drawn = _role_lines(ax, table, "mean_pairwise_cosine", roles)
     _finish(ax, drawn, LAYER_LABEL, "mean pairwise cosine")
     ax.set_title("anisotropy")
@@ -104,9 +105,10 @@ def plot_anisotropy(table: pd.DataFrame, ax=None,
 
 
 @styled
-def plot_transformation(table: pd.DataFrame, ax=None, roles: Sequence[str] = ("context", LOSS)) -> list:
+def plot_transformation(table: pd.DataFrame, ax=None, roles: Sequence[str] = ("context", LOSS),
+                        width: str | float = "single") -> list:
     """Relative change each block makes to a position's hidden state (mean +- std), last block shaded."""
-    ax = _axes(ax)
+    ax = _axes(ax, width)
     drawn = []
     offsets = np.linspace(-0.12, 0.12, len(roles)) if len(roles) > 1 else [0.0]
     for off, role in zip(offsets, roles):

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+import matplotlib as mpl
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
@@ -21,11 +22,13 @@ from matplotlib.lines import Line2D
 
 from gradflow.analysis.probe_tables import load_probe_dirs
 from gradflow.figures.canvas import add_banner, save_figure
+from gradflow.figures.fitting import axes_width_pt, fitted_legend, wrap_text
 from gradflow.figures.style import RUN_MARKERS, figure_width, gradflow_style, series_color, styled
 
 PANELS: tuple[tuple[str, str], ...] = (("accuracy", "test accuracy"), ("selectivity", "selectivity"),
                                        ("compression", "code compression"))
 REGIME_STYLES = {"unmasked": "-", "masked": "--"}
+DEPTH_LABEL = "depth (0 = embeddings, 1 = last block)"
 
 
 @styled
@@ -69,16 +72,22 @@ def probe_panels(frame: pd.DataFrame, axes: Sequence[Axes] | None = None, width:
         ax.axvline(1.0, color="0.5", linewidth=0.6, linestyle=":", zorder=0)
         ax.set_ylabel(ylabel)
     for ax in bottom:
-        ax.set_xlabel("depth (0 = embeddings, 1 = last block)")
         ax.set_xticks(np.linspace(0, 1, 5))
+    if len(bottom) > 1:  # side by side: one label under all panels
+        fig = bottom[0].figure
+        fig.supxlabel(DEPTH_LABEL, fontsize=mpl.rcParams["axes.labelsize"])
+    else:
+        bottom[0].set_xlabel(DEPTH_LABEL)
     handles = [Line2D([], [], color=series_color(k), marker=RUN_MARKERS[k % len(RUN_MARKERS)], markersize=3.5,
                       label=label) for k, label in enumerate(labels)]
     if len(regimes) > 1:
         handles += [Line2D([], [], color="0.3", linestyle=REGIME_STYLES[r], label=r) for r in regimes]
     fig = axes[0].figure
-    legend = fig.legend(handles=handles, loc="outside upper center", ncols=min(len(handles), 5), frameon=False)
+    legend = fitted_legend(fig, handles, fig.get_figwidth() * 72.0 - 8.0, 5, loc="outside upper center",
+                           frameon=False)
     if title:
-        axes[0].set_title(title, loc="left", fontsize="medium")
+        axes[0].set_title(wrap_text(title, axes_width_pt(axes[0]), mpl.rcParams["font.size"]), loc="left",
+                          fontsize="medium")
     return [*drawn, legend]
 
 

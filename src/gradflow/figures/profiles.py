@@ -30,6 +30,7 @@ from gradflow.figures.canvas import (
     present_roles,
     set_log_or_linear,
 )
+from gradflow.figures.fitting import wrap_title
 from gradflow.figures.style import diverging_cmap, role_color, role_label, styled
 
 
@@ -95,7 +96,7 @@ def ratio_heatmap(ratios: pd.DataFrame, ax: Axes | None = None, roles: Sequence[
     spec = HeatmapSpec(x, roles, [role_label(r) for r in roles], values, logv, diverging_cmap(), norm, "heatmap")
     mesh, drawn = draw_heatmap(ax, spec, annotate)
     if title:
-        ax.set_title(title)
+        wrap_title(ax, title)
     if colorbar:
         drawn.append(_log2_colorbar(ax, mesh, -span, span))
     return drawn

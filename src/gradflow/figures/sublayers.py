@@ -12,15 +12,8 @@ from matplotlib.artist import Artist
 from matplotlib.axes import Axes
 from matplotlib.colors import Normalize
 
-from gradflow.figures.canvas import (
-    HeatmapSpec,
-    add_colorbar,
-    draw_heatmap,
-    layer_grid,
-    legend_above,
-    new_axes,
-    sublayer_ticklabel,
-)
+from gradflow.figures.canvas import HeatmapSpec, add_colorbar, draw_heatmap, layer_grid, new_axes, sublayer_ticklabel
+from gradflow.figures.fitting import legend_above, title_above_legend, wrap_title
 from gradflow.figures.style import lighten, role_color, sequential_cmap, styled
 from gradflow.schema import sorted_sublayers
 
@@ -43,7 +36,7 @@ def sublayer_heatmap(shares: pd.DataFrame, value: str = "coverage", role: str = 
                        "layer (block)")
     mesh, drawn = draw_heatmap(ax, spec, annotate)
     if title:
-        ax.set_title(title)
+        wrap_title(ax, title)
     if colorbar:
         drawn.append(add_colorbar(ax, mesh, f"{role} {value}").ax)
     return drawn
@@ -82,11 +75,10 @@ def last_block_bars(deficit: pd.DataFrame, ax: Axes | None = None, legend: bool 
     ax.set_ylim(0, min(1.0, top * 1.12) if top > 0 else 1.0)
     ax.set_xlim(-0.6, len(x) - 0.4)
     ax.set_ylabel(f"{role} share of\nweight-gradient signal")
+    handle = legend_above(ax, [earlier, last], ncols=2) if legend else None
     if title:
-        ax.set_title(title)
-    if legend:
-        drawn.append(legend_above(ax, [earlier, last], ncols=2))
-    return drawn
+        title_above_legend(ax, title, handle)
+    return drawn + ([handle] if handle is not None else [])
 
 
 __all__ = ["last_block_bars", "sublayer_heatmap"]
