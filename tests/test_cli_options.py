@@ -112,3 +112,14 @@ def test_main_lists_every_command_module_once():
     assert sorted(names) == _command_modules() and len(set(names)) == len(names)
     top = [name for name in COMMANDS if " " not in name]
     assert top == names  # gradflow --help lists the commands in COMMAND_MODULES' order
+
+
+def test_every_width_has_one_default_the_figures_share():
+    """Issue 27 point 6: report, compare and probe drew at different default widths; now one, the figures' own."""
+    from gradflow.cli.options import DEFAULT_FIGURE_WIDTH
+    from gradflow.figures.style import DEFAULT_WIDTH, WIDTHS
+
+    widths = _flag("--width")
+    assert {"report", "compare", "probe"} <= set(widths)
+    assert {action.default for action in widths.values()} == {DEFAULT_WIDTH} == {DEFAULT_FIGURE_WIDTH}
+    assert all(list(action.choices) == list(WIDTHS) for action in widths.values())

@@ -253,10 +253,11 @@ def pressure_tables(labels) -> dict[str, pd.DataFrame]:
 
 @pytest.mark.parametrize("width", WIDTHS)
 @pytest.mark.parametrize("labels", sorted(LABELS))
-def test_pressure_figure(width, labels):
+@pytest.mark.parametrize("title", [None, "Context pressure on the last block, all-positions loss"])
+def test_pressure_figure(width, labels, title):
     with gradflow_style(width):
-        fig = _figure(pressure_bars(pressure_tables(LABELS[labels]), width=width))
-        assert_clean_layout(fig, f"pressure at {width}, {labels} labels")
+        fig = _figure(pressure_bars(pressure_tables(LABELS[labels]), width=width, title=title))
+        assert_clean_layout(fig, f"pressure at {width}, {labels} labels, title {title!r}")
 
 
 @pytest.mark.parametrize("width", WIDTHS)

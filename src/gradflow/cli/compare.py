@@ -18,7 +18,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     compare.add_argument("run_dirs", nargs="+", help="two or more run directories (the first is the baseline), or "
                                                      "two or more probe directories written by `gradflow probe`")
     compare.add_argument("--labels", nargs="+", default=None, help="one label per run (default: directory names)")
-    add_figure_output(compare, width="double")
+    add_figure_output(compare, width=True)
     compare.set_defaults(run=run)
 
 

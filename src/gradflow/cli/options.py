@@ -209,12 +209,18 @@ def add_blocks(parser: argparse.ArgumentParser, default: int | None = 0) -> None
     add_number(parser, "--reinit-last", int, NON_NEGATIVE, "number of last blocks to re-initialise", default)
 
 
-def add_figure_output(parser: argparse.ArgumentParser, width: str | None = None) -> None:
-    """``--out`` (required), ``--format`` and, when ``width`` is given, ``--width`` for figure commands."""
+DEFAULT_FIGURE_WIDTH = "single"
+"""``--width``'s default for every figure command: :data:`gradflow.figures.style.DEFAULT_WIDTH` (a test keeps them
+equal; spelled here so that building the parser does not import matplotlib)."""
+
+
+def add_figure_output(parser: argparse.ArgumentParser, width: bool = False) -> None:
+    """``--out`` (required), ``--format`` and, with ``width``, ``--width`` (one default for every command)."""
     parser.add_argument("--out", required=True, help="output directory")
     parser.add_argument("--format", default=FORMATS_DEFAULT, help="comma-separated figure formats (default %(default)s)")
-    if width is not None:
-        parser.add_argument("--width", choices=RegistryChoices("gradflow.figures.style", "WIDTHS"), default=width,
+    if width:
+        parser.add_argument("--width", choices=RegistryChoices("gradflow.figures.style", "WIDTHS"),
+                            default=DEFAULT_FIGURE_WIDTH,
                             metavar="WIDTH", help="figure width preset: %(choices)s (default %(default)s)")
 
 

@@ -30,7 +30,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--task", required=True,
                    help=f"{tasks}; or a file of 'word<TAB>label' lines (blank line between sentences), a .jsonl "
                         "file with 'tokens' and 'labels', or a directory with train/validation/test files")
-    add_figure_output(p, width="single")
+    add_figure_output(p, width=True)
     add_limit(p, "sentences read from each split (train, validation, test)", default=2000)
     p.add_argument("--masked", action="store_true",
                    help="also probe with the probed word masked (one forward per word: slower)")

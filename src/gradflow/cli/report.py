@@ -13,7 +13,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     report = subparsers.add_parser("report", help="figures and summary.md for one run")
     report.add_argument("run_dir", help="a run directory written by `gradflow record`, or a probe directory "
                                         "(`gradflow probe`: its figure is drawn again)")
-    add_figure_output(report, width="single")
+    add_figure_output(report, width=True)
     report.set_defaults(run=run)
 
 

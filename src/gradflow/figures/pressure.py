@@ -22,11 +22,9 @@ from gradflow.analysis.pressure import context_pressure
 from gradflow.analysis.run_data import Run
 from gradflow.figures.canvas import (
     finish_log_panel,
-    legend_above,
     log_floor_markers,
     new_axes,
     sublayer_ticklabel,
-    zero_proxy,
 )
 from gradflow.figures.style import RUN_HATCHES, RUN_MARKERS, role_color, shade, styled
 from gradflow.formatting import MISSING, format_estimate, format_number
@@ -109,11 +107,8 @@ def pressure_bars(tables: Mapping[str, pd.DataFrame], ax: Axes | None = None, le
     ax.set_xticks(x, [sublayer_ticklabel(s) for s in subs])
     ax.tick_params(axis="x", length=0)
     ax.set_xlim(-0.6, len(x) - 0.4)
-    finish_log_panel(ax, drawn, "context pressure\n(context / loss, per position)", title, [], any_zero)
-    if legend:
-        handles += [zero_proxy()] if any_zero else []
-        drawn.append(legend_above(ax, handles, ncols=2 if len(handles) > 3 else len(handles)))
-    return drawn
+    return finish_log_panel(ax, drawn, "context pressure\n(context / loss, per position)", title,
+                            handles if legend else [], any_zero)
 
 
 def pressure_section(tables: Mapping[str, pd.DataFrame], n_resamples: int, seed: int | None) -> list[str]:

@@ -23,7 +23,7 @@ from matplotlib.lines import Line2D
 from gradflow.analysis.probe_tables import load_probe_dirs
 from gradflow.figures.canvas import add_banner, save_figure
 from gradflow.figures.fitting import axes_width_pt, fitted_legend, wrap_text
-from gradflow.figures.style import RUN_MARKERS, figure_width, gradflow_style, series_color, styled
+from gradflow.figures.style import DEFAULT_WIDTH, RUN_MARKERS, figure_width, gradflow_style, series_color, styled
 
 PANELS: tuple[tuple[str, str], ...] = (("accuracy", "test accuracy"), ("selectivity", "selectivity"),
                                        ("compression", "code compression"))
@@ -93,7 +93,7 @@ def probe_panels(frame: pd.DataFrame, axes: Sequence[Axes] | None = None, width:
 
 
 def write_probe_figures(probe_dirs: Sequence[str | Path], labels: Sequence[str] | None, out_dir: str | Path,
-                        formats: Sequence[str] = ("pdf", "png"), width: str | float = "single") -> list[Path]:
+                        formats: Sequence[str] = ("pdf", "png"), width: str | float = DEFAULT_WIDTH) -> list[Path]:
     """One figure per task across ``probe_dirs`` (``probes_<task>.<fmt>``), plus ``probes.csv`` and
     ``probe_drops.csv`` of all of them (with a ``label`` column) when there are several; returns the paths."""
     tables = load_probe_dirs(probe_dirs, labels)

@@ -35,7 +35,7 @@ from gradflow.figures import canvas
 from gradflow.figures.comparison import comparison_last_block, comparison_profiles, comparison_ratios
 from gradflow.figures.pressure import PRESSURE_FIGURE, pressure_bars, pressure_csv, pressure_section, pressure_tables
 from gradflow.figures.profiles import depth_profile, distribution_ranges, ratio_heatmap
-from gradflow.figures.style import gradflow_style
+from gradflow.figures.style import DEFAULT_WIDTH, gradflow_style
 from gradflow.figures.sublayers import last_block_bars, sublayer_heatmap
 from gradflow.formatting import MISSING, format_estimate, format_number, format_p_value
 from gradflow.provenance import portable_path
@@ -129,7 +129,7 @@ def _incomplete_banner(labels: Sequence[str]) -> str:
 # ----------------------------------------------------------------------------------------------
 
 def write_report(run_dir: str | Path, out_dir: str | Path, formats: Sequence[str] = ("pdf", "png"),
-                 width: str | float = "single", n_resamples: int = 2000, seed: int = 0) -> list[Path]:
+                 width: str | float = DEFAULT_WIDTH, n_resamples: int = 2000, seed: int = 0) -> list[Path]:
     """Write every single-run figure, the metric tables (CSV) and ``summary.md``; return the paths.
 
     Raises :class:`RunError` when ``run_dir`` is missing or malformed.
@@ -292,7 +292,7 @@ def _figure_list(figures: list[str], formats: Sequence[str]) -> list[str]:
 # ----------------------------------------------------------------------------------------------
 
 def write_comparison(run_dirs: Sequence[str | Path], labels: Sequence[str] | None, out_dir: str | Path,
-                     formats: Sequence[str] = ("pdf", "png"), width: str | float = "double", baseline: int = 0,
+                     formats: Sequence[str] = ("pdf", "png"), width: str | float = DEFAULT_WIDTH, baseline: int = 0,
                      n_resamples: int = 2000, seed: int = 0) -> list[Path]:
     """Write the comparison figures, tables and ``summary.md`` for several runs; return the paths.
 

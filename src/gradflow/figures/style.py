@@ -21,6 +21,8 @@ STYLE_PATH: Path = Path(__file__).with_name("gradflow.mplstyle")
 """The style sheet shipped with gradflow."""
 
 WIDTHS: dict[str, float] = {"single": 3.5, "double": 7.0}
+DEFAULT_WIDTH = "single"
+"""The width every figure command and writer uses unless told otherwise: one journal column."""
 """Figure widths in inches: one journal column, two columns."""
 
 ROLE_COLORS: dict[str, str] = {
