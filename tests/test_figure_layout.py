@@ -313,3 +313,25 @@ def test_atlas_figures(name, width, labels):
 def test_channel_view_figure(tokens, title):
     fig = _figure(plot_channel_view(channel_table(tokens), title=title))
     assert_clean_layout(fig, "channel view")
+
+
+def test_signed_channel_view_saves_with_its_layout_intact(tmp_path):
+    """The attribution view (signed, symlog colour bar) once collapsed when the saved layout was settled by
+    repeated draws: saving warns of nothing, keeps every panel, and the 0 tick stands alone."""
+    import warnings
+
+    from gradflow.figures.canvas import save_figure
+
+    table = channel_table(LONG_TOKENS)
+    signs = np.where(table["position"] % 2 == 0, 1.0, -1.0)
+    table["attribution_sum"] = table["grad_norm"] * signs * 10.0 ** -(table["position"] % 4)
+    drawn = plot_channel_view(table, "attribution_sum", title="attribution")
+    fig = drawn[0].axes.figure
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        save_figure(fig, tmp_path / "view", formats=("png",))
+    assert_clean_layout(fig, "signed channel view after saving")
+    colorbar = next(a for a in fig.axes if a.get_gid() == "colorbar")
+    ticks = [t for t in colorbar.get_yticks() if colorbar.get_ylim()[0] <= t <= colorbar.get_ylim()[1]]
+    linear_band = drawn[0].norm.linthresh
+    assert 0.0 in ticks and min(abs(t) for t in ticks if t) > linear_band  # no tick label overprints 0

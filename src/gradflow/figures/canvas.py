@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -305,11 +306,18 @@ def settled_layout(fig: Figure, max_draws: int = 12) -> Iterator[None]:
     if engine is None or isinstance(engine, PlaceHolderLayoutEngine):
         yield
         return
-    before = None
-    for _ in range(max_draws):  # each draw moves the axes about 1000 times less than the one before
-        fig.draw_without_rendering()
+    fig.draw_without_rendering()  # the layout every figure gets from one draw (warnings, if any, are the caller's)
+    first = before = np.array([ax.get_position().bounds for ax in fig.axes]).reshape(-1, 4)
+    for _ in range(max_draws - 1):  # each draw moves the axes about 1000 times less than the one before
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            fig.draw_without_rendering()
         now = np.array([ax.get_position().bounds for ax in fig.axes]).reshape(-1, 4)
-        if before is not None and np.abs(now - before).max(initial=0.0) < 1e-10:
+        if caught or (now[:, 2:] <= 0).any():  # the engine does not converge here (e.g. a symlog colour bar
+            for ax, bounds in zip(fig.axes, first):  # whose labels change with its size): keep the first layout
+                ax.set_position(bounds)
+            break
+        if np.abs(now - before).max(initial=0.0) < 1e-10:
             break
         before = now
     for ax in fig.axes:

@@ -11,6 +11,7 @@ symmetric-log scale.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -81,7 +82,6 @@ def plot_channel_view(table: pd.DataFrame, value: str = "grad_norm", ax: Axes | 
     from matplotlib.patches import Patch, Rectangle
     from matplotlib.transforms import ScaledTranslation
 
-
     signed = value in SIGNED
     sites = list(dict.fromkeys(table["site"]))
     tokens = table[table["site"] == sites[0]].sort_values("position")
@@ -133,7 +133,10 @@ def plot_channel_view(table: pd.DataFrame, value: str = "grad_norm", ax: Axes | 
             cbar.ax.tick_params(labelsize=6, width=0.4, length=2)
             cbar.outline.set_linewidth(0.4)
             cbar.ax.set_gid("colorbar")
-            log_format(cbar.ax)  # a log scale: plain 1-2-5 ticks, no crowded minor labels
+            if signed:
+                cbar.set_ticks(_symlog_ticks(norm))
+            else:  # a log scale: plain 1-2-5 ticks, no crowded minor labels
+                log_format(cbar.ax)
             drawn.append(cbar.ax)
     return drawn
 
@@ -150,11 +153,18 @@ def _last_block_bracket(ax: Axes, table: pd.DataFrame, sites: list[str]) -> list
     return [line, text]
 
 
+def _symlog_ticks(norm) -> list[float]:
+    """0 and +-10^k for the decades above the linear band (ticks inside it would overprint 0)."""
+    low = math.floor(math.log10(norm.linthresh)) + 1
+    high = math.floor(math.log10(norm.vmax))
+    decades = [10.0 ** k for k in range(low, high + 1)] or [norm.vmax]
+    return [-d for d in reversed(decades)] + [0.0] + decades
+
+
 def save_channel_view(table: pd.DataFrame, path_stem: str | Path, value: str = "grad_norm", title: str | None = None,
                       formats: Sequence[str] = ("pdf", "png")) -> list[Path]:
     """Draw :func:`plot_channel_view` of ``value`` and write it as ``<path_stem>.<fmt>``; returns the paths."""
     import matplotlib.pyplot as plt
-
 
     drawn = plot_channel_view(table, value, title=title)
     fig = drawn[0].axes.figure
