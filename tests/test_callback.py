@@ -1,4 +1,4 @@
-"""GradFlowCallback: logged gradient norms, per-role norms and drift equal direct computations."""
+"""GradFlowCallback: logged gradient norms, per-role norms and drift equal direct computations; the log modes."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from conftest import SAMPLE_LINES
 from gradflow import schema
 from gradflow.hooks.recorder import GradFlowRecorder
 from gradflow.inputs.masking import MaskedBatch, mlm_roles
-from gradflow.interventions.callback import GradFlowCallback, _param_groups
+from gradflow.interventions.callback import LOG_MODES, GradFlowCallback, _param_groups, _scalar_name, summary_scalars
 from gradflow.roles import Role
 
 pytest.importorskip("accelerate", reason="transformers.Trainer needs accelerate")
@@ -57,7 +57,8 @@ def _dataset(tokenizer):
     return [tokenizer(line, truncation=True, max_length=32) for line in SAMPLE_LINES * 4]
 
 
-def _train(tiny_mlm_dir, tmp_path, steps=3, every=2, accumulation=1, max_grad_norm=1.0, logging_steps=None):
+def _train(tiny_mlm_dir, tmp_path, steps=3, every=2, accumulation=1, max_grad_norm=1.0, logging_steps=None,
+           log="all"):
     torch.manual_seed(0)
     tokenizer = AutoTokenizer.from_pretrained(tiny_mlm_dir)
     model = BertForMaskedLM.from_pretrained(tiny_mlm_dir, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
@@ -72,7 +73,7 @@ def _train(tiny_mlm_dir, tmp_path, steps=3, every=2, accumulation=1, max_grad_no
                       processing_class=tokenizer)
     spy = _Spy(model)
     trainer.add_callback(spy)
-    callback = GradFlowCallback.attach(trainer, every=every)
+    callback = GradFlowCallback.attach(trainer, every=every, log=log)
     trainer.train()
     return model, tokenizer, callback, spy, trainer
 
@@ -164,12 +165,14 @@ def test_csv_and_trainer_log(trained):
     assert "gradflow/blocks.1/grad_norm/masked" in logged[0]
 
 
-def test_trainer_keeps_its_own_loss_log_on_logged_steps(tiny_mlm_dir, tmp_path):
+@pytest.mark.parametrize(("log", "key"), [("all", "gradflow/blocks.1/grad_norm"),
+                                          ("summary", "gradflow/last_block/grad_norm")])
+def test_trainer_keeps_its_own_loss_log_on_logged_steps(tiny_mlm_dir, tmp_path, log, key):
     """Our trainer.log() must not swallow the Trainer's loss entry of the same step."""
-    *_, trainer = _train(tiny_mlm_dir, tmp_path, steps=4, every=2, logging_steps=2)
+    *_, trainer = _train(tiny_mlm_dir, tmp_path, steps=4, every=2, logging_steps=2, log=log)
     loss_steps = [h["step"] for h in trainer.state.log_history if "loss" in h]
     assert loss_steps == [2, 4]
-    assert [h["step"] for h in trainer.state.log_history if "gradflow/blocks.1/grad_norm" in h] == [1, 2, 4]
+    assert [h["step"] for h in trainer.state.log_history if key in h] == [1, 2, 4]
 
 
 def test_gradient_accumulation_sums_micro_batches(tiny_mlm_dir, tmp_path):
@@ -193,3 +196,117 @@ def test_param_groups_name_a_shared_layer_by_its_depth_range():
     assert parse_block_group("blocks.0-2") == (0, 2)
     assert [g.name for g in _param_groups(tiny_model("bert"))] == ["embeddings", "blocks.0", "blocks.1", "blocks.2",
                                                                    "other"]
+
+
+# ---------------------------------------------------------------------------------------- log modes
+def _gradflow_logs(trainer) -> dict[int, dict]:
+    """step -> the gradflow scalars that reached trainer.log at that step."""
+    out = {}
+    for entry in trainer.state.log_history:
+        scalars = {k: v for k, v in entry.items() if k.startswith("gradflow/")}
+        if scalars:
+            assert entry["step"] not in out
+            out[entry["step"]] = scalars
+    return out
+
+
+@pytest.fixture(scope="module")
+def by_mode(trained, tiny_mlm_dir, tmp_path_factory):
+    """The same seeded training under each log mode (``all`` is the ``trained`` fixture)."""
+    runs = {"all": trained}
+    for mode in ("summary", "none"):
+        runs[mode] = _train(tiny_mlm_dir, tmp_path_factory.mktemp(f"cb-{mode}"), log=mode)
+    return runs
+
+
+def test_default_log_mode_is_summary():
+    assert GradFlowCallback().log == "summary" and LOG_MODES == ("summary", "all", "none")
+    with pytest.raises(ValueError, match="log must be one of"):
+        GradFlowCallback(log="quiet")
+
+
+def test_csv_is_identical_in_every_log_mode(by_mode):
+    frames = {mode: pd.read_csv(run[2].csv_path) for mode, run in by_mode.items()}
+    assert sorted(frames["all"].step.unique()) == [1, 2]
+    for mode in ("summary", "none"):
+        pd.testing.assert_frame_equal(frames[mode], frames["all"], check_exact=True)
+        assert by_mode[mode][2].rows == by_mode["all"][2].rows
+
+
+def test_log_none_sends_nothing_through_trainer_log(by_mode):
+    assert _gradflow_logs(by_mode["none"][4]) == {}
+    assert len(by_mode["none"][2].rows) == len(by_mode["all"][2].rows)  # ... while every row is kept and written
+
+
+def test_log_all_sends_every_row_but_counts(by_mode):
+    callback, trainer = by_mode["all"][2], by_mode["all"][4]
+    logged = _gradflow_logs(trainer)
+    assert sorted(logged) == [1, 2]
+    for step, scalars in logged.items():
+        rows = [r for r in callback.rows if r["step"] == step and r["quantity"] != "n_positions"]
+        assert scalars == {_scalar_name(r): r["value"] for r in rows}
+        assert len(scalars) == len(rows) > 20  # 33 on this 2-block model, about 150 on 6 blocks
+
+
+def test_log_summary_sends_exactly_the_documented_scalars(by_mode):
+    callback, trainer = by_mode["summary"][2], by_mode["summary"][4]
+    logged = _gradflow_logs(trainer)
+    frame = pd.read_csv(callback.csv_path)
+    assert sorted(logged) == [1, 2]
+    for step, scalars in logged.items():
+        assert list(scalars) == list(schema.CALLBACK_SUMMARY_SCALARS)
+        assert scalars == pytest.approx(summary_scalars(frame[frame.step == step].to_dict("records")))
+        norms = _values(callback, step, "grad_norm")
+        assert scalars["gradflow/grad_norm"] == pytest.approx(math.sqrt(sum(v * v for v in norms.values())))
+        assert scalars["gradflow/last_block/grad_norm"] == norms["blocks.1"]
+        assert scalars["gradflow/last_block/drift"] == _values(callback, step, "drift")["blocks.1"]
+        # under the MLM loss the last block's output gets exactly nothing at context positions ...
+        assert scalars["gradflow/last_block/context_share"] == 0.0
+        assert scalars["gradflow/last_block/context_loss_ratio"] == 0.0
+        # ... its K and V still do, and one block earlier context positions get a gradient
+        assert 0 < scalars["gradflow/last_block/context_weight_share"] < 1
+        assert scalars["gradflow/block_before_last/context_loss_ratio"] > 0
+
+
+def test_summary_scalars_by_hand():
+    def row(group, role, quantity, value):
+        return {"step": 1, "group": group, "role": role, "quantity": quantity, "value": value}
+
+    rows = [row("embeddings", "all", "grad_norm", 3.0), row("blocks.0-2", "all", "grad_norm", 4.0),
+            row("other", "all", "grad_norm", 12.0), row("blocks.0-2", "all", "drift", 0.5)]
+    for group, context in (("blocks.1", 1.0), ("blocks.2", 0.5)):
+        rows += [row(group, "masked", "hidden_grad_mean", 2.0), row(group, "masked", "n_positions", 2.0),
+                 row(group, "kept", "hidden_grad_mean", 5.0), row(group, "kept", "n_positions", 1.0),
+                 row(group, "context", "hidden_grad_mean", context), row(group, "context", "n_positions", 6.0),
+                 row(group, "masked", "grad_norm", 3.0), row(group, "context", "grad_norm", 4.0)]
+    got = summary_scalars(rows)
+    assert got == pytest.approx({
+        "gradflow/grad_norm": 13.0, "gradflow/last_block/grad_norm": 4.0, "gradflow/last_block/drift": 0.5,
+        "gradflow/last_block/context_share": 3.0 / (4.0 + 5.0 + 3.0),
+        "gradflow/last_block/context_weight_share": 16.0 / 25.0,
+        "gradflow/last_block/context_loss_ratio": 0.5 / 3.0,  # loss mean: (2 * 2 + 5 * 1) / 3
+        "gradflow/block_before_last/context_loss_ratio": 1.0 / 3.0})
+    assert set(got) == set(schema.CALLBACK_SUMMARY_SCALARS)
+    whole_only = summary_scalars(rows[:3])  # roles="off", drift=False: the norms only
+    assert whole_only == pytest.approx({"gradflow/grad_norm": 13.0, "gradflow/last_block/grad_norm": 4.0})
+    assert summary_scalars([]) == {}
+
+
+def test_log_mode_applies_without_attach(tiny_mlm_dir, tmp_path):
+    """Added with add_callback (no trainer.log), the chosen scalars go to state.log_history."""
+    tokenizer = AutoTokenizer.from_pretrained(tiny_mlm_dir)
+    logged = {}
+    for mode in LOG_MODES:
+        model = BertForMaskedLM.from_pretrained(tiny_mlm_dir)
+        args = TrainingArguments(output_dir=str(tmp_path / mode), max_steps=1, per_device_train_batch_size=4,
+                                 report_to=[], use_cpu=True, save_strategy="no", disable_tqdm=True,
+                                 logging_strategy="no", dataloader_num_workers=0, seed=0)
+        trainer = Trainer(model=model, args=args, train_dataset=_dataset(tokenizer), processing_class=tokenizer,
+                          data_collator=DataCollatorForLanguageModeling(tokenizer, mlm_probability=0.3),
+                          callbacks=[GradFlowCallback(every=1, log=mode)])
+        trainer.train()
+        logged[mode] = [{k for k in entry if k.startswith("gradflow/")} for entry in trainer.state.log_history]
+        assert (tmp_path / mode / schema.CALLBACK_FILE).stat().st_size > 100
+    assert logged["summary"][0] == set(schema.CALLBACK_SUMMARY_SCALARS)
+    assert len(logged["all"][0]) > 20
+    assert not any(logged["none"])

@@ -360,6 +360,16 @@ CALLBACK_QUANTITIES: dict[str, str] = {
 }
 """The quantities of the callback's log (per-role rows only for MLM batches)."""
 CALLBACK_COLUMNS: tuple[str, ...] = tuple(CALLBACK_FIELDS)
+CALLBACK_SUMMARY_SCALARS: dict[str, str] = {
+    "gradflow/grad_norm": "the whole model's gradient norm before clipping (every group's ``grad_norm``, role all)",
+    "gradflow/last_block/grad_norm": "``grad_norm`` (role all) of the last block's group (ALBERT: the shared one)",
+    "gradflow/last_block/drift": "``drift`` of the last block's group (with ``drift=True``)",
+    "gradflow/last_block/context_share": "context's share of the sum of n_positions * hidden_grad_mean: 0 under MLM",
+    "gradflow/last_block/context_weight_share": "context's share of the squared per-role ``grad_norm`` (K, V: > 0)",
+    "gradflow/last_block/context_loss_ratio": "hidden_grad_mean at context / at the loss positions: 0 under MLM",
+    "gradflow/block_before_last/context_loss_ratio": "the same one block earlier (where context gets gradient)",
+}
+"""``GradFlowCallback(log="summary")``'s scalars per logged step (from its rows; one without rows is left out)."""
 NEW_ROWS_FILE = "new_rows.csv"
 NEW_ROWS_FIELDS: dict[str, str] = {
     "step": "optimizer step (numbered as in the callback's log); rows come from the step's first micro-batch",

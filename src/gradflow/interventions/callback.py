@@ -24,10 +24,17 @@ selected; masked, random or kept by the input; unselected positions special, pad
 the mask and special ids of the tokenizer (argument or the Trainer's ``processing_class``); without
 one, random replacements count as masked and specials as context.
 
-Rows go to ``gradflow_callback.csv`` (columns and quantities: :data:`gradflow.schema.CALLBACK_FIELDS`,
-:data:`gradflow.schema.CALLBACK_QUANTITIES`) in the run's ``output_dir`` (only on the main process) and,
-when attached with :meth:`GradFlowCallback.attach`, to ``trainer.log`` (so every reporting integration
-gets them), else to ``state.log_history``.
+Every row goes to ``gradflow_callback.csv`` (columns and quantities: :data:`gradflow.schema.CALLBACK_FIELDS`,
+:data:`gradflow.schema.CALLBACK_QUANTITIES`) in the run's ``output_dir`` (only on the main process), whatever
+``log`` says. ``log`` chooses the scalars that also go, per logged step, to ``trainer.log`` when attached
+with :meth:`GradFlowCallback.attach` (so the console and every reporting integration get them), else to
+``state.log_history``:
+
+- ``"summary"`` (the default): the few scalars of :data:`gradflow.schema.CALLBACK_SUMMARY_SCALARS`
+  (:func:`summary_scalars`: the model's gradient norm, the last block's norm, drift and context shares);
+- ``"all"``: one scalar per row but ``n_positions``, ``gradflow/{group}/{quantity}[/{role}]`` (about
+  90 per step on a 6-block model, 13 per block: the whole log for the reporting integrations);
+- ``"none"``: nothing; the CSV only.
 
 Step numbering: ``step`` s is the optimizer step that takes ``global_step`` from s-1 to s; its
 gradients were computed with the weights after step s-1, its drift after step s.
@@ -52,8 +59,9 @@ from transformers import TrainerCallback
 
 from gradflow.adapters import adapter_for, block_modules, get_module
 from gradflow.hooks.recorder import BatchRecord, GradFlowRecorder, RecorderConfig, RecorderError
-from gradflow.hooks.sites import block_group_name, depth_occurrences, distinct_blocks
+from gradflow.hooks.sites import block_group_name, depth_occurrences, distinct_blocks, parse_block_group
 from gradflow.inputs.masking import mlm_roles
+from gradflow.roles import LOSS_ROLES
 from gradflow.schema import CALLBACK_COLUMNS, CALLBACK_FILE
 
 CSV_NAME = CALLBACK_FILE
@@ -62,6 +70,8 @@ CSV_COLUMNS = CALLBACK_COLUMNS
 """The log's columns (:data:`gradflow.schema.CALLBACK_COLUMNS`; this alias is kept for older imports)."""
 EMBEDDINGS_GROUP = "embeddings"
 """The parameter group of the embeddings (blocks are named by :func:`block_group_name`)."""
+LOG_MODES = ("summary", "all", "none")
+"""``log``: what reaches ``trainer.log``: the summary scalars (the default), a scalar per row, nothing."""
 
 
 @dataclass
@@ -79,15 +89,20 @@ class GradFlowCallback(TrainerCallback):
     ``roles``: ``"auto"`` (per-role rows for MLM batches), ``"off"``; ``sublayers``: the per-role
     weight-gradient split (``False`` keeps only the cheaper hidden-state rows); ``csv_path``:
     default ``output_dir/gradflow_callback.csv``; ``tokenizer``: for mask and special ids
-    (default: the Trainer's ``processing_class``).
+    (default: the Trainer's ``processing_class``); ``log``: the scalars sent to ``trainer.log``
+    (:data:`LOG_MODES`: ``"summary"``, ``"all"``, ``"none"``; the CSV gets every row in each).
     """
 
     def __init__(self, every: int = 50, *, roles: str = "auto", sublayers: bool = True, drift: bool = True,
-                 csv_path: str | Path | None = None, tokenizer=None, log_first_step: bool = True):
+                 csv_path: str | Path | None = None, tokenizer=None, log_first_step: bool = True,
+                 log: str = "summary"):
         if every < 1:
             raise ValueError(f"every must be >= 1, got {every}")
         if roles not in ("auto", "off"):
             raise ValueError(f"roles must be 'auto' or 'off', got {roles!r}")
+        if log not in LOG_MODES:
+            raise ValueError(f"log must be one of {', '.join(map(repr, LOG_MODES))}, got {log!r}")
+        self.log = log
         self.every = every
         self.roles = roles
         self.sublayers = sublayers
@@ -109,7 +124,7 @@ class GradFlowCallback(TrainerCallback):
 
     @classmethod
     def attach(cls, trainer, every: int = 50, **kwargs) -> "GradFlowCallback":
-        """Create a callback, add it to ``trainer`` and log its scalars through ``trainer.log``."""
+        """Create a callback, add it to ``trainer`` and send its scalars (``log=``) through ``trainer.log``."""
         callback = cls(every, **kwargs)
         callback.trainer = trainer
         trainer.add_callback(callback)
@@ -257,11 +272,91 @@ class GradFlowCallback(TrainerCallback):
             with self.csv_path.open("a", newline="") as fh:
                 writer = csv.writer(fh)
                 writer.writerows([[r[c] for c in CALLBACK_COLUMNS] for r in rows])
-        scalars = {_scalar_name(r): r["value"] for r in rows if r["quantity"] != "n_positions"}
+        if self.log == "summary":
+            scalars = summary_scalars(rows)
+        elif self.log == "all":
+            scalars = {_scalar_name(r): r["value"] for r in rows if r["quantity"] != "n_positions"}
+        else:
+            return
+        if not scalars:
+            return
         if self.trainer is not None:
             self.trainer.log(scalars)
         else:
             state.log_history.append({**scalars, "step": state.global_step})
+
+
+# ---------------------------------------------------------------------------------------- summary
+def summary_scalars(rows: list[dict]) -> dict[str, float]:
+    """The scalars of :data:`gradflow.schema.CALLBACK_SUMMARY_SCALARS` from one logged step's rows.
+
+    ``rows``: dicts with the log's columns, all of one step (``callback.rows`` or the CSV's rows of
+    that step: ``frame[frame.step == s].to_dict("records")``). The last block is the deepest block
+    group (role ``all``: ALBERT's shared ``blocks.0-11``) and, for the per-role scalars, the deepest
+    ``blocks.{i}`` with per-role rows; the loss positions are masked, random and kept.
+
+    - ``gradflow/grad_norm``: ``sqrt(sum over groups of grad_norm^2)``, the whole model's norm;
+    - ``gradflow/last_block/grad_norm``, ``gradflow/last_block/drift``: the last block group's rows;
+    - ``gradflow/last_block/context_share``: ``n * hidden_grad_mean`` of context over its sum over
+      roles (the share of the summed per-position hidden-state gradient norms: 0 under MLM);
+    - ``gradflow/last_block/context_weight_share``: context's ``grad_norm^2`` over its sum over roles;
+    - ``gradflow/{last_block,block_before_last}/context_loss_ratio``: ``hidden_grad_mean`` at context
+      over the loss positions' mean (their means weighted by ``n_positions``).
+
+    A scalar whose rows are missing (``roles="off"``, ``drift=False``, ``sublayers=False``, a batch
+    without MLM labels, a one-block model) or whose denominator is 0 is left out.
+    """
+    out: dict[str, float] = {}
+    whole = [r for r in rows if r["role"] == "all"]
+    norms = [float(r["value"]) for r in whole if r["quantity"] == "grad_norm"]
+    if norms:
+        out["gradflow/grad_norm"] = math.sqrt(sum(v * v for v in norms))
+    last_group = _deepest(r["group"] for r in whole)
+    for quantity in ("grad_norm", "drift"):
+        values = [float(r["value"]) for r in whole if r["group"] == last_group and r["quantity"] == quantity]
+        if values:
+            out[f"gradflow/last_block/{quantity}"] = values[0]
+    per_role = [r for r in rows if r["role"] != "all"]
+    last = _deepest(r["group"] for r in per_role)
+    if last is None:
+        return out
+    depth = parse_block_group(last)[1]
+    hidden, count = _per_role(per_role, last, "hidden_grad_mean"), _per_role(per_role, last, "n_positions")
+    weight = {role: v * v for role, v in _per_role(per_role, last, "grad_norm").items()}
+    mass = {role: m * count.get(role, 0.0) for role, m in hidden.items()}
+    for name, parts in (("context_share", mass), ("context_weight_share", weight)):
+        if "context" in parts and sum(parts.values()) > 0:
+            out[f"gradflow/last_block/{name}"] = parts["context"] / sum(parts.values())
+    groups = (("last_block", last), ("block_before_last", block_group_name(depth - 1) if depth > 0 else None))
+    for label, group in groups:
+        ratio = _context_loss_ratio(_per_role(per_role, group, "hidden_grad_mean"),
+                                    _per_role(per_role, group, "n_positions"))
+        if ratio is not None:
+            out[f"gradflow/{label}/context_loss_ratio"] = ratio
+    return out
+
+
+def _deepest(groups) -> str | None:
+    """The block group of the greatest (last) depth among ``groups`` (others: embeddings, other); None without one."""
+    blocks = {}
+    for group in set(groups):
+        try:
+            blocks[group] = parse_block_group(group)[1]
+        except ValueError:
+            continue
+    return max(blocks, key=blocks.get) if blocks else None
+
+
+def _per_role(rows: list[dict], group: str | None, quantity: str) -> dict[str, float]:
+    return {r["role"]: float(r["value"]) for r in rows if r["group"] == group and r["quantity"] == quantity}
+
+
+def _context_loss_ratio(hidden: dict[str, float], count: dict[str, float]) -> float | None:
+    loss_n = sum(count.get(role, 0.0) for role in LOSS_ROLES if role in hidden)
+    loss_sum = sum(hidden[role] * count.get(role, 0.0) for role in LOSS_ROLES if role in hidden)
+    if count.get("context", 0.0) <= 0 or "context" not in hidden or loss_n <= 0 or loss_sum <= 0:
+        return None
+    return hidden["context"] / (loss_sum / loss_n)
 
 
 # ---------------------------------------------------------------------------------------- helpers
@@ -305,4 +400,5 @@ def _drift(group: _Group) -> float:
     return math.sqrt(diff) / math.sqrt(ref) if ref > 0 else float("nan")
 
 
-__all__ = ["CSV_COLUMNS", "CSV_NAME", "GradFlowCallback", "mlm_roles"]  # mlm_roles: re-exported for older imports
+__all__ = ["CSV_COLUMNS", "CSV_NAME", "LOG_MODES", "GradFlowCallback", "mlm_roles",  # mlm_roles: for older imports
+           "summary_scalars"]
