@@ -13,7 +13,7 @@ from gradflow.cli import main
 from tiny import tiny_batch, tiny_model
 
 JSON_KEYS = {"model", "model_type", "family", "attn_norm", "num_blocks", "batch", "params", "sublayers", "unsplit",
-             "theory", "flops", "skippable_share", "notes"}
+             "theory", "flops", "skippable_share", "notes", "shared_parameters"}
 FLOP_KEYS = {"tokens", "loss_tokens", "unselected_tokens", "blocks_linear", "attention", "encoder_other", "head",
              "non_token", "head_unselected", "total", "skippable_sublayers", "skippable", "skippable_attention", "share",
              "share_with_attention"}
@@ -93,6 +93,7 @@ def test_json_output_has_the_documented_keys(tiny_mlm_dir, tiny_corpus, capsys):
     assert data["batch"]["seed"] == 3 and data["batch"]["sequences"] == 4 and data["num_blocks"] == 2
     assert {"layer", "sublayer", "param", "zero_roles", "context_zero", "flagged"} <= set(data["params"][0])
     assert 0 < data["skippable_share"] < 1
+    assert data["shared_parameters"] == [] and data["notes"] == []  # no weight sharing in BERT
 
 
 def test_check_model_takes_a_loaded_model(tiny_mlm_dir, tiny_corpus):

@@ -320,6 +320,7 @@ ATLAS_COLUMNS: tuple[str, ...] = tuple(ATLAS_DTYPES)
 ATLAS_METRICS: dict[str, str] = {
     "context_loss_ratio": "context / loss-position mean gradient norm at each block output (95% sequence-bootstrap CI)",
     "context_share": "context share of a sublayer's weight-gradient signal, per block (``context_share:<sublayer>``)",
+    "shared_context_share": "a weight-shared last block's context share summed over all its applications (at 1)",
     "logit_lens_top1_context": "logit-lens top-1 recovery of the original token at context positions, per layer",
     "probe_accuracy": "linear-probe test accuracy of unmasked word features per layer (``probe_accuracy:<task>``, "
                       "95% sentence-bootstrap CI)",
@@ -335,6 +336,7 @@ ATLAS_STEP_DIRS: dict[str, str] = {"record": "record", "pressure": "pressure", "
 """Step -> its output directory inside a model's atlas directory (each step's own files and meta.json)."""
 CHECK_FILE = "check.json"
 """``gradflow check --json``'s object, as the atlas's check step writes it."""
+WEIGHT_SHARING_META_KEY = "weight_sharing"  # meta.json, shared blocks only: {"shared_layers": [[layers of a module]]}
 
 # ----------------------------------------------------------------------------------------------
 # Training logs (:mod:`gradflow.interventions`): the callback, new vocabulary rows, fine-tuning, continued MLM

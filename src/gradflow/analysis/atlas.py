@@ -12,6 +12,9 @@ last block; the check's whole-model numbers describe the last block and sit at 1
 - ``probe_accuracy:<task>``: ``probes.csv`` (unmasked regime, block outputs), sentence-bootstrap CI;
 - ``pressure:<sublayer>``: :func:`gradflow.analysis.pressure.context_pressure` of the all-positions
   run (weight), where one was recorded;
+- ``shared_context_share:<sublayer>`` (models whose last block's module is also applied at earlier
+  depths, ALBERT's shared layer; meta.json's ``weight_sharing``): :func:`shared_context_shares`, the
+  shared weight's context share over all its applications, at 1 next to the last application's exact 0;
 - ``skippable_flop_share`` and ``theory_disagreements``: from ``check.json``.
 
 The bootstraps are seeded, so the same directories always give the same table.
@@ -20,7 +23,7 @@ The bootstraps are seeded, so the same directories always give the same table.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -39,6 +42,7 @@ from gradflow.schema import (
     ATLAS_STEP_DIRS,
     CHECK_FILE,
     PROBES_FILE,
+    WEIGHT_SHARING_META_KEY,
     sublayer_rank,
 )
 from gradflow.site_names import point_of
@@ -96,6 +100,8 @@ def model_rows(path: str | Path, info: dict | None = None, n_resamples: int = 20
     shares = context_share(run)
     for sub, group in shares.groupby("sublayer", sort=False):
         add(f"context_share:{sub}", group["layer"], group["share"])
+    for row in shared_context_shares(run.sublayers, last_block_sharing(run.meta, n)).itertuples():
+        add(f"shared_context_share:{row.sublayer}", [n], [row.total_context_share])
     lens_file = path / ATLAS_STEP_DIRS["diagnostics"] / "logit_lens.csv"
     if lens_file.is_file():
         lens = pd.read_csv(lens_file)
@@ -123,6 +129,45 @@ def model_rows(path: str | Path, info: dict | None = None, n_resamples: int = 20
     return _ordered(frame)
 
 
+def last_block_sharing(meta: Mapping, num_layers: int) -> list[int]:
+    """The layers (1..L) applying the last block's module when it is applied at several depths (a record run's
+    meta.json ``weight_sharing``, ALBERT's shared layer), else []."""
+    for group in (meta.get(WEIGHT_SHARING_META_KEY) or {}).get("shared_layers", []):
+        if num_layers in group:
+            return [int(layer) for layer in group]
+    return []
+
+
+def shared_context_shares(sublayers: pd.DataFrame, layers: Sequence[int], param: str | None = "weight") -> pd.DataFrame:
+    """Per (sublayer, param) of a block module applied at ``layers``: the shared weight's context share.
+
+    ``sublayers``: rows per (layer, sublayer, param, role) with ``magnitude_sum`` (``sublayers.csv``, or the
+    recorder's ``sublayer_frame``). ``total_context_share`` = context's summed per-position magnitudes over
+    every application, over all roles' (the measure of ``sublayers.csv``'s ``share``, pooled over the
+    layers). ``last_share``: the same at the last of ``layers`` alone (exactly 0 where the last block cuts
+    context off). Empty (same columns) when ``layers`` is empty.
+    """
+    rows = sublayers[sublayers["layer"].isin(list(layers))]
+    if param is not None:
+        rows = rows[rows["param"] == param]
+    keys = ["sublayer", "param"]
+    frame = pd.DataFrame({"total": rows.groupby(keys, sort=False)["magnitude_sum"].sum()})
+    if frame.empty:
+        return pd.DataFrame(columns=[*keys, "total_context_share", "last_share"])
+
+    def context_over(part: pd.DataFrame) -> pd.Series:
+        context = part[part["role"] == CONTEXT].groupby(keys, sort=False)["magnitude_sum"].sum()
+        total = part.groupby(keys, sort=False)["magnitude_sum"].sum()
+        share = (context.reindex(total.index, fill_value=0.0) / total.where(total > 0)).fillna(0.0)
+        return share.reindex(frame.index, fill_value=0.0)
+
+    frame["total_context_share"] = context_over(rows)
+    frame["last_share"] = context_over(rows[rows["layer"] == max(layers)])
+    frame = frame.drop(columns="total").reset_index()
+    order = frame["sublayer"].map(sublayer_rank)
+    return frame.assign(_k=order).sort_values(["_k", "param"], kind="stable").drop(columns="_k").reset_index(drop=True)
+
+
 def _metric_key(metric: str) -> tuple[int, int, str]:
     kind, _, detail = metric.partition(":")
     kinds = list(ATLAS_METRICS)
@@ -146,4 +191,4 @@ def atlas_table(atlas_dirs: Sequence[str | Path], n_resamples: int = 2000, seed:
     return pd.concat(frames, ignore_index=True)[list(ATLAS_COLUMNS)]
 
 
-__all__ = ["atlas_table", "find_model_dirs", "model_rows"]
+__all__ = ["atlas_table", "find_model_dirs", "last_block_sharing", "model_rows", "shared_context_shares"]

@@ -2,8 +2,10 @@
 
 Prints, per block and parameter, the roles that send exactly zero gradient, the sublayers flagged
 as structurally untrained on context channels, where this agrees or disagrees with the theory, and
-the share of the batch's matmul FLOPs the last block spends where it gets no gradient. Exit 0
-whenever the check ran, whatever it found; 2 for bad input. ``--json``: one JSON object (keys in
+the share of the batch's matmul FLOPs the last block spends where it gets no gradient. For a last
+block whose module is applied at earlier depths too (ALBERT's shared layer) a flag is per
+application: its row and a note give the shared weight's context share over all applications. Exit
+0 whenever the check ran, whatever it found; 2 for bad input. ``--json``: one JSON object (keys in
 :mod:`gradflow.runs.check`).
 """
 
@@ -22,6 +24,7 @@ from gradflow.cli.options import (
     add_seed,
     add_trust_remote_code,
 )
+from gradflow.formatting import format_number
 
 MARK = "*"
 
@@ -70,9 +73,19 @@ def render(result) -> str:
              "Roles that send exactly zero gradient (measured: the role's contribution to the parameter's gradient "
              f"is 0.0); {MARK} = structurally untrained on context (context exactly 0, loss roles nonzero)",
              f"{'layer':>5}  {'sublayer':<34} {'params':<12} zero roles"]
+    shared = {row["sublayer"]: row for row in result.shared_parameters if row["param"] == "weight"}
+    if result.shared_parameters:
+        n = len(result.shared_parameters[0]["layers"])
+        lines.insert(-1, f"  weight sharing: layer {result.num_blocks}'s block is one module applied {n} times, so "
+                         f"its {MARK} is per application; the share after it is the shared weight's context share "
+                         f"over all {n} applications (see the note)")
     for layers, rows in _layer_groups(result):
         for name, params, zero, flagged in rows:
-            lines.append(f"{layers:>5}  {name:<34} {params:<12} {_roles(zero)}{'  ' + MARK if flagged else ''}")
+            mark = f"  {MARK}" if flagged else ""
+            if flagged and name in shared:
+                mark += (f" per application; shared weight: {format_number(100 * shared[name]['total_context_share'])}"
+                         f"% context over all {len(shared[name]['layers'])} applications")
+            lines.append(f"{layers:>5}  {name:<34} {params:<12} {_roles(zero)}{mark}")
     for row in result.unsplit:
         lines.append(f"{row['layer']:>5}  {row['parameter']:<34} {'(not split)':<12} {row['reason']}")
     last = result.num_blocks

@@ -7,7 +7,12 @@ with :class:`GradFlowRecorder` under the MLM or the all-positions loss, and retu
 - ``table``: the tidy per (site, position) table of ``gradflow channels`` (columns
   :data:`CHANNEL_VIEW_COLUMNS`; ``grad_norm`` = ``||dL/dh||`` and ``act_norm`` = ``||h||`` per site);
 - ``sublayers``: the last block's weight-gradient split by role (``share`` of the summed
-  per-position magnitudes, per sublayer parameter; the recorder's ``sublayer_frame``).
+  per-position magnitudes, per sublayer parameter; the recorder's ``sublayer_frame``);
+- ``weight_sharing`` (None unless the last block's module is also applied at earlier depths, as
+  ALBERT's shared layer is): ``layers`` applying it and, per sublayer weight, ``last_share`` (context's
+  share at the last application: exactly 0 after the last attention) and ``total_context_share``
+  (context's share of the shared weight's gradient over all applications; see
+  :func:`gradflow.analysis.atlas.shared_context_shares`). The page's text states both.
 
 The object draws itself with the project's plotting code (:meth:`ChannelView.save`), writes its
 numbers (:meth:`ChannelView.to_csv`), becomes the explorer page's data (:meth:`ChannelView.payload`)
@@ -25,13 +30,16 @@ from pathlib import Path
 import pandas as pd
 
 from gradflow.adapters.base import block_modules
+from gradflow.analysis.atlas import shared_context_shares
 from gradflow.errors import ChannelViewError
 from gradflow.explore.page import static_page
 from gradflow.figures.channel_view import save_channel_view
+from gradflow.formatting import format_number
 from gradflow.hooks.recorder import GradFlowRecorder, RecorderConfig
 from gradflow.models import LoadedModel, load_model
 from gradflow.roles import LOSS_ROLES, TOKEN_ROLES, Role
 from gradflow.runs.channels import channel_batch, record_sites, sites_table
+from gradflow.runs.check import layers_text, weight_sharing
 from gradflow.runs.files import write_csv
 from gradflow.schema import CHANNEL_VIEW_COLUMNS, EXPLORE_SUBLAYER_COLUMNS
 
@@ -51,7 +59,8 @@ class ChannelView:
     token, what the model read, and the role name. ``table`` and ``sublayers`` are empty when no
     position carries the loss (``notice`` then says why). ``loss_value``: the loss (nats) or None.
     ``after_mixing``: the sublayers that read only their own channel after the last attention (in the
-    last block they get exactly zero gradient from positions without loss).
+    last block they get exactly zero gradient from positions without loss). ``weight_sharing``: see the
+    module docstring (None for a last block applied once).
     """
 
     model: str
@@ -67,6 +76,7 @@ class ChannelView:
     sublayers: pd.DataFrame = field(default_factory=pd.DataFrame)
     loss_value: float | None = None
     notice: str | None = None
+    weight_sharing: dict | None = None
 
     @property
     def has_gradient(self) -> bool:
@@ -103,7 +113,7 @@ class ChannelView:
                 "grad_norm": _finite(self.grid("grad_norm")) if self.has_gradient else None,
                 "act_norm": _finite(self.grid("act_norm")) if self.has_gradient else None,
                 "last_block_zero": self.last_block_zero(), "sublayers": self._sublayer_rows(),
-                "after_mixing": self.after_mixing,
+                "after_mixing": self.after_mixing, "weight_sharing": self.weight_sharing,
                 "loss_value": self.loss_value, "notice": self.notice, "explanation": explanation(self)}
 
     def _sublayer_rows(self) -> list[dict]:
@@ -169,12 +179,13 @@ def channel_view(loaded: LoadedModel | str, text: str, mask: Sequence[int] | str
         batch, masking = channel_batch(loaded, text, positions, allow_empty=True), {"policy": "explicit",
                                                                                      "positions": positions}
     tok = loaded.tokenizer
+    blocks = block_modules(loaded.adapter, loaded.model.base_model)
     roles = [TOKEN_ROLES[int(r)] for r in batch.roles[0]]
     masking["selected"] = [t for t, r in enumerate(roles) if r in LOSS_ROLES]
     view = ChannelView(model=loaded.name, text=text, loss=loss, masking=masking,
                        tokens=tok.convert_ids_to_tokens(batch.original_ids[0].tolist()),
                        input_tokens=tok.convert_ids_to_tokens(batch.input_ids[0].tolist()), roles=roles,
-                       num_blocks=len(block_modules(loaded.adapter, loaded.model.base_model)),
+                       num_blocks=len(blocks),
                        after_mixing=list(loaded.adapter.after_mixing()))
     if loss == "mlm" and not bool((batch.roles <= Role.KEPT).any()):
         view.notice = NO_LOSS_NOTICE
@@ -185,6 +196,10 @@ def channel_view(loaded: LoadedModel | str, text: str, mask: Sequence[int] | str
     view.table = sites_table(loaded, batch, record_sites(record))
     frame = record.sublayer_frame()
     view.sublayers = frame[frame["layer"] == record.num_blocks].reset_index(drop=True)
+    shared = next((group for group in weight_sharing(blocks) if record.num_blocks in group), [])
+    if shared:
+        rows = shared_context_shares(frame, shared).drop(columns="param").to_dict("records")
+        view.weight_sharing = {"layers": shared, "sublayers": [{k: _number(v) for k, v in r.items()} for r in rows]}
     view.loss_value = record.loss
     return view
 
@@ -204,7 +219,8 @@ def explanation(view: ChannelView) -> list[str]:
         second = (f"In block {view.num_blocks}, after the last attention, {n_zero} of the {len(clean)} context "
                   "channels get a gradient of exactly 0 (hatched): nothing mixes channels any more, so no signal "
                   "reaches a token that carries no loss. The last block's query, attention output, feed-forward and "
-                  "LayerNorm weights therefore learn nothing from these tokens.")
+                  "LayerNorm weights therefore learn nothing from these tokens"
+                  + (" in this application of the shared block (see below)." if view.weight_sharing else "."))
     else:
         first = ("The all-positions loss predicts the original token at every word position (the twin model's "
                  "objective), so every channel carries its own loss.")
@@ -212,11 +228,34 @@ def explanation(view: ChannelView) -> list[str]:
                   "Switch back to the MLM loss to see the last block go dark.")
     third = ("Earlier blocks are not dark: attention sends the gradient of a selected token into the keys and values "
              "of every other token, so the clean channels are trained there, one attention later than you might think.")
-    return [first, second, third]
+    return [first, second, *_sharing_text(view), third]
+
+
+def _sharing_text(view: ChannelView) -> list[str]:
+    """For a last block whose weights are shared with earlier depths: what the zeros mean for those weights."""
+    sharing = view.weight_sharing
+    if not sharing or view.loss != "mlm":
+        return []
+    layers, n = sharing["layers"], len(sharing["layers"])
+    shares = {r["sublayer"]: r["total_context_share"] for r in sharing["sublayers"]}
+    zero = ", ".join(f"{s} {format_number(100 * shares[s])}%" for s in view.after_mixing if s in shares)
+    if not zero:
+        return []
+    return [f"This model shares one block's weights across depths: block {layers[-1]} is the same module as "
+            f"{layers_text(layers[:-1], 'block')} ({n} applications). The zeros are per application: the last "
+            "application gets exactly 0 from the context channels, but the same weights learn from context through "
+            f"the earlier ones. Over all {n} applications, context gives {zero} of the shared weights' gradient in "
+            "this sentence."]
 
 
 def _site_label(site: str, layer: int, point: str) -> str:
     return "embeddings" if layer == 0 else f"block {layer} {point}"
+
+
+def _number(value):
+    """A JSON-ready scalar: numpy numbers as Python ones, NaN and infinities as None."""
+    value = value.item() if hasattr(value, "item") else value
+    return None if isinstance(value, float) and not math.isfinite(value) else value
 
 
 def _finite(grid: list[list[float]]) -> list[list[float | None]]:

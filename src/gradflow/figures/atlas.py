@@ -3,7 +3,9 @@
 - ``atlas_context_ratio``: context / loss gradient-norm ratio against depth (0 = embeddings, 1 = last
   block), one line per model with its 95% band; the last block's exact zero sits on the axis.
 - ``atlas_last_block_shares``: the last block's context share per sublayer, one bar per model (an
-  exact zero is marked with an open circle on the axis), the earlier blocks' mean as a tick.
+  exact zero is marked with an open circle on the axis), the earlier blocks' mean as a tick; for a
+  weight-shared model (ALBERT) the bar is the last *application* and an open diamond gives the shared
+  weight's context share over all its applications (``shared_context_share:<sublayer>``).
 - ``atlas_probes_<task>`` (models probed on the task): test accuracy against depth with 95% bands.
 - ``atlas_pressure`` (models recorded under the all-positions loss): the last block's pressure per sublayer.
 - ``atlas_skippable``: the share of a batch's matmul FLOPs the last block spends where it gets no gradient.
@@ -31,10 +33,11 @@ def _models(frame: pd.DataFrame) -> list[str]:
     return list(dict.fromkeys(frame["model"]))
 
 
-def _legend(fig, models: Sequence[str], all_models: Sequence[str]) -> None:
+def _legend(fig, models: Sequence[str], all_models: Sequence[str], extra: Sequence[Line2D] = ()) -> None:
     handles = [Line2D([], [], color=series_color(all_models.index(m)), linestyle="-", markersize=3.5,
                       marker=RUN_MARKERS[all_models.index(m) % len(RUN_MARKERS)], label=m) for m in models]
-    fig.legend(handles=handles, loc="outside lower center", ncols=2 if len(models) > 2 else len(models),
+    handles += extra
+    fig.legend(handles=handles, loc="outside lower center", ncols=min(len(handles), 2),
                frameon=False, fontsize="small")
 
 
@@ -71,10 +74,14 @@ def depth_lines(frame: pd.DataFrame, metric: str, ylabel: str, title: str, all_m
 def last_block_bars(frame: pd.DataFrame, kind: str, ylabel: str, title: str, all_models: Sequence[str],
                     width: str | float = "single"):
     """Per sublayer, the last block's ``kind:<sublayer>`` value, one bar per model; earlier blocks' mean as a tick."""
-    rows = frame[frame["metric"].str.startswith(kind + ":")].assign(sublayer=lambda f: f["metric"].str.split(":").str[1])
+    def of_kind(name: str) -> pd.DataFrame:
+        picked = frame[frame["metric"].str.startswith(name + ":")]
+        return picked.assign(sublayer=picked["metric"].str.split(":").str[1])
+
+    rows, shared = of_kind(kind), of_kind("shared_" + kind)  # shared: weight-shared models, over all applications
     models = _models(rows)
     sublayers = list(dict.fromkeys(rows["sublayer"]))
-    fig, ax = _figure(width, len(models))
+    fig, ax = _figure(width, len(models) + (not shared.empty))
     step = 0.8 / max(len(models), 1)
     for j, model in enumerate(models):
         k = all_models.index(model)
@@ -88,6 +95,12 @@ def last_block_bars(frame: pd.DataFrame, kind: str, ylabel: str, title: str, all
         if zero.any():  # an empty unclipped line sits at the figure's origin and squeezes the constrained layout
             ax.plot(x[zero], values[zero], linestyle="none", marker="o", markersize=2.6, markerfacecolor="white",
                     markeredgecolor=series_color(k), markeredgewidth=0.8, clip_on=False)
+        total = shared[shared["model"] == model].set_index("sublayer")["value"]
+        total = np.array([total.get(s, np.nan) for s in sublayers], dtype=float)
+        if np.isfinite(total).any():
+            ok = np.isfinite(total)
+            ax.plot(x[ok], total[ok], linestyle="none", marker="D", markersize=3, markerfacecolor="white",
+                    markeredgecolor=series_color(k), markeredgewidth=0.8, clip_on=False, gid=f"atlas:{model}:shared")
         ticks = np.array([earlier.get(s, np.nan) for s in sublayers], dtype=float)
         ax.plot(x, ticks, linestyle="none", marker="_", markersize=max(16 * step, 3), color="black",
                 markeredgewidth=1.0)
@@ -95,7 +108,9 @@ def last_block_bars(frame: pd.DataFrame, kind: str, ylabel: str, title: str, all
     ax.set_ylabel(ylabel)
     ax.set_ylim(bottom=0)
     ax.set_title(title, loc="left", fontsize="medium")
-    _legend(fig, models, all_models)
+    note = [Line2D([], [], linestyle="none", marker="D", markersize=3, markerfacecolor="white", markeredgecolor="black",
+                   label=f"{', '.join(_models(shared))}: shared weights, all applications (bar: the last)")]
+    _legend(fig, models, all_models, note if not shared.empty else ())
     return fig
 
 

@@ -31,6 +31,7 @@ from gradflow.analysis import (
     role_ratios,
     sublayer_shares,
 )
+from gradflow.analysis.atlas import last_block_sharing, shared_context_shares
 from gradflow.figures import canvas
 from gradflow.figures.comparison import comparison_last_block, comparison_profiles, comparison_ratios
 from gradflow.figures.pressure import PRESSURE_FIGURE, pressure_bars, pressure_csv, pressure_section, pressure_tables
@@ -198,7 +199,8 @@ def _summary(run: Run, ratios: pd.DataFrame, tests: pd.DataFrame, deficit: pd.Da
         lines += [f"## Last block (layer {layer}): context share of the weight-gradient signal", "",
                   "Share of the summed per-position gradient magnitude of each sublayer's weight that comes "
                   "from context channels, and coverage (fraction of context positions sending non-zero signal), "
-                  "against the mean of the earlier blocks.", ""]
+                  "against the mean of the earlier blocks." + (" Weight-shared block: the shares of its last "
+                  "application (headline: the shared weights')." if last_block_sharing(run.meta, layer) else ""), ""]
         lines += _deficit_table(deficit) + [""]
     lines += [*extra, *_figure_list(figures, formats), ""]
     lines += ["## Provenance", ""] + _provenance(run, out) + [""]
@@ -219,6 +221,7 @@ def _headline(run: Run, ratios: pd.DataFrame, deficit: pd.DataFrame) -> list[str
         zero = deficit.loc[deficit["exact_zero"], "sublayer"].tolist()
         lines.append(f"- Last block: {len(zero)} of {len(deficit)} sublayers get exactly zero context signal"
                      + (f" ({', '.join(zero)})." if zero else "."))
+        lines += _sharing_caveat(run, zero)
         rest = deficit[~deficit["exact_zero"]]
         if len(rest):
             lines.append("- Last-block sublayers that still learn from context: " + ", ".join(
@@ -228,6 +231,22 @@ def _headline(run: Run, ratios: pd.DataFrame, deficit: pd.DataFrame) -> list[str
     lines.append(f"- Loss: `{run.meta.get('loss')}`; {run.num_layers} blocks; {n_sequences} sequences."
                  + _sample_warning(n_sequences))
     return lines
+
+
+def _sharing_caveat(run: Run, zero: list[str]) -> list[str]:
+    """For a last block whose module is applied at earlier depths too (meta.json ``weight_sharing``): its zeros
+    are per application; the shared weights' context share over all applications (sublayers.csv, weight)."""
+    layers = last_block_sharing(run.meta, run.num_layers)
+    if not zero or not layers:
+        return []
+    n = len(layers)
+    consecutive = layers == list(range(layers[0], layers[-1] + 1))
+    span = f"{layers[0]}-{layers[-1]}" if consecutive else ", ".join(map(str, layers))
+    totals = shared_context_shares(run.sublayers, layers).set_index("sublayer")["total_context_share"]
+    shares = ", ".join(f"{s} {format_number(100 * totals[s])}%" for s in zero if s in totals.index)
+    return [f"- Weight sharing: layer {layers[-1]}'s block is one module applied at layers {span} ({n} applications), "
+            f"so these zeros are per application: exactly 0 at the last depth; the shared weights: {shares} of their "
+            f"gradient comes from context over all {n} applications (summed per-position magnitudes)."]
 
 
 SMALL_SAMPLE = 30

@@ -8,6 +8,14 @@ parameter when its contribution ``G_r`` is exactly 0.0 in this batch: measured, 
 parameter (and a sublayer, when all its parameters are) is *flagged* as structurally untrained on
 context channels when the context contribution is exactly 0.0 while a loss role's is not.
 
+Weight sharing (ALBERT: one block module applied at several depths): the recorder splits each
+*application* (depth) on its own, so a flag is per application. When the last depth's module is
+also applied at earlier depths, its parameters' gradient is the sum over all applications and the
+earlier ones do send context gradient: the check then says so in ``notes`` and gives, per flagged
+parameter of the last block, the shared parameter's *total* context share: the context part of the
+per-position gradient magnitudes ``sum_t ||g_t|| ||x_t||`` summed over every application, over all
+roles' (the measure of ``sublayers.csv``'s ``share``).
+
 Theory (the adapter's :meth:`~gradflow.adapters.Adapter.after_mixing`): in the last block the
 sublayers after the last attention (``attn.q``, ``attn.out``, ``ffn.*``, and ``attn.norm`` in post-LN
 blocks) get exactly zero gradient from context positions; no other (block, sublayer) does. The
@@ -26,13 +34,19 @@ output projection and FFN only at the loss positions.
 tokens per role, loss), ``params`` (one per (layer, sublayer, param): layer 1..L, sublayer (standard
 name or module path), param, standard, n_positions, positions_nonzero and contribution per role,
 zero_roles, context_zero, loss_nonzero, flagged), ``sublayers`` (per (layer, sublayer): params,
-standard, flagged, expected_zero, agrees), ``unsplit`` (layer, parameter, reason), ``theory``
+standard, flagged, expected_zero, agrees, shared_layers: the layers applying the same module, [] when
+not shared), ``unsplit`` (layer, parameter, reason), ``theory``
 (last_block_expected_zero, agreements, disagreements, agree), ``flops``
-(:class:`~gradflow.runs.check_flops.FlopCount`), ``skippable_share`` and ``notes``.
+(:class:`~gradflow.runs.check_flops.FlopCount`), ``skippable_share``, ``notes`` and ``shared_parameters``: empty
+unless the last block's module is also applied at earlier depths; then one per parameter flagged in the last block
+(a zero per application) with ``sublayer``, ``param``, ``layers`` (every layer 1..L applying the module) and
+``total_context_share`` (context's part of the per-position gradient magnitudes summed over all those
+applications, all roles' sum = 1: how much of the shared parameter's training signal comes from context).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from torch import nn
@@ -40,6 +54,7 @@ from torch import nn
 from gradflow.adapters import Adapter, SublayerSpec, adapter_for, block_modules, get_module
 from gradflow.adapters.norms import splittable
 from gradflow.errors import CorpusError, UsageError
+from gradflow.formatting import format_number
 from gradflow.hooks.recorder import GradFlowRecorder, RecorderConfig
 from gradflow.hooks.records import BatchRecord
 from gradflow.inputs.corpus import check_corpus_path, default_texts
@@ -83,6 +98,7 @@ class SublayerCheck:
     flagged: bool
     expected_zero: bool | None
     agrees: bool | None
+    shared_layers: tuple[int, ...] = ()
 
 
 @dataclass
@@ -101,6 +117,7 @@ class CheckResult:
     expected_last_block: tuple[str, ...]
     flops: FlopCount
     notes: list[str] = field(default_factory=list)
+    shared_parameters: list[dict] = field(default_factory=list)
 
     @property
     def agreements(self) -> list[SublayerCheck]:
@@ -127,13 +144,15 @@ class CheckResult:
             "model": self.model, "model_type": self.model_type, "family": self.family, "attn_norm": self.attn_norm,
             "num_blocks": self.num_blocks, "batch": self.batch,
             "params": [{**vars(p), "zero_roles": list(p.zero_roles)} for p in self.params],
-            "sublayers": [{**vars(s), "params": list(s.params)} for s in self.sublayers],
+            "sublayers": [{**vars(s), "params": list(s.params), "shared_layers": list(s.shared_layers)}
+                          for s in self.sublayers],
             "unsplit": self.unsplit,
             "theory": {"last_block_expected_zero": list(self.expected_last_block),
                        "agreements": [theory_row(s) for s in self.agreements],
                        "disagreements": [theory_row(s) for s in self.disagreements],
                        "agree": not self.disagreements},
             "flops": self.flops.to_dict(), "skippable_share": self.skippable_share, "notes": self.notes,
+            "shared_parameters": self.shared_parameters,
         }
 
 
@@ -179,13 +198,17 @@ def check_batch(model: nn.Module, batch: MaskedBatch, adapter: Adapter | None = 
         record = rec.record(batch, loss="mlm", reduction="batch")
     params = [_param_check(rec_) for rec_ in record.sublayers]
     last = len(blocks)
-    sublayers = _sublayer_checks(params, adapter, last)
+    shared = {layer: tuple(group) for group in weight_sharing(blocks) for layer in group}
+    sublayers = _sublayer_checks(params, adapter, last, shared)
     zero_last = [s.sublayer for s in sublayers if s.layer == last and s.standard and s.flagged]
     flops = count_flops(model, adapter, blocks, calls, batch.roles, batch.attention_mask, zero_last)
     counts = role_counts(batch.roles)
     notes = []
     if counts["context"] == 0:
         notes.append("the batch has no context position: no zero from context can be measured")
+    shared_parameters = _shared_parameters(record, params, shared.get(last, ()))
+    if shared_parameters:
+        notes.append(sharing_note(shared_parameters))
     config = model.config
     return CheckResult(
         model=model_name or getattr(config, "name_or_path", "") or type(model).__name__,
@@ -193,7 +216,65 @@ def check_batch(model: nn.Module, batch: MaskedBatch, adapter: Adapter | None = 
         num_blocks=last, batch={"sequences": int(batch.roles.shape[0]), "tokens": counts, "loss": record.loss},
         params=params, sublayers=sublayers, unsplit=_unsplit(record, adapter, blocks, extra, skipped),
         expected_last_block=adapter.after_mixing(), flops=flops, notes=notes,
+        shared_parameters=shared_parameters,
     )
+
+
+def weight_sharing(blocks: Sequence[nn.Module]) -> list[list[int]]:
+    """The layers (1..L, layer = depth + 1) applying one block module, for each module applied at several
+    depths (ALBERT's shared layer), in order of first application; [] when no block is shared."""
+    layers: dict[int, list[int]] = {}
+    for depth, block in enumerate(blocks):
+        layers.setdefault(id(block), []).append(depth + 1)
+    return [group for group in layers.values() if len(group) > 1]
+
+
+def layers_text(layers: Sequence[int], noun: str = "layer") -> str:
+    """``layers 1-12`` for consecutive layers, ``layers 2, 4, 6`` otherwise, ``layer 1`` for one."""
+    layers = list(layers)
+    if len(layers) == 1:
+        return f"{noun} {layers[0]}"
+    if layers == list(range(layers[0], layers[-1] + 1)):
+        return f"{noun}s {layers[0]}-{layers[-1]}"
+    return f"{noun}s " + ", ".join(map(str, layers))
+
+
+def _shared_parameters(record: BatchRecord, params: list[ParamCheck], group: tuple[int, ...]) -> list[dict]:
+    """Per flagged parameter of the last block when its module is shared: the context share of the per-position
+    magnitudes summed over every application (layer of ``group``)."""
+    if not group:
+        return []
+    last = max(group)
+    flagged = {(p.sublayer, p.param) for p in params if p.layer == last and p.flagged}
+    sums: dict[tuple[str, str], list[float]] = {}  # (sublayer, param) -> [context, all roles]
+    for rec in record.sublayers:
+        key = (rec.sublayer.removeprefix(OTHER), rec.param)
+        if rec.depth + 1 in group and key in flagged:
+            mag = rec.magnitude_sum.double()
+            acc = sums.setdefault(key, [0.0, 0.0])
+            acc[0] += float(mag[Role.CONTEXT])
+            acc[1] += float(mag.sum())
+    rows = []
+    for p in params:
+        if p.layer == last and (p.sublayer, p.param) in sums:
+            context, total = sums[(p.sublayer, p.param)]
+            rows.append({"sublayer": p.sublayer, "param": p.param, "layers": list(group),
+                         "total_context_share": context / total if total > 0 else 0.0})
+    return rows
+
+
+def sharing_note(shared: list[dict]) -> str:
+    """The note on a weight-shared last block: zeros per application, the shared weights' total context share."""
+    group = shared[0]["layers"]
+    last, n = group[-1], len(group)
+    weights = [row for row in shared if row["param"] == "weight"] or shared
+    shares = ", ".join(f"{row['sublayer']}{'' if row['param'] == 'weight' else '.' + row['param']} "
+                       f"{format_number(100 * row['total_context_share'])}%" for row in weights)
+    return (f"weight sharing: layer {last}'s block is one module applied at {layers_text(group)} ({n} "
+            f"applications), so its exact zeros are per application: the last application (layer {last}) gets "
+            f"exactly 0 from context, but the shared parameters are trained on context through "
+            f"{layers_text(group[:-1])}. Context share of the shared weights' gradient summed over all {n} "
+            f"applications: {shares} (summed per-position magnitudes; shared_parameters in --json).")
 
 
 def _other_modules(adapter: Adapter, blocks: list[nn.Module]) -> tuple[list[str], dict[str, str]]:
@@ -233,7 +314,8 @@ def _param_check(rec) -> ParamCheck:
     )
 
 
-def _sublayer_checks(params: list[ParamCheck], adapter: Adapter, last: int) -> list[SublayerCheck]:
+def _sublayer_checks(params: list[ParamCheck], adapter: Adapter, last: int,
+                     shared: dict[int, tuple[int, ...]]) -> list[SublayerCheck]:
     expected_last = set(adapter.after_mixing())
     groups: dict[tuple[int, str], list[ParamCheck]] = {}
     for p in params:
@@ -244,7 +326,7 @@ def _sublayer_checks(params: list[ParamCheck], adapter: Adapter, last: int) -> l
         flagged = all(p.flagged for p in group)
         expected = (name in expected_last if layer == last else False) if standard else None
         checks.append(SublayerCheck(layer, name, tuple(p.param for p in group), standard, flagged, expected,
-                                    None if expected is None else expected == flagged))
+                                    None if expected is None else expected == flagged, shared.get(layer, ())))
     return checks
 
 
@@ -267,4 +349,5 @@ def _unsplit(record: BatchRecord, adapter: Adapter, blocks: list[nn.Module], ext
     return rows
 
 
-__all__ = ["CheckResult", "ParamCheck", "SublayerCheck", "check_batch", "check_model"]
+__all__ = ["CheckResult", "ParamCheck", "SublayerCheck", "check_batch", "check_model", "layers_text", "sharing_note",
+           "weight_sharing"]

@@ -16,6 +16,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 
+from gradflow.adapters import block_modules
 from gradflow.errors import CorpusError, UsageError
 from gradflow.hooks.recorder import BatchRecord, GradFlowRecorder, RecorderConfig
 from gradflow.inputs.corpus import CorpusCounts, check_corpus_path, default_texts
@@ -30,6 +31,7 @@ from gradflow.runs.aggregate import (
     sequence_rows,
     sublayer_sequence_rows,
 )
+from gradflow.runs.check import weight_sharing
 from gradflow.runs.files import (
     SUBLAYER_SEQUENCE_SCHEMA,
     SequenceWriter,
@@ -48,6 +50,7 @@ from gradflow.schema import (
     SUBLAYER_COLUMNS,
     SUBLAYER_SEQUENCES_FILE,
     SUBLAYERS_FILE,
+    WEIGHT_SHARING_META_KEY,
 )
 
 NONFINITE_REASON = "loss or a recorded norm was NaN/inf; such batches are counted, never averaged in"
@@ -312,6 +315,9 @@ def _meta(job: _Job) -> dict:
         "max_length": cfg.max_length, "batch_size": cfg.batch_size, "limit": cfg.limit, "device": cfg.device,
         "dtype": cfg.dtype, "world_size": corpus.world, "counts": _counts(job), "mean_loss": job.stats.mean_loss,
     }
+    shared = weight_sharing(block_modules(loaded.adapter, loaded.model.base_model))
+    if shared:  # rows of these layers are per application; the shared weight's gradient is their sum
+        fields[WEIGHT_SHARING_META_KEY] = {"shared_layers": shared}
     return job_meta(loaded, inputs, corpus.outcome(cfg.command, job.out), fields)
 
 

@@ -140,7 +140,9 @@ function renderSublayers(view) {
     margin: {l: 90, r: 20, t: 10, b: 40}, xaxis: {range: [0, 100], title: {text: "share of the weight gradient (%)"}},
     yaxis: {autorange: "reversed"}, legend: {orientation: "h", y: -0.35}, font: {size: 12}};
   Plotly.react("sublayers", sublayerTraces(view), layout, {displayModeBar: false, responsive: true});
-  $("sublayers-title").textContent = `Block ${view.num_blocks} (the last): which roles train each sublayer`;
+  const shared = view.weight_sharing ? ` at its last application (one module applied ${view.weight_sharing.layers.length} ` +
+                 "times: see the text)" : "";
+  $("sublayers-title").textContent = `Block ${view.num_blocks} (the last): which roles train each sublayer${shared}`;
 }
 
 // ---------------------------------------------------------------- whole view
