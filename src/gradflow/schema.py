@@ -8,15 +8,12 @@ Record runs (``gradflow record``):
 
 - ``channels.csv``: one row per (site, role): gradient- and activation-norm statistics;
 - ``sublayers.csv``: one row per (layer, sublayer, param, role): the weight-gradient split;
-- ``sequences.parquet``: one row per (sequence, site, role): sums for sequence-level bootstraps;
-- ``sublayer_sequences.parquet`` (optional): one row per (sequence, layer, sublayer, param, role):
-  sums of per-position weight-gradient magnitudes, for sequence-level bootstraps of sublayer metrics;
-- ``meta.json``: model, masking, seed, counts, versions, the command.
+- ``sequences.parquet`` / ``sublayer_sequences.parquet`` (optional): per (sequence, site or sublayer, role) sums
+  for sequence-level bootstraps; ``meta.json``: model, masking, seed, counts, versions, the command.
 
-Diagnostics runs (``gradflow diagnose``): ``logit_lens.csv``, ``input_shift.csv``,
-``anisotropy.csv``, ``transformation.csv`` and ``meta.json``. Reports and comparisons
-(``gradflow report``/``compare``): ``tables/<name>.csv`` (:data:`REPORT_TABLES`, :data:`COMPARISON_TABLES`).
-Training logs (:mod:`gradflow.interventions`): ``gradflow_callback.csv``, ``new_rows.csv``, ``eval.csv``,
+Diagnostics (``gradflow diagnose``): ``logit_lens.csv``, ``input_shift.csv``, ``anisotropy.csv``,
+``transformation.csv``. Reports (``report``/``compare``): ``tables/<name>.csv`` (:data:`REPORT_TABLES`,
+:data:`COMPARISON_TABLES`). Training logs: ``gradflow_callback.csv``, ``new_rows.csv``, ``eval.csv``,
 ``mlm_log.csv``. Probe and atlas directories: see their sections.
 
 Dtypes are ``"str"``, ``"int64"``, ``"float64"`` or ``"bool"``. Readers coerce the ``str`` and
@@ -406,7 +403,7 @@ CONTINUED_META_FILE = "continued.json"
 __all__ = [
     "ANALYSIS_COLUMNS", "ANALYSIS_NOTES", "ATLAS_COLUMNS", "ATLAS_DONE_FILE", "ATLAS_DTYPES", "ATLAS_FILE",
     "ATLAS_METRICS", "ATLAS_STARTED_FILE", "ATLAS_STEP_DIRS", "CALLBACK_COLUMNS", "CALLBACK_FIELDS", "CALLBACK_FILE",
-    "CALLBACK_QUANTITIES", "CHANNELS_FILE", "CHANNEL_COLUMNS", "CHANNEL_DTYPES", "CHANNEL_VIEW_COLUMNS", "CHECK_FILE",
+    "CALLBACK_QUANTITIES", "CALLBACK_SUMMARY_SCALARS", "CHANNELS_FILE", "CHANNEL_COLUMNS", "CHANNEL_DTYPES", "CHANNEL_VIEW_COLUMNS", "CHECK_FILE",
     "COMPARISON_TABLES", "CONTINUED_META_FILE", "DIAGNOSTIC_COLUMNS", "DIAGNOSTIC_GROUPS", "DIAGNOSTIC_ROLES",
     "EVAL_COLUMNS", "EVAL_FIELDS", "EVAL_FILE", "EXPLORE_SUBLAYER_COLUMNS", "FINETUNE_RESULT_FILE", "LOSS",
     "LOSS_ROLES", "META_FILE", "MLM_LOG_COLUMNS", "MLM_LOG_FIELDS", "MLM_LOG_FILE", "NEW_ROWS_COLUMNS",
@@ -416,5 +413,5 @@ __all__ = [
     "REPORTED_ROLES", "REPORT_TABLES", "REQUIRED_META_KEYS", "RUN_FILES", "SEQUENCES_FILE", "SEQUENCE_COLUMNS",
     "SEQUENCE_DTYPES", "SUBLAYERS_FILE", "SUBLAYER_COLUMNS", "SUBLAYER_DTYPES", "SUBLAYER_ORDER",
     "SUBLAYER_SEQUENCES_FILE", "SUBLAYER_SEQUENCE_COLUMNS", "SUBLAYER_SEQUENCE_DTYPES", "TABLE_DTYPES",
-    "arrow_schema", "conform", "role_rank", "sorted_sublayers", "sublayer_key", "sublayer_rank",
+    "WEIGHT_SHARING_META_KEY", "arrow_schema", "conform", "role_rank", "sorted_sublayers", "sublayer_key", "sublayer_rank",
 ]
