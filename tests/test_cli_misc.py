@@ -64,9 +64,16 @@ def test_finetune_command(tmp_path, capsys, tiny_mlm_dir):
 
 @pytest.mark.skipif(not all((embedded_model_dir(n) / "model.safetensors").exists() for n in EMBEDDED_MODELS),
                     reason="embedded model weights not in this checkout")
-def test_demo_runs_offline(tmp_path, monkeypatch):
+def test_demo_runs_offline(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     assert main(["demo", "--out", str(tmp_path / "demo"), "--limit", "24", "--quiet"]) == 0
+    # it ends with its answer (issue 26), read from the report tables it wrote
+    answer = capsys.readouterr().out.strip().splitlines()
+    assert answer[0].startswith("gradflow demo: where the training signal goes")
+    assert "0 [0, 0] leaving it" in answer[1] and answer[1].startswith("  mini-en (MLM loss):")
+    assert answer[2].endswith("attn.q, attn.out, attn.norm, ffn.in, ffn.out, ffn.norm (6 of 8 sublayers)")
+    assert "leaving it" in answer[3] and "0 [0, 0]" not in answer[3] and answer[4].endswith("none (0 of 8 sublayers)")
+    assert str(tmp_path / "demo" / "report" / "compare") in answer[-1]
     mlm = tmp_path / "demo" / "mini-en_mlm"
     alltoken = tmp_path / "demo" / "mini-en-alltoken_all-positions"
     for run in (mlm, alltoken):
