@@ -32,6 +32,7 @@ def gradflow(*args: str) -> None:
 def main() -> int:
     from gradflow.analysis import load_run
     from gradflow.analysis.pressure import context_pressure
+    from gradflow.formatting import format_estimate
 
     runs = {label: f"runs/pressure-{label}" for label in MODELS}
     for label, model in MODELS.items():
@@ -48,8 +49,8 @@ def main() -> int:
         cells = []
         for label in MODELS:
             r = last[label].loc[sublayer]
-            cells += [f"{r.pressure:.3g} [{r.ci_low:.3g}, {r.ci_high:.3g}]",
-                      f"{r.vs_earlier:.3g} [{r.vs_earlier_ci_low:.3g}, {r.vs_earlier_ci_high:.3g}]"]
+            cells += [format_estimate(r.pressure, r.ci_low, r.ci_high),
+                      format_estimate(r.vs_earlier, r.vs_earlier_ci_low, r.vs_earlier_ci_high)]
         lines.append(f"| {sublayer} | " + " | ".join(cells) + " |")
     (OUT / "last_block.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
     print("\n".join(lines))
