@@ -33,3 +33,8 @@ def test_the_version_is_written_once():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
     assert "version" not in project["project"] and project["project"]["dynamic"] == ["version"]
     assert project["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "gradflow.version.__version__"}
+
+
+def test_the_changelog_has_a_section_for_this_version():
+    text = (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
+    assert f"\n## {gradflow.__version__}\n" in text and "\n## Unreleased\n" in text
