@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import gradflow
-from gradflow.provenance import portable_command, portable_path
+from gradflow.provenance import content_hash, portable_command, portable_path
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = Path(gradflow.__file__).resolve().parent
@@ -185,11 +185,22 @@ def test_without_a_repository_the_current_directory_is_the_root(tmp_path, monkey
     assert portable_path(tmp_path / "work" / "corpus" / "a.txt", tmp_path / "out") == "corpus/a.txt"
 
 
-def test_paths_elsewhere_are_relative_to_the_output_directory(repo, tmp_path):
+def test_paths_elsewhere_are_recorded_as_given(repo, tmp_path):
+    """Issue 27 point 7: a model or corpus outside the package, cache, output and repository is recorded as the
+    user gave it (a chain of ../ broke when the run directory moved); its content hash identifies it elsewhere."""
+    from gradflow.provenance import content_hash, is_external
+
     out = repo / "figures" / "run"
     elsewhere = tmp_path / "elsewhere" / "corpus.txt"
-    assert portable_path(elsewhere, out) == "../../../elsewhere/corpus.txt"
-    assert (out / portable_path(elsewhere, out)).resolve() == elsewhere.resolve()
+    elsewhere.parent.mkdir()
+    elsewhere.write_text("the union\n")
+    assert portable_path(elsewhere, out) == elsewhere.as_posix()
+    assert portable_path(str(elsewhere), out) == str(elsewhere)
+    assert is_external(elsewhere, out) and not is_external(repo / "data", out) and not is_external("bert-base", out)
+    moved = tmp_path / "moved" / "corpus.txt"
+    moved.parent.mkdir()
+    moved.write_text("the union\n")
+    assert content_hash(elsewhere) == content_hash(moved) != content_hash(PACKAGE / "roles.py")
 
 
 def test_names_and_portable_values_are_kept_as_given(repo):
@@ -199,10 +210,9 @@ def test_names_and_portable_values_are_kept_as_given(repo):
         assert portable_path(value, out) == value
 
 
-def test_never_absolute_always_forward_slashes(repo, tmp_path):
+def test_portable_forms_are_never_absolute_always_forward_slashes(repo, tmp_path):
     out = repo / "figures" / "run"
-    for path in (PACKAGE / "roles.py", tmp_path / "cache" / "x", out / "a", repo / "data", repo, tmp_path, Path("/"),
-                 Path.home(), Path(os.sep).resolve() / "usr" / "lib"):
+    for path in (PACKAGE / "roles.py", tmp_path / "cache" / "x", out / "a", repo / "data"):
         value = portable_path(path, out)
         assert not os.path.isabs(value) and "\\" not in value, (path, value)
         if not value.startswith(("gradflow:", "gradflow-cache:")):
@@ -228,13 +238,12 @@ def test_record_meta_json_is_portable(tmp_path, tiny_mlm_dir, tiny_corpus):
     record_corpus(RecordConfig(out=str(out), model=str(tiny_mlm_dir), texts=str(tiny_corpus), max_length=24,
                                batch_size=4, limit=4, quiet=True, command=command))
     meta = json.loads((out / "meta.json").read_text())
-    assert not [v for v in _strings(meta) if ABSOLUTE_VALUE.match(v)]
-    for key in ("model", "model_path", "texts"):  # the files outside the output dir: relative to it
-        assert meta[key].startswith("../"), meta[key]
-    assert (out / meta["model_path"]).resolve() == Path(tiny_mlm_dir).resolve()
-    assert (out / meta["texts"]).resolve() == Path(tiny_corpus).resolve()
+    given = (str(tiny_mlm_dir), str(tiny_corpus))  # outside the repository: as the user gave them
+    assert not [v for v in _strings(meta) if ABSOLUTE_VALUE.match(v) and v not in given]
+    assert meta["model"] == meta["model_path"] == str(tiny_mlm_dir) and meta["texts"] == str(tiny_corpus)
+    assert meta["inputs_sha256"] == {"model": content_hash(tiny_mlm_dir), "texts": content_hash(tiny_corpus)}
     assert meta["tokenizer"]["name_or_path"] == meta["model_path"]
-    assert meta["command"] == f"gradflow record --model {meta['model_path']} --texts={meta['texts']} --out ."
+    assert meta["command"] == f"gradflow record --model {tiny_mlm_dir} --texts={tiny_corpus} --out ."
 
 
 def test_record_meta_names_the_default_corpus_and_embedded_model_in_the_package(tmp_path):
@@ -261,10 +270,11 @@ def test_finetune_result_json_is_portable(tmp_path, tiny_mlm_dir):
              task=task, data={"train": rows, "validation": rows, "test": rows})
     config = json.loads((out / "result.json").read_text())["config"]
     assert config["out_dir"] == "."
-    assert config["data_root"] == "../../tasks"
+    assert config["data_root"] == str(tmp_path / "tasks")  # outside the repository: as given
     assert config["task"] == "toy"
-    assert (out / config["model"]).resolve() == Path(tiny_mlm_dir).resolve()
-    assert not [v for v in _strings(config) if ABSOLUTE_VALUE.match(v)]
+    assert config["model"] == str(tiny_mlm_dir)
+    assert not [v for v in _strings(config) if ABSOLUTE_VALUE.match(v) and v not in (str(tiny_mlm_dir),
+                                                                                   str(tmp_path / "tasks"))]
 
 
 def test_surgery_json_is_portable(tmp_path, tiny_mlm_dir):
@@ -272,8 +282,8 @@ def test_surgery_json_is_portable(tmp_path, tiny_mlm_dir):
 
     out = surgery_to_dir(str(tiny_mlm_dir), tmp_path / "cut", drop_last=1)
     meta = json.loads((out / SURGERY_FILE).read_text())
-    assert (out / meta["source"]).resolve() == (out / meta["source_path"]).resolve() == Path(tiny_mlm_dir).resolve()
-    assert not [v for v in _strings(meta) if ABSOLUTE_VALUE.match(v)]
+    assert Path(meta["source"]).resolve() == Path(meta["source_path"]).resolve() == Path(tiny_mlm_dir).resolve()
+    assert meta["source"] == str(tiny_mlm_dir)  # outside the repository: as given
 
 
 def test_diagnostics_meta_json_is_portable(tmp_path, tiny_mlm_dir, tiny_corpus):
@@ -284,9 +294,8 @@ def test_diagnostics_meta_json_is_portable(tmp_path, tiny_mlm_dir, tiny_corpus):
     out = tmp_path / "diag"
     diagnose_corpus(loaded, tiny_corpus, out, max_length=24, batch_size=4, limit=2, max_per_group=50)
     meta = json.loads((out / "meta.json").read_text())
-    assert (out / meta["texts"]).resolve() == Path(tiny_corpus).resolve()
-    assert (out / meta["model_path"]).resolve() == Path(tiny_mlm_dir).resolve()
-    assert not [v for v in _strings(meta) if ABSOLUTE_VALUE.match(v)]
+    assert meta["texts"] == str(tiny_corpus) and Path(meta["model_path"]).resolve() == Path(tiny_mlm_dir).resolve()
+    assert meta["inputs_sha256"] == {"model": content_hash(tiny_mlm_dir), "texts": content_hash(tiny_corpus)}
     diagnose_corpus(loaded, ["the union and the nation"] * 3, out, max_length=24, batch_size=4, max_per_group=50)
     assert json.loads((out / "meta.json").read_text())["texts"] == "<3 texts>"
 
@@ -326,5 +335,26 @@ def test_the_grid_plan_is_portable(tmp_path, grid_module):
     grid_module.write_plan([grid_module.GridRun("r0", {"seed": 0}, config)], out, extra)
     plan = json.loads((out / "plan.json").read_text())
     assert plan["runs"][0]["config"] == {"model": "gradflow-mini-en", "data_root": "data/tasks"}
-    assert plan["work"] == "build/seed" and plan["nested"]["corpus"] == "../c"
-    assert not absolute_paths_in(out / "plan.json")
+    assert plan["work"] == "build/seed" and plan["nested"]["corpus"] == str(tmp_path / "c")  # outside: as given
+
+
+def test_titles_name_a_model_not_a_path(tmp_path):
+    from gradflow.provenance import display_name
+
+    assert display_name("/data/models/albert-smiles/") == "albert-smiles"
+    assert display_name("../../../elsewhere/albert-smiles") == "albert-smiles"
+    assert display_name("gradflow:models/gradflow-mini-en") == "gradflow-mini-en"
+    for name in ("gradflow-mini-en", "bert-base-uncased", "FacebookAI/roberta-base", "zoo:antiberty"):
+        assert display_name(name) == name
+
+
+def test_a_report_of_a_model_elsewhere_is_titled_by_its_name(tmp_path, tiny_mlm_dir, tiny_corpus):
+    from gradflow.figures.report import write_report
+    from gradflow.runs.record import RecordConfig, record_corpus
+
+    run = tmp_path / "run"
+    record_corpus(RecordConfig(out=str(run), model=str(tiny_mlm_dir), texts=str(tiny_corpus), max_length=24,
+                               batch_size=4, limit=4, quiet=True))
+    write_report(run, tmp_path / "report", formats=("png",), n_resamples=20)
+    title = (tmp_path / "report" / "summary.md").read_text().splitlines()[0]
+    assert title == f"# gradflow report: {Path(tiny_mlm_dir).name}" and "../" not in title

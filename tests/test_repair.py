@@ -10,6 +10,7 @@ import torch
 from conftest import build_tiny_mlm_dir
 from gradflow.cli import main
 from gradflow.interventions.repair import META_NAME, RepairConfig, repair
+from gradflow.provenance import content_hash
 
 pytest.importorskip("accelerate", reason="transformers.Trainer needs accelerate")
 
@@ -108,7 +109,9 @@ def test_checkpoint_reloads_with_same_logits(tied_head):
     for key in ("model", "steps", "lr", "batch_size", "seed", "trained_parameter_count", "texts", "versions",
                 "command", "top1_before", "top1_after"):
         assert key in meta
-    assert not meta["texts"].startswith("/") and not meta["model"].startswith("/")
+    tied, _ = tied_head  # inputs outside the repository are recorded as given, identified by their content hash
+    assert meta["model"] == str(tied) and meta["inputs_sha256"]["model"].startswith("sha256:")
+    assert meta["inputs_sha256"]["texts"] == content_hash(meta["texts"])
 
 
 def test_context_share_positive_under_repair_and_zero_under_mlm(setup, untied_plain):

@@ -10,6 +10,7 @@ runs from (``+dirty`` when it has uncommitted changes), or ``"unknown"`` for an 
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import shlex
 import subprocess
@@ -87,12 +88,14 @@ def portable_path(path: str | os.PathLike, out_dir: str | os.PathLike) -> str:
     5. Inside the repository that holds the current directory (the nearest ancestor with ``.git``;
        without one, the current directory): relative to that root, without a leading ``./``
        (``data/tasks``, ``figures/runs/mini-en_mlm``).
-    6. Anything else: ``os.path.relpath(path, out_dir)`` (``../../elsewhere/corpus.txt``); where no
-       relative path exists (another drive on Windows), ``external:<file name>``.
+    6. Anything else (a model or corpus elsewhere on this machine): the path as the caller gave it,
+       absolute or relative to the directory the command ran in, so the record still names it when
+       the output directory moves; :func:`content_hash` identifies its content on another machine
+       (the run's ``meta.json`` records it as ``inputs_sha256``).
 
-    So a recorded value that is ``.`` or starts with ``./`` or ``../`` is relative to the output
-    directory; any other plain relative value is relative to the repository root. Relative inputs
-    are taken relative to the current directory; symbolic links are resolved before comparing.
+    So a recorded value that is ``.`` or starts with ``./`` is relative to the output directory; a
+    value under rules 2-5 is portable; anything else is the caller's own path. Symbolic links are
+    resolved before comparing.
     """
     text = os.fspath(path)
     if text.startswith(_PREFIXES):
@@ -100,7 +103,12 @@ def portable_path(path: str | os.PathLike, out_dir: str | os.PathLike) -> str:
     raw = Path(os.path.expanduser(text))
     if not raw.is_absolute() and not raw.exists():
         return text.replace(os.sep, "/")
-    target = raw.resolve()
+    form = _portable_form(raw.resolve(), Path(out_dir).expanduser().resolve())
+    return form if form is not None else text.replace(os.sep, "/")
+
+
+def _portable_form(target: Path, out: Path) -> str | None:
+    """Rules 2-5 of :func:`portable_path` for a resolved ``target``; None where none applies."""
     rel = _under(target, _package_root())
     if rel is not None:
         return PACKAGE_PREFIX + rel
@@ -108,18 +116,49 @@ def portable_path(path: str | os.PathLike, out_dir: str | os.PathLike) -> str:
     rel = _under(target, cache) if cache is not None else None
     if rel is not None:
         return CACHE_PREFIX + rel
-    out = Path(out_dir).expanduser().resolve()
     rel = _under(target, out)
     if rel is not None:
         return "." if rel == "." else "./" + rel
-    base = _base_root()
-    rel = _under(target, base)
-    if rel is not None and rel != ".":
-        return rel
-    try:
-        return Path(os.path.relpath(target, out)).as_posix()
-    except ValueError:  # no relative path between two drives
-        return EXTERNAL_PREFIX + target.name
+    rel = _under(target, _base_root())
+    return rel if rel is not None and rel != "." else None
+
+
+def is_external(path: str | os.PathLike, out_dir: str | os.PathLike) -> bool:
+    """Whether ``path`` is on disk outside the package, the cache, ``out_dir`` and the repository (rule 6 of
+    :func:`portable_path`: recorded as given, identified by :func:`content_hash`)."""
+    text = os.fspath(path)
+    raw = Path(os.path.expanduser(text))
+    return not text.startswith(_PREFIXES) and raw.exists() and \
+        _portable_form(raw.resolve(), Path(out_dir).expanduser().resolve()) is None
+
+
+def content_hash(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
+    """``sha256:<hex>`` of a file's bytes, or of a directory's files (sorted relative names and each file's
+    sha256; hidden files left out): the same content gives the same hash on any machine."""
+    root = Path(path).expanduser()
+    files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file()
+                                                 and not any(part.startswith(".") for part in p.relative_to(root).parts))
+    total = hashlib.sha256()
+    for file in files:
+        digest = hashlib.sha256()
+        with open(file, "rb") as handle:
+            for block in iter(lambda: handle.read(chunk), b""):
+                digest.update(block)
+        if root.is_file():
+            return "sha256:" + digest.hexdigest()
+        total.update(f"{file.relative_to(root).as_posix()}\0{digest.hexdigest()}\n".encode())
+    return "sha256:" + total.hexdigest()
+
+
+def display_name(spec: str | os.PathLike) -> str:
+    """How a model is named in titles: a hub name, ``zoo:NAME`` or an embedded name as is; a path by its
+    last component (``/data/models/albert-smiles/`` -> ``albert-smiles``), never a chain of ``../``."""
+    text = os.fspath(spec).rstrip("/\\")
+    looks_like_path = text.startswith((".", "/", "~")) or os.sep in text and Path(text).expanduser().exists()
+    if text.startswith(_PREFIXES):
+        text = text.split(":", 1)[1]
+        looks_like_path = True
+    return Path(text).name if looks_like_path and Path(text).name else text
 
 
 def portable_command(command: str | Sequence[str], out_dir: str | os.PathLike) -> str:
@@ -147,4 +186,5 @@ def portable_command(command: str | Sequence[str], out_dir: str | os.PathLike) -
     return shlex.join(new)
 
 
-__all__ = ["CACHE_PREFIX", "EXTERNAL_PREFIX", "PACKAGE_PREFIX", "portable_command", "portable_path"]
+__all__ = ["CACHE_PREFIX", "EXTERNAL_PREFIX", "PACKAGE_PREFIX", "content_hash", "display_name", "is_external",
+           "portable_command", "portable_path", "source_revision"]

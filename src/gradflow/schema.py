@@ -112,9 +112,10 @@ REQUIRED_META_KEYS: tuple[str, ...] = (
 """meta.json keys every reader of a record run relies on (the report's provenance table lists them first)."""
 PROVENANCE_KEYS: tuple[str, ...] = (
     "complete", "error", "model", "model_path", "family", "model_type", "config_hash", "num_layers", "texts",
-    "masking", "seed", "versions", "command", "wall_s",
+    "inputs_sha256", "masking", "seed", "versions", "command", "wall_s",
 )
-"""meta.json keys written by every corpus job (:func:`gradflow.runs.meta.provenance`)."""
+"""meta.json keys written by every corpus job (:func:`gradflow.runs.meta.provenance`); ``inputs_sha256``: the
+content hash of each input outside the package, cache and repository (``model``, ``texts``), recorded as given."""
 
 
 def arrow_schema(dtypes: Mapping[str, str]) -> pa.Schema:

@@ -39,7 +39,7 @@ from gradflow.figures.profiles import depth_profile, distribution_ranges, ratio_
 from gradflow.figures.style import DEFAULT_WIDTH, gradflow_style
 from gradflow.figures.sublayers import last_block_bars, sublayer_heatmap
 from gradflow.formatting import MISSING, format_estimate, format_number, format_p_value
-from gradflow.provenance import portable_path
+from gradflow.provenance import display_name, portable_path
 from gradflow.schema import COMPARISON_TABLES, REPORT_TABLES, REQUIRED_META_KEYS, conform
 
 INCOMPLETE_NOTE = ("**Warning: incomplete run.** `meta.json` has `complete: false`: the run stopped before "
@@ -183,7 +183,7 @@ def _write_tables(folder: Path, tables: dict[str, pd.DataFrame], contract: Mappi
 def _summary(run: Run, ratios: pd.DataFrame, tests: pd.DataFrame, deficit: pd.DataFrame, figures: list[str],
              formats: Sequence[str], n_resamples: int, seed: int, out: Path, extra: Sequence[str] = ()) -> str:
     """The Markdown summary of one run (written to ``out``)."""
-    lines = [f"# gradflow report: {run.meta.get('model')}", ""]
+    lines = [f"# gradflow report: {display_name(run.meta.get('model') or run.path.name)}", ""]
     if not run.complete:
         lines += [f"> {INCOMPLETE_NOTE}", ""]
     lines += _headline(run, ratios, deficit) + [""]
