@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,7 @@ from gradflow.figures.pressure import PRESSURE_FIGURE, pressure_bars, pressure_c
 from gradflow.figures.profiles import depth_profile, distribution_ranges, ratio_heatmap
 from gradflow.figures.style import DEFAULT_WIDTH, gradflow_style
 from gradflow.figures.sublayers import last_block_bars, sublayer_heatmap
+from gradflow.figures.tables import TextTable, latex_label, markdown_table, write_latex_tables
 from gradflow.formatting import MISSING, format_estimate, format_number, format_p_value
 from gradflow.provenance import display_name, portable_path
 from gradflow.schema import COMPARISON_TABLES, REPORT_TABLES, REQUIRED_META_KEYS, conform
@@ -47,20 +49,8 @@ INCOMPLETE_NOTE = ("**Warning: incomplete run.** `meta.json` has `complete: fals
                    "resume the run before citing them.")
 
 
-# ----------------------------------------------------------------------------------------------
-# Markdown helpers (numbers: gradflow.formatting)
-# ----------------------------------------------------------------------------------------------
-
-def _cell(value: Any) -> str:
-    """A Markdown table cell: pipes escaped, newlines flattened."""
-    return str(value).replace("|", "\\|").replace("\n", " ")
-
-
-def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
-    """Lines of a Markdown table."""
-    lines = ["| " + " | ".join(_cell(h) for h in header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
-    return lines
+def _table(header: Sequence[str], rows: Sequence[Sequence[Any]], caption: str = "", label: str = "") -> TextTable:
+    return TextTable(tuple(header), tuple(tuple(row) for row in rows), caption, label)
 
 
 def _compact(value: Any) -> str:
@@ -90,7 +80,7 @@ def _provenance(run: Run, out: Path) -> list[str]:
             ("versions", f"`{_compact(meta.get('versions'))}`"), ("command", f"`{meta.get('command')}`")]
     extra = sorted(k for k in meta if k not in REQUIRED_META_KEYS)
     rows += [(k, f"`{_compact(meta[k])}`") for k in extra]
-    return _table(("key", "value"), rows)
+    return markdown_table(_table(("key", "value"), rows))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -131,7 +121,7 @@ def _incomplete_banner(labels: Sequence[str]) -> str:
 
 def write_report(run_dir: str | Path, out_dir: str | Path, formats: Sequence[str] = ("pdf", "png"),
                  width: str | float = DEFAULT_WIDTH, n_resamples: int = 2000, seed: int = 0) -> list[Path]:
-    """Write every single-run figure, the metric tables (CSV) and ``summary.md``; return the paths.
+    """Write every single-run figure, the metric tables (CSV, and ``tables.tex``) and ``summary.md``; return the paths.
 
     Raises :class:`RunError` when ``run_dir`` is missing or malformed.
     """
@@ -166,7 +156,14 @@ def write_report(run_dir: str | Path, out_dir: str | Path, formats: Sequence[str
     summary = out / "summary.md"
     summary.write_text(_summary(run, ratios, tests, deficit, list(figures), formats, n_resamples, seed, out,
                                 pressure_section(pressure, n_resamples, seed)), encoding="utf-8")
-    return [summary, *written]
+    name = display_name(run.meta.get("model") or run.path.name)
+    ci = f"95% sequence-bootstrap CIs ({n_resamples} resamples, seed {seed})"
+    latex = [replace(_layer_table(ratios, tests), label=latex_label("ratios", name), caption=f"{name}: context / loss"
+                     f"-position gradient-norm ratio per layer ({ci}); Mann-Whitney U test, Holm-corrected.")]
+    if not deficit.empty:
+        latex.append(replace(_deficit_table(deficit), label=latex_label("last-block", name), caption=f"{name}: "
+                             "context share of the last block's weight gradient per sublayer, against earlier blocks."))
+    return [summary, write_latex_tables(out / "tables.tex", latex, "gradflow report"), *written]
 
 
 def _write_tables(folder: Path, tables: dict[str, pd.DataFrame], contract: Mapping[str, Sequence[str]]) -> list[Path]:
@@ -193,7 +190,7 @@ def _summary(run: Run, ratios: pd.DataFrame, tests: pd.DataFrame, deficit: pd.Da
               f"sequences ({n_resamples} resamples, seed {seed}). Rank test: Mann-Whitney U on per-sequence "
               "mean norms, context vs masked, "
               "Holm-corrected across layers; effect size = rank-biserial correlation (< 0: context smaller).", ""]
-    lines += _layer_table(ratios, tests) + [""]
+    lines += markdown_table(_layer_table(ratios, tests)) + [""]
     if not deficit.empty:
         layer = int(deficit["layer"].iloc[0])
         lines += [f"## Last block (layer {layer}): context share of the weight-gradient signal", "",
@@ -201,7 +198,7 @@ def _summary(run: Run, ratios: pd.DataFrame, tests: pd.DataFrame, deficit: pd.Da
                   "from context channels, and coverage (fraction of context positions sending non-zero signal), "
                   "against the mean of the earlier blocks." + (" Weight-shared block: the shares of its last "
                   "application (headline: the shared weights')." if last_block_sharing(run.meta, layer) else ""), ""]
-        lines += _deficit_table(deficit) + [""]
+        lines += markdown_table(_deficit_table(deficit)) + [""]
     lines += [*extra, *_figure_list(figures, formats), ""]
     lines += ["## Provenance", ""] + _provenance(run, out) + [""]
     return "\n".join(lines)
@@ -263,7 +260,7 @@ def _sample_warning(n_sequences: int) -> str:
     return ""
 
 
-def _layer_table(ratios: pd.DataFrame, tests: pd.DataFrame) -> list[str]:
+def _layer_table(ratios: pd.DataFrame, tests: pd.DataFrame) -> TextTable:
     """Per-layer table: context and masked ratios with CIs, rank test."""
     by_role = {role: ratios[ratios["role"] == role].set_index("layer") for role in ("context", "masked")}
     test = tests.set_index("layer") if len(tests) else pd.DataFrame()
@@ -286,7 +283,7 @@ def _layer_table(ratios: pd.DataFrame, tests: pd.DataFrame) -> list[str]:
                    "p (Holm)"), rows)
 
 
-def _deficit_table(deficit: pd.DataFrame) -> list[str]:
+def _deficit_table(deficit: pd.DataFrame) -> TextTable:
     """Last-block sublayer table."""
     rows = [(r.sublayer, format_number(r.share), format_estimate(r.earlier_mean, r.earlier_min, r.earlier_max),
              format_number(r.ratio_to_earlier), format_number(r.coverage), format_number(r.earlier_coverage_mean))
@@ -313,7 +310,7 @@ def _figure_list(figures: list[str], formats: Sequence[str]) -> list[str]:
 def write_comparison(run_dirs: Sequence[str | Path], labels: Sequence[str] | None, out_dir: str | Path,
                      formats: Sequence[str] = ("pdf", "png"), width: str | float = DEFAULT_WIDTH, baseline: int = 0,
                      n_resamples: int = 2000, seed: int = 0) -> list[Path]:
-    """Write the comparison figures, tables and ``summary.md`` for several runs; return the paths.
+    """Write the comparison figures, tables (CSV, ``tables.tex``) and ``summary.md`` for several runs; return the paths.
 
     ``labels`` default to the run directory names; the first run is the baseline of the
     differences unless ``baseline`` says otherwise. Raises :class:`RunError` for a missing or
@@ -348,7 +345,15 @@ def write_comparison(run_dirs: Sequence[str | Path], labels: Sequence[str] | Non
     summary = out / "summary.md"
     summary.write_text(_comparison_summary(runs, comp, incomplete, list(figures), formats, n_resamples, seed,
                                            out, pressure_section(pressure, n_resamples, seed)), encoding="utf-8")
-    return [summary, *written]
+    ci = f"95% sequence-bootstrap CIs ({n_resamples} resamples, seed {seed})"
+    latex = [replace(_comparison_ratio_table(comp), label=latex_label("ratios", *comp.labels),
+                     caption=f"Context / loss-position gradient-norm ratio per layer, each run and its difference "
+                             f"to {comp.baseline}; {ci}.")]
+    if not comp.last_block.empty:
+        latex.append(replace(_comparison_last_table(comp), label=latex_label("last-block", *comp.labels),
+                             caption="Context share of the last block's weight gradient per sublayer (in "
+                                     "parentheses: its ratio to the earlier blocks' mean)."))
+    return [summary, write_latex_tables(out / "tables.tex", latex, "gradflow compare"), *written]
 
 
 def _comparison_summary(runs: Sequence[Run], comp: Comparison, incomplete: list[str], figures: list[str],
@@ -361,17 +366,17 @@ def _comparison_summary(runs: Sequence[Run], comp: Comparison, incomplete: list[
                   "`complete: false`: the numbers come from partial data and may change. Finish or resume "
                   "those runs before citing the comparison.", ""]
     lines += ["## Runs", ""]
-    lines += _table(("label", "model", "loss", "masking", "blocks", "sequences", "complete"), [
+    lines += markdown_table(_table(("label", "model", "loss", "masking", "blocks", "sequences", "complete"), [
         (lab, r.meta.get("model"), r.meta.get("loss"), f"`{_compact(r.meta.get('masking'))}`", r.num_layers,
-         r.sequences["sequence_index"].nunique(), r.complete) for lab, r in zip(comp.labels, runs)]) + [""]
+         r.sequences["sequence_index"].nunique(), r.complete) for lab, r in zip(comp.labels, runs)])) + [""]
     lines += [f"## Context / loss gradient-norm ratio, per layer (baseline: {comp.baseline})", "",
               f"Ratio [95% bootstrap CI over sequences; {n_resamples} resamples, seed {seed}] per run; "
               "differences are run − baseline with a bootstrap CI of the difference (paired when both runs "
               "measured the same sequences).", ""]
-    lines += _comparison_ratio_table(comp) + [""]
+    lines += markdown_table(_comparison_ratio_table(comp)) + [""]
     if not comp.last_block.empty:
         lines += ["## Last block: context share per sublayer", ""]
-        lines += _comparison_last_table(comp) + [""]
+        lines += markdown_table(_comparison_last_table(comp)) + [""]
     lines += [*extra, *_figure_list(figures, formats), ""]
     lines += ["## Provenance", ""]
     for lab, run in zip(comp.labels, runs):
@@ -379,7 +384,7 @@ def _comparison_summary(runs: Sequence[Run], comp: Comparison, incomplete: list[
     return "\n".join(lines)
 
 
-def _comparison_ratio_table(comp: Comparison) -> list[str]:
+def _comparison_ratio_table(comp: Comparison) -> TextTable:
     """Per layer: every run's context ratio and each non-baseline run's difference."""
     ratios = comp.ratios[comp.ratios["role"] == "context"]
     diffs = comp.ratio_differences[comp.ratio_differences["role"] == "context"]
@@ -398,7 +403,7 @@ def _comparison_ratio_table(comp: Comparison) -> list[str]:
     return _table(header, rows)
 
 
-def _comparison_last_table(comp: Comparison) -> list[str]:
+def _comparison_last_table(comp: Comparison) -> TextTable:
     """Per last-block sublayer: each run's context share (and its ratio to the earlier blocks)."""
     last = comp.last_block
     rows = []
