@@ -57,6 +57,7 @@ from gradflow.errors import CorpusError, UsageError
 from gradflow.formatting import format_number
 from gradflow.hooks.recorder import GradFlowRecorder, RecorderConfig
 from gradflow.hooks.records import BatchRecord
+from gradflow.hooks.sites import depth_occurrences
 from gradflow.inputs.corpus import check_corpus_path, default_texts
 from gradflow.inputs.masking import BertMasking, MaskedBatch
 from gradflow.models import LoadedModel, load_model
@@ -223,10 +224,7 @@ def check_batch(model: nn.Module, batch: MaskedBatch, adapter: Adapter | None = 
 def weight_sharing(blocks: Sequence[nn.Module]) -> list[list[int]]:
     """The layers (1..L, layer = depth + 1) applying one block module, for each module applied at several
     depths (ALBERT's shared layer), in order of first application; [] when no block is shared."""
-    layers: dict[int, list[int]] = {}
-    for depth, block in enumerate(blocks):
-        layers.setdefault(id(block), []).append(depth + 1)
-    return [group for group in layers.values() if len(group) > 1]
+    return [[depth + 1 for depth in depths] for depths in depth_occurrences(blocks).values() if len(depths) > 1]
 
 
 def layers_text(layers: Sequence[int], noun: str = "layer") -> str:
