@@ -358,3 +358,18 @@ def test_a_report_of_a_model_elsewhere_is_titled_by_its_name(tmp_path, tiny_mlm_
     write_report(run, tmp_path / "report", formats=("png",), n_resamples=20)
     title = (tmp_path / "report" / "summary.md").read_text().splitlines()[0]
     assert title == f"# gradflow report: {Path(tiny_mlm_dir).name}" and "../" not in title
+
+
+def test_local_inputs_are_hashed_wherever_they_are(tmp_path, monkeypatch):
+    """A checkpoint or corpus inside the working repository (usually git-ignored) is pinned by content too;
+    package and cache content and hub names are not hashed."""
+    from gradflow.provenance import is_local_input
+
+    (tmp_path / ".git").mkdir()
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "corpus.txt").write_text("a b c\n")
+    monkeypatch.chdir(tmp_path)
+    assert is_local_input("ckpt") and is_local_input("./corpus.txt") and is_local_input(tmp_path / "corpus.txt")
+    assert not is_local_input("bert-base-uncased") and not is_local_input("gradflow:models/gradflow-mini-en")
+    import gradflow
+    assert not is_local_input(Path(gradflow.__file__).parent / "models")

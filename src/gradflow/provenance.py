@@ -90,8 +90,12 @@ def portable_path(path: str | os.PathLike, out_dir: str | os.PathLike) -> str:
        (``data/tasks``, ``figures/runs/mini-en_mlm``).
     6. Anything else (a model or corpus elsewhere on this machine): the path as the caller gave it,
        absolute or relative to the directory the command ran in, so the record still names it when
-       the output directory moves; :func:`content_hash` identifies its content on another machine
-       (the run's ``meta.json`` records it as ``inputs_sha256``).
+       the output directory moves.
+
+    Whatever rule names it, a model or corpus on disk outside the package and the cache (rules 4-6)
+    is also identified by its content: the run's ``meta.json`` records :func:`content_hash` as
+    ``inputs_sha256`` (:func:`is_local_input`), since checkpoints and corpora in a repository are
+    usually git-ignored and the revision does not pin them.
 
     So a recorded value that is ``.`` or starts with ``./`` is relative to the output directory; a
     value under rules 2-5 is portable; anything else is the caller's own path. Symbolic links are
@@ -130,6 +134,19 @@ def is_external(path: str | os.PathLike, out_dir: str | os.PathLike) -> bool:
     raw = Path(os.path.expanduser(text))
     return not text.startswith(_PREFIXES) and raw.exists() and \
         _portable_form(raw.resolve(), Path(out_dir).expanduser().resolve()) is None
+
+
+def is_local_input(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is on disk outside the package and the cache: a model or corpus the user keeps (in a
+    repository too, where checkpoints and corpora are usually git-ignored), so ``meta.json`` pins it by
+    :func:`content_hash`. Package and cache content is pinned by gradflow's version and the zoo's wheels."""
+    text = os.fspath(path)
+    raw = Path(os.path.expanduser(text))
+    if text.startswith(_PREFIXES) or not raw.exists():
+        return False
+    target = raw.resolve()
+    cache = _cache_root()
+    return _under(target, _package_root()) is None and (cache is None or _under(target, cache) is None)
 
 
 def content_hash(path: str | os.PathLike, chunk: int = 1 << 20) -> str:

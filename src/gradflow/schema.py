@@ -115,7 +115,7 @@ PROVENANCE_KEYS: tuple[str, ...] = (
     "inputs_sha256", "masking", "seed", "versions", "command", "wall_s",
 )
 """meta.json keys written by every corpus job (:func:`gradflow.runs.meta.provenance`); ``inputs_sha256``: the
-content hash of each input outside the package, cache and repository (``model``, ``texts``), recorded as given."""
+content hash of each input on disk outside the package and cache (``model``, ``texts``; in a repository too)."""
 
 
 def arrow_schema(dtypes: Mapping[str, str]) -> pa.Schema:

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from gradflow.models import LoadedModel
-from gradflow.provenance import content_hash, is_external, portable_command, portable_path, source_revision
+from gradflow.provenance import content_hash, is_local_input, portable_command, portable_path, source_revision
 from gradflow.version import __version__
 
 
@@ -70,7 +70,7 @@ def provenance(loaded: LoadedModel, inputs: JobInputs, outcome: JobOutcome,
         "config_hash": loaded.config_hash, "num_layers": inputs.num_layers,
         "texts": portable_path(inputs.texts, outcome.out_dir),
         "inputs_sha256": {name: content_hash(path) for name, path in (("model", loaded.path), ("texts", inputs.texts))
-                          if isinstance(path, str) and is_external(path, outcome.out_dir)},
+                          if isinstance(path, str) and is_local_input(path)},
         "masking": inputs.masking, "seed": inputs.seed, "versions": versions(extra_versions),
         "command": portable_command(outcome.command or sys.argv, outcome.out_dir),
         "wall_s": round(time.time() - outcome.start, 2),
