@@ -2,7 +2,7 @@
 
 Regenerates every probe number quoted in README.md:
 
-    python analyses/probes.py            # ~30 min on 2 cores (repair included when build/ lacks it)
+    python -m analyses.probes.run        # ~30 min on 2 cores (repair included when build/ lacks it)
 
 Writes ``figures/probes/runs/<label>-<task>/`` (probes.csv, probe_drops.csv, probe_words.parquet,
 meta.json), the comparison figures ``figures/probes/probes_<task>.{pdf,png}``, the tables of both tasks
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pandas as pd
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 REPAIRED = "build/mini-repaired"
 MODELS = {"mini-en": "gradflow-mini-en", "twin": "gradflow-mini-en-alltoken", "repaired": f"{REPAIRED}/model"}
 TASKS = ("brown-pos", "brown-propn")

@@ -1,0 +1,1 @@
+"""Scripts that regenerate every published artefact (run from the repository root)."""

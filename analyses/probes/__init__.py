@@ -1,0 +1,1 @@
+"""Layer-wise probes of the embedded models: ``python -m analyses.probes.run`` (see run.py)."""
