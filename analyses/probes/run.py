@@ -3,11 +3,16 @@
 Regenerates every probe number quoted in README.md:
 
     python -m analyses.probes.run        # ~30 min on 2 cores (repair included when build/ lacks it)
+    python -m analyses.probes.run --limit 1500 --no-code-length --no-masked --out figures/probes/n1500
 
 Writes ``figures/probes/runs/<label>-<task>/`` (probes.csv, probe_drops.csv, probe_words.parquet,
 meta.json), the comparison figures ``figures/probes/probes_<task>.{pdf,png}``, the tables of both tasks
 (``probes_compared.csv``, ``probe_drops_compared.csv``, ``probe_drop_differences.csv``: each model's drop
 minus mini-en's, paired) and ``figures/probes/drops.md`` (the README tables).
+
+The second command is the larger sample (issue 26): 1,500 sentences per split, accuracy only (no
+online code length, no masked runs), under ``figures/probes/n1500/``; the 600-sentence runs stay the
+record of the code-length and masked-regime numbers.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import argparse
 import os
 import subprocess
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -47,33 +53,43 @@ def main() -> int:
     parser.add_argument("--masked-limit", default="100", help="sentences per split of the masked regime runs")
     parser.add_argument("--out", default="figures/probes")
     parser.add_argument("--jobs", type=int, default=2, help="probe runs at a time, one thread each (default 2)")
+    parser.add_argument("--no-code-length", action="store_true",
+                        help="skip the online code length (accuracy and selectivity only; much faster)")
+    parser.add_argument("--no-masked", action="store_true", help="skip the two masked-regime runs")
     parser.add_argument("--tables-only", action="store_true", help="only rewrite the markdown tables from the runs")
     args = parser.parse_args()
     if args.tables_only:
         write_tables(args.out)
         return 0
+    start = time.monotonic()
     if not (ROOT / REPAIRED / "model").is_dir():
         gradflow("repair", "--model", "gradflow-mini-en", "--out", REPAIRED)
+        print(f"repair: {time.monotonic() - start:.0f} s wall", flush=True)
     dirs: dict[str, list[str]] = {task: [] for task in TASKS}
-    commands = []
+    commands, masked = [], []
+    extra = ["--no-code-length"] if args.no_code_length else []
+    if not args.no_masked:  # the slow masked runs first
+        for label in ("mini-en", "twin"):
+            run = f"{args.out}/runs/{label}-brown-pos-masked"
+            commands.append(["probe", "--model", MODELS[label], "--task", "brown-pos", "--masked", "--out", run,
+                             "--limit", args.masked_limit, "--overwrite", "--quiet", "--format", "png", *extra])
+            masked.append(run)
     for task in TASKS:
         for label, model in MODELS.items():
             run = f"{args.out}/runs/{label}-{task}"
             commands.append(["probe", "--model", model, "--task", task, "--out", run, "--limit", args.limit,
-                             "--overwrite", "--quiet", "--format", "png"])
+                             "--overwrite", "--quiet", "--format", "png", *extra])
             dirs[task].append(run)
-    masked = []
-    for label in ("mini-en", "twin"):
-        run = f"{args.out}/runs/{label}-brown-pos-masked"
-        commands.append(["probe", "--model", MODELS[label], "--task", "brown-pos", "--masked", "--out", run,
-                         "--limit", args.masked_limit, "--overwrite", "--quiet", "--format", "png"])
-        masked.append(run)
-    run_all(commands[-2:] + commands[:-2], args.jobs)  # the slow masked runs first
+    probes_start = time.monotonic()
+    run_all(commands, args.jobs)
+    print(f"{len(commands)} probe runs, {args.jobs} at a time: {time.monotonic() - probes_start:.0f} s wall", flush=True)
     # one comparison over both tasks: a figure per task, the tables of both, mini-en the baseline of each
     gradflow("compare", *(d for task in TASKS for d in dirs[task]), "--labels", *(list(MODELS) * len(TASKS)),
              "--out", args.out)
-    gradflow("compare", *masked, "--labels", "mini-en", "twin", "--out", f"{args.out}/masked", "--width", "single")
+    if masked:
+        gradflow("compare", *masked, "--labels", "mini-en", "twin", "--out", f"{args.out}/masked", "--width", "single")
     write_tables(args.out)
+    print(f"total: {time.monotonic() - start:.0f} s wall", flush=True)
     return 0
 
 
@@ -81,7 +97,8 @@ def write_tables(out_dir: str) -> None:
     """``drops.md`` (last-layer drops) and ``layers_<task>.md`` (every layer) from the committed runs."""
     out = ROOT / out_dir
     runs = [f"{out_dir}/runs/{label}-{task}" for task in TASKS for label in MODELS]
-    runs += [f"{out_dir}/runs/{label}-brown-pos-masked" for label in ("mini-en", "twin")]
+    runs += [run for run in (f"{out_dir}/runs/{label}-brown-pos-masked" for label in ("mini-en", "twin"))
+             if (ROOT / run / "probe_drops.csv").is_file()]
     (out / "drops.md").write_text(drops_table(runs) + differences_table(out), encoding="utf-8")
     for task in TASKS:
         (out / f"layers_{task}.md").write_text(layers_table(out_dir, task), encoding="utf-8")
@@ -92,14 +109,16 @@ def write_tables(out_dir: str) -> None:
 def layers_table(out_dir: str, task: str) -> str:
     """Every layer of every model: test accuracy [95% CI], selectivity, online code length (kbits)."""
     frames = {label: pd.read_csv(ROOT / out_dir / "runs" / f"{label}-{task}" / "probes.csv") for label in MODELS}
-    header = "| layer | " + " | ".join(f"{label}: accuracy [95% CI] | selectivity | code (kbits)" for label in MODELS)
-    lines = [header + " |", "|---" * (1 + 3 * len(MODELS)) + "|"]
+    code = any(frame["code_length_bits"].notna().any() for frame in frames.values())  # not with --no-code-length
+    columns = ("accuracy [95% CI]", "selectivity", "code (kbits)") if code else ("accuracy [95% CI]", "selectivity")
+    header = "| layer | " + " | ".join(" | ".join([f"{label}: {columns[0]}", *columns[1:]]) for label in MODELS)
+    lines = [header + " |", "|---" * (1 + len(columns) * len(MODELS)) + "|"]
     for i, site in enumerate(frames["mini-en"]["site"]):
         cells = []
         for frame in frames.values():
             r = frame.iloc[i]
-            cells += [f"{r.accuracy:.4f} [{r.ci_low:.4f}, {r.ci_high:.4f}]", f"{r.selectivity:.3f}",
-                      f"{r.code_length_bits / 1000:.2f}"]
+            cells += [f"{r.accuracy:.4f} [{r.ci_low:.4f}, {r.ci_high:.4f}]", f"{r.selectivity:.3f}"]
+            cells += [f"{r.code_length_bits / 1000:.2f}"] if code else []
         lines.append(f"| {int(frames['mini-en'].iloc[i].layer)} ({site}) | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
