@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).parent))
 
 SAMPLE_LINES = [
     "The progress of public credit is witnessed by a considerable rise of American stock abroad.",

@@ -1,4 +1,4 @@
-"""The large-corpus recipe (analyses/corpus_large): document-level split, cleaning, deduplication,
+"""The large-corpus recipe (analyses/corpus/large): document-level split, cleaning, deduplication,
 and the committed manifest of the built corpus. Offline: no network, no built text needed."""
 
 from __future__ import annotations
@@ -6,22 +6,19 @@ from __future__ import annotations
 import csv
 import gzip
 import random
-import sys
 from collections import Counter
 from pathlib import Path
 
 import pytest
+from analyses.corpus.large.clean import clean, dict_entry_blocks, html_blocks, is_prose, pod_blocks, strip_gutenberg
+from analyses.corpus.large.dedup import Doc, drop_exact, drop_near, jaccard_estimate, sketch
+from analyses.corpus.large.extract import dictd_number
+from analyses.corpus.large.sources import SOURCES
+from analyses.corpus.large.split import assign_split, is_validation, legacy_held_out
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "analyses"))
 
-from corpus_large.clean import clean, dict_entry_blocks, html_blocks, is_prose, pod_blocks, strip_gutenberg  # noqa: E402
-from corpus_large.dedup import Doc, drop_exact, drop_near, jaccard_estimate, sketch  # noqa: E402
-from corpus_large.extract import dictd_number  # noqa: E402
-from corpus_large.sources import SOURCES  # noqa: E402
-from corpus_large.split import assign_split, is_validation, legacy_held_out  # noqa: E402
-
-MANIFEST = REPO / "analyses" / "corpus_large" / "manifest.csv.gz"
+MANIFEST = REPO / "analyses" / "corpus" / "large" / "manifest.csv.gz"
 SMALL_SPLIT = REPO / "data" / "corpus" / "split.json"
 # Measured by `make -C analyses corpus-large` (docs/corpus-large.md). The goal was 100M whitespace
 # tokens of train text; the registries' prose found so far gives 15.6M, and this asserts the real figure.

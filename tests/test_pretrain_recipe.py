@@ -1,4 +1,4 @@
-"""The resumable pretraining recipe (analyses/pretrain/recipe, pretrain_base.py): bit-identical resume.
+"""The resumable pretraining recipe (analyses/pretraining/recipe, pretrain_base.py): bit-identical resume.
 
 Tiny config (2 layers, hidden 32, 32 positions, vocab from a synthetic corpus), CPU float32, one thread.
 """
@@ -16,13 +16,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from analyses.pretraining import pretrain_base
+from analyses.pretraining.recipe.checkpoint import load_checkpoint
+from analyses.pretraining.recipe.train import CURVE_VALUE_FIELDS, EXIT_CONFIG, EXIT_DONE, EXIT_STOPPED
 
-PRETRAIN = Path(__file__).resolve().parents[1] / "analyses" / "pretrain"
-sys.path.insert(0, str(PRETRAIN))
-
-import pretrain_base
-from recipe.checkpoint import load_checkpoint
-from recipe.train import CURVE_VALUE_FIELDS, EXIT_CONFIG, EXIT_DONE, EXIT_STOPPED
+REPO = Path(__file__).resolve().parents[1]
 
 STEPS = 24
 # eval every 6 steps, checkpoint every 5: the stop points below fall between both
@@ -89,10 +87,10 @@ def test_half_stop_resume_is_bit_identical(corpus: Path, straight: Path, tmp_pat
 
 
 def test_sigterm_mid_run_then_resume(corpus: Path, straight: Path, tmp_path: Path) -> None:
-    cmd = [sys.executable, str(PRETRAIN / "pretrain_base.py"), "--corpus", str(corpus), "--out", str(tmp_path),
+    cmd = [sys.executable, "-m", "analyses.pretraining.pretrain_base", "--corpus", str(corpus), "--out", str(tmp_path),
            "--tokenizer", str(corpus / "tokenizer"), *COMMON, "--throttle-s", "0.2"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO)
     lines = []
     deadline = time.monotonic() + 120
     for line in proc.stdout:  # wait until a few steps are logged
@@ -145,8 +143,8 @@ def test_missing_corpus_message(tmp_path: Path, capsys: pytest.CaptureFixture[st
 
 def test_windows_match_pretrain_py(straight: Path, corpus: Path) -> None:
     """The batched window encoder gives pretrain.py's windows."""
-    from pretrain import windows
-    from recipe.data import encode_windows
+    from analyses.pretraining.pretrain import windows
+    from analyses.pretraining.recipe.data import encode_windows
     from transformers import BertTokenizerFast
 
     tok = BertTokenizerFast.from_pretrained(corpus / "tokenizer")

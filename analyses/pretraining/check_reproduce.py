@@ -8,7 +8,7 @@ merges in no fixed order, so a re-trained vocabulary can differ in a few ids), s
 above ``--rtol``. Bit-identical losses are expected on the same CPU type, torch version and thread
 count; other CPUs round bfloat16 matrix products differently.
 
-    python analyses/pretrain/check_reproduce.py --model gradflow-mini-en --steps 40
+    python -m analyses.pretraining.check_reproduce --model gradflow-mini-en --steps 40
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def main() -> int:
     recipe = json.loads((shipped / "recipe.json").read_text())
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "run"
-        command = [sys.executable, str(ROOT / "analyses" / "pretrain" / "pretrain.py"), "--corpus", args.corpus,
+        command = [sys.executable, "-m", "analyses.pretraining.pretrain", "--corpus", args.corpus,
                    "--tokenizer", str(shipped), "--out", str(out), "--stop-after", str(args.steps)]
         for key in ("loss", "steps", "batch_size", "lr", "warmup", "seed", "threads", "eval_every", "valid_windows",
                     "dropout", "position_init", "position_scale", "arch", "short_fraction", "short_length",

@@ -4,7 +4,7 @@ Twelve State of the Union addresses from the *validation* split (never seen in p
 address per line, about 340 KB. Used by ``gradflow demo``, ``gradflow record`` without
 ``--texts`` and the tests.
 
-    python analyses/pretrain/make_sample.py --corpus data/corpus
+    python -m analyses.pretraining.make_sample --corpus data/corpus
 """
 
 from __future__ import annotations

@@ -31,9 +31,9 @@ it trains for 2,700 steps (190 warm-up), with 6.7x more loss positions per token
 Training tricks that change speed, not the model: bfloat16 autocast, logits computed only at the
 loss positions (a fixed number of rows per step). Every random draw comes from ``--seed``.
 
-    python analyses/pretrain/fetch_corpus.py --out data/corpus
-    python analyses/pretrain/pretrain.py --loss mlm --out build/gradflow-mini-en
-    python analyses/pretrain/pretrain.py --loss alltoken --out build/gradflow-mini-en-alltoken
+    python -m analyses.corpus.fetch_corpus --out data/corpus
+    python -m analyses.pretraining.pretrain --loss mlm --out build/gradflow-mini-en
+    python -m analyses.pretraining.pretrain --loss alltoken --out build/gradflow-mini-en-alltoken
 """
 
 from __future__ import annotations

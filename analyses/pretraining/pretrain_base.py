@@ -7,9 +7,9 @@ or ``--loss alltoken``), but every run can stop and resume bit-identically: chec
 rerunning the same command resumes from ``<out>/checkpoint.pt``. Exit codes: 0 done, 75 stopped
 with a checkpoint (rerun to resume), 2 refused (config differs from the checkpoint's, or no corpus).
 
-    python analyses/pretrain/pretrain_base.py --loss mlm --out build/gradflow-base-en
+    python -m analyses.pretraining.pretrain_base --loss mlm --out build/gradflow-base-en
     # GPU lent in <= 10 minute slots: each command trains 9 minutes and checkpoints
-    python analyses/pretrain/pretrain_base.py --loss mlm --out build/gradflow-base-en \\
+    python -m analyses.pretraining.pretrain_base --loss mlm --out build/gradflow-base-en \\
         --device cuda --dtype bfloat16 --max-minutes 9
 
 See ``docs/pretraining-recipe.md``.
@@ -21,9 +21,8 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # analyses/pretrain, for the recipe package
-from recipe.config import ARCHS, RunConfig
-from recipe.train import EXIT_CONFIG, main_guard
+from analyses.pretraining.recipe.config import ARCHS, RunConfig
+from analyses.pretraining.recipe.train import EXIT_CONFIG, main_guard
 
 DEFAULT_CORPUS = Path("data/corpus-large")
 
@@ -79,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     fields = {k: v for k, v in vars(args).items() if k not in ("corpus", "out", "arch", "tokenizer")}
     cfg = RunConfig.from_arch(args.arch, corpus=str(args.corpus), out=str(args.out),
                                tokenizer=str(args.tokenizer or ""), **fields)
-    return main_guard(cfg, [sys.executable, str(Path(__file__)), *argv])
+    return main_guard(cfg, [sys.executable, "-m", "analyses.pretraining.pretrain_base", *argv])
 
 
 if __name__ == "__main__":

@@ -5,11 +5,12 @@ Copies ``build/<name>/`` (float16 safetensors, tokenizer, recipe.json, training_
 held-out sample, and writes ``figures/pretraining_curves.{pdf,png}`` with the table it was drawn
 from (``figures/pretraining_curves.csv``).
 
-    python analyses/pretrain/ship.py
+    python -m analyses.pretraining.ship [--build build] [--out figures]
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import shutil
 from pathlib import Path
@@ -73,10 +74,14 @@ def draw(table: pd.DataFrame, figures: Path) -> None:
 
 def main() -> None:
     root = Path(__file__).resolve().parents[2]
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--build", type=Path, default=root / "build", help="where pretrain wrote the models")
+    parser.add_argument("--out", type=Path, default=root / "figures", help="where the curves and accuracy go")
+    args = parser.parse_args()
     dest = root / "src" / "gradflow" / "models"
-    ship(root / "build", dest)
-    table = curves(dest, root / "figures")
-    draw(table, root / "figures")
+    ship(args.build, dest)
+    table = curves(dest, args.out)
+    draw(table, args.out)
     from gradflow.models import load_model
     from gradflow.runs.evaluation import mlm_accuracy
     from gradflow.runs.record import default_texts
@@ -87,7 +92,7 @@ def main() -> None:
         results[name] = {"sample_top1": acc.top1, "sample_top1_masked": acc.top1_masked, "sample_loss": acc.loss,
                          "positions": acc.positions,
                          "valid_top1": json.loads((dest / name / "recipe.json").read_text())["final"]["valid_top1"]}
-    (root / "figures" / "pretraining_accuracy.json").write_text(json.dumps(results, indent=2) + "\n")
+    (args.out / "pretraining_accuracy.json").write_text(json.dumps(results, indent=2) + "\n")
     print(json.dumps(results, indent=2))
 
 

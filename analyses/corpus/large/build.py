@@ -6,7 +6,7 @@ short documents, exact duplicates and near-duplicate editions, splits by documen
 kind, split, tokens, sha256 of the normalised text), ``dropped.csv`` and ``checksums.json`` under
 ``--out``; with ``--manifest`` it also writes the manifest that the repository keeps. Usage::
 
-    python analyses/corpus_large/build.py --out data/corpus-large
+    python -m analyses.corpus.large.build --out data/corpus-large
 """
 
 from __future__ import annotations
@@ -16,20 +16,16 @@ import csv
 import gzip
 import io
 import json
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # analyses/: corpus_large and fetchlib
-
-from fetchlib import file_digest  # noqa: E402
-
-from corpus_large.clean import MIN_TOKENS, clean, long_enough  # noqa: E402
-from corpus_large.dedup import Doc, drop_exact, drop_near  # noqa: E402
-from corpus_large.extract import READERS  # noqa: E402
-from corpus_large.fetch import fetch_and_unpack  # noqa: E402
-from corpus_large.sources import LEGACY_SOURCES, SOURCES  # noqa: E402
-from corpus_large.split import SPLITS, assign_split  # noqa: E402
+from analyses.corpus.large.clean import MIN_TOKENS, clean, long_enough
+from analyses.corpus.large.dedup import Doc, drop_exact, drop_near
+from analyses.corpus.large.extract import READERS
+from analyses.corpus.large.fetch import fetch_and_unpack
+from analyses.corpus.large.sources import LEGACY_SOURCES, SOURCES
+from analyses.corpus.large.split import SPLITS, assign_split
+from gradflow.inputs.npm_registry import file_digest
 
 MANIFEST_FIELDS = ("doc_id", "source", "kind", "split", "tokens", "sha256")
 

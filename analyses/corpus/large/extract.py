@@ -10,15 +10,12 @@ from __future__ import annotations
 import gzip
 import re
 import struct
-import sys
 import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from corpus_large.sources import Source
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "pretrain"))
-from fetch_corpus import detag_brown  # noqa: E402  (the small corpus's Brown de-tagger, shared)
+from analyses.corpus.fetch_corpus import detag_brown  # the small corpus's Brown de-tagger, shared
+from analyses.corpus.large.sources import Source
 
 RawDoc = tuple[str, str, str]
 

@@ -7,9 +7,8 @@ import subprocess
 import tarfile
 from pathlib import Path
 
-from fetchlib import deb_download, file_digest, npm_pack, safe_extract
-
-from corpus_large.sources import Source
+from analyses.corpus.large.sources import Source
+from gradflow.inputs.npm_registry import deb_download, file_digest, npm_pack, safe_extract
 
 
 def _cached_archive(folder: Path, source: Source) -> Path | None:

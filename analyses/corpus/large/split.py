@@ -11,12 +11,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-import sys
 from functools import lru_cache
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "pretrain"))
-from fetch_corpus import is_validation  # noqa: E402
+from analyses.corpus.fetch_corpus import is_validation
 
 VALID_FRACTION = 0.01
 TEST_FRACTION = 0.01

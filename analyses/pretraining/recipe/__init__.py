@@ -9,5 +9,5 @@ Modules, one job each:
 - ``checkpoint``: atomic save / ``weights_only`` load of everything a resume needs.
 - ``train``: the loop (checkpoint interval, signals, wall-time limit, evaluation, CSV curve).
 
-The command line is ``analyses/pretrain/pretrain_base.py``; see ``docs/pretraining-recipe.md``.
+The command line is ``python -m analyses.pretraining.pretrain_base``; see ``docs/pretraining-recipe.md``.
 """

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,9 +17,7 @@ import numpy as np
 import torch
 from transformers import BertTokenizerFast
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # analyses/pretrain, for pretrain.py
-from pretrain import train_tokenizer, window_rows
-
+from analyses.pretraining.pretrain import train_tokenizer, window_rows
 from gradflow.models.zoo import sha256 as file_sha256
 
 SELECT_P = 0.15  # BERT: 15% of the non-special tokens are selected ...
