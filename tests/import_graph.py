@@ -35,6 +35,9 @@ TIERS: dict[str, int] = {
     "__main__": 13,
 }
 
+UNIT_MEMBERS: dict[str, str] = {"schema_reports": "schema"}
+"""Top-level modules that belong to another unit (the schema's meanings live beside it, in its unit)."""
+
 Graph = dict[str, set[str]]
 """module -> the gradflow modules it imports (dotted names)."""
 
@@ -90,9 +93,11 @@ def import_graph(package_dir: Path) -> Graph:
 
 
 def unit_of(module: str) -> str:
-    """``gradflow.runs.record`` -> ``runs``; ``gradflow`` -> ``gradflow``."""
+    """``gradflow.runs.record`` -> ``runs``; ``gradflow`` -> ``gradflow``; ``gradflow.schema_reports`` -> ``schema``
+    (:data:`UNIT_MEMBERS`)."""
     parts = module.split(".")
-    return parts[1] if len(parts) > 1 else parts[0]
+    unit = parts[1] if len(parts) > 1 else parts[0]
+    return UNIT_MEMBERS.get(unit, unit)
 
 
 def forbidden_edges(graph: Graph, tiers: Mapping[str, int] = TIERS) -> list[str]:
