@@ -27,12 +27,13 @@ from gradflow.cli import (
     repair,
     report,
     surgery,
+    tasks,
     zoo,
 )
 from gradflow.errors import GradflowError
 
-COMMAND_MODULES = (record, demo, report, compare, channels, diagnose, zoo, surgery, finetune, repair, probe, check,
-                   atlas, explore)
+COMMAND_MODULES = (record, demo, report, compare, channels, diagnose, zoo, tasks, surgery, finetune, repair, probe,
+                   check, atlas, explore)
 """One module per command, named after it, in the order ``gradflow --help`` lists them."""
 
 

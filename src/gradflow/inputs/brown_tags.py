@@ -61,8 +61,7 @@ _SUFFIX = re.compile(r"-(?:tl|hl|nc|[a-z]{1,2})$")
 def base_tag(tag: str) -> str:
     """The Brown base tag of a (possibly decorated or compound) tag, e.g. ``np-tl`` -> ``np``."""
     t = tag.lower()
-    if t.startswith("fw-"):
-        t = t[3:]
+    t = t.removeprefix("fw-")
     t = t.split("+", 1)[0]
     while (stripped := _SUFFIX.sub("", t)) != t and stripped:
         t = stripped

@@ -1,7 +1,12 @@
 """Fine-tuning tasks: what a task is, where its data lives, and how it is scored.
 
 A task directory holds ``train.jsonl``, ``validation.jsonl``, ``test.jsonl`` and ``task.json``
-(``name``, ``kind``, ``metric``, ``labels``), as written by ``analyses/finetune/fetch_tasks.py``.
+(``name``, ``kind``, ``metric``, ``labels``), as written by ``gradflow tasks fetch``
+(:mod:`gradflow.inputs.task_data`).
+
+Where the built-in tasks are looked for (:func:`resolve_data_root`): ``$GRADFLOW_TASKS`` if set, else
+``./data/tasks`` if it exists (a repository checkout), else the user cache (``$GRADFLOW_CACHE/tasks``,
+else ``$XDG_CACHE_HOME/gradflow/tasks``, else ``~/.cache/gradflow/tasks``).
 
 - ``kind="token"``: rows ``{"tokens": [...], "tags": [...]}``, one tag per word;
 - ``kind="sequence"``: rows ``{"text": "...", "label": "..."}``.
@@ -29,7 +34,9 @@ BUILTIN_TASKS: dict[str, str] = {
     "movie-sentiment": "movie-review snippets, positive vs negative (accuracy)",
 }
 DATA_ROOT_ENV = "GRADFLOW_TASKS"
-
+CACHE_ENV = "GRADFLOW_CACHE"
+CHECKOUT_DATA_ROOT = Path("data/tasks")
+FETCH_HINT = "gradflow tasks fetch"
 
 
 @dataclass(frozen=True)
@@ -64,9 +71,56 @@ class Task:
         return "O" if "O" in self.labels else self.labels[0]
 
 
+@dataclass(frozen=True)
+class DataRoot:
+    """Where the built-in tasks are looked for, and why there (``source``: ``env``, ``checkout`` or ``cache``)."""
+
+    path: Path
+    source: str
+
+    @property
+    def reason(self) -> str:
+        """The rule that chose :attr:`path`, in words."""
+        return {"env": f"${DATA_ROOT_ENV} is set", "checkout": f"./{CHECKOUT_DATA_ROOT} exists",
+                "cache": "the user cache"}[self.source]
+
+
+def user_cache_root() -> Path:
+    """gradflow's cache: ``$GRADFLOW_CACHE``, else ``$XDG_CACHE_HOME/gradflow``, else ``~/.cache/gradflow``."""
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV])
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "gradflow"
+
+
+def tasks_cache_dir() -> Path:
+    """The built-in tasks' directory in the user cache (``<cache>/tasks``)."""
+    return user_cache_root() / "tasks"
+
+
+def resolve_data_root() -> DataRoot:
+    """``$GRADFLOW_TASKS`` if set, else ``./data/tasks`` if it exists (repository checkouts), else the user cache."""
+    if os.environ.get(DATA_ROOT_ENV):
+        return DataRoot(Path(os.environ[DATA_ROOT_ENV]), "env")
+    if CHECKOUT_DATA_ROOT.is_dir():
+        return DataRoot(CHECKOUT_DATA_ROOT, "checkout")
+    return DataRoot(tasks_cache_dir(), "cache")
+
+
 def default_data_root() -> Path:
-    """``$GRADFLOW_TASKS`` if set, else ``data/tasks`` under the current directory."""
-    return Path(os.environ.get(DATA_ROOT_ENV, "data/tasks"))
+    """Where the built-in tasks are looked for when no data root is given (see :func:`resolve_data_root`)."""
+    return resolve_data_root().path
+
+
+def default_fetch_root() -> Path:
+    """Where ``gradflow tasks fetch`` writes without ``--out``: ``$GRADFLOW_TASKS`` if set, else the user cache."""
+    return Path(os.environ[DATA_ROOT_ENV]) if os.environ.get(DATA_ROOT_ENV) else tasks_cache_dir()
+
+
+def task_present(name: str, data_root: str | Path | None = None) -> bool:
+    """Whether ``data_root`` (default: :func:`default_data_root`) holds the task's ``task.json`` and its splits."""
+    path = Path(data_root if data_root is not None else default_data_root()) / name
+    return all((path / f).is_file() for f in ("task.json", *(f"{s}.jsonl" for s in SPLITS)))
 
 
 def load_task(spec: str | Path, data_root: str | Path | None = None) -> Task:
@@ -77,7 +131,7 @@ def load_task(spec: str | Path, data_root: str | Path | None = None) -> Task:
         path = path / str(spec)
     meta_path = path / "task.json"
     if not meta_path.exists():
-        hint = (" Build the built-in tasks with `python analyses/finetune/fetch_tasks.py --out data/tasks`."
+        hint = (f" Build the built-in tasks with `{FETCH_HINT} --out {path.parent}`."
                 if str(spec) in BUILTIN_TASKS else
                 f" Name a built-in task ({', '.join(BUILTIN_TASKS)}) or a directory that holds a task.json.")
         raise TaskError(f"no task {spec!r}: {meta_path} does not exist.{hint}")
