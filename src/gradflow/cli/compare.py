@@ -41,22 +41,25 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
 
 def _probe_differences(args: argparse.Namespace) -> list[Path]:
-    """Write and print each probe directory's last-layer drop minus the baseline's (paired CIs)."""
+    """Write and print each probe directory's last-layer drop minus the baseline's (paired CIs), and ``tables.tex``
+    (each directory's drop and the paired differences)."""
     from gradflow.analysis.probe_tables import probe_drop_differences
     from gradflow.runs.files import write_csv
+    from gradflow.runs.probe_tables import write_comparison_tables
     from gradflow.schema import PROBE_DIFFERENCE_COLUMNS, PROBE_DIFFERENCES_FILE
 
     result = probe_drop_differences(args.run_dirs, args.labels)
     for note in result.notes:
         print(f"note: {note}", file=sys.stderr)
+    tables = write_comparison_tables(args.run_dirs, args.labels, args.out, result.table)
     if result.table.empty:
-        return []
+        return [tables]
     for row in result.table.itertuples():
         print(f"{row.regime:9s} last-layer accuracy drop, {row.label} - {row.baseline}: {row.difference:+.4f} "
               f"[{row.ci_low:+.4f}, {row.ci_high:+.4f}] ({row.n_words} words, {row.n_sentences} sentences)")
     path = Path(args.out) / PROBE_DIFFERENCES_FILE
     write_csv(result.table, path, PROBE_DIFFERENCE_COLUMNS)
-    return [path]
+    return [path, tables]
 
 
 def _check_comparable(run_dirs: Sequence[str]) -> None:

@@ -10,8 +10,8 @@ The headline, per regime and metric, is :func:`~gradflow.analysis.probes.last_la
 block-output sites (``embeddings.out`` = layer 0 ... last block = layer L) with a paired CI.
 
 Writes ``probes.csv``, ``probe_drops.csv``, ``probe_words.parquet`` (per test word and block output:
-was the probe right; what ``gradflow compare`` pairs across models) and ``meta.json`` (columns in
-:mod:`gradflow.schema`); rows are flushed after every site with ``"complete": false`` until the end, so an
+was the probe right; what ``gradflow compare`` pairs across models), ``meta.json`` (columns in
+:mod:`gradflow.schema`) and, once finished, ``tables.tex`` (:mod:`gradflow.runs.probe_tables`); rows are flushed after every site with ``"complete": false`` until the end, so an
 interrupted run keeps what it fitted and says so.
 """
 
@@ -46,6 +46,7 @@ from gradflow.models import LoadedModel, load_model
 from gradflow.runs.files import prepare_output_dir, write_csv, write_meta
 from gradflow.runs.meta import JobInputs, JobOutcome, job_meta
 from gradflow.runs.probe_features import SplitFeatures, extract_all
+from gradflow.runs.probe_tables import TABLES_TEX, write_probe_tables
 from gradflow.schema import (
     META_FILE,
     PROBE_COLUMNS,
@@ -124,7 +125,7 @@ def run_probes(config: ProbeConfig, loaded: LoadedModel | None = None,
         loaded = load_model(config.model, device=config.device)
     out = Path(config.out)
     prepare_output_dir(out, config.overwrite)
-    for name in (PROBES_FILE, PROBE_DROPS_FILE, PROBE_WORDS_FILE):
+    for name in (PROBES_FILE, PROBE_DROPS_FILE, PROBE_WORDS_FILE, TABLES_TEX):
         (out / name).unlink(missing_ok=True)
     job = _Job(config, loaded, task, out, start)
     error: BaseException | None = None
@@ -136,6 +137,7 @@ def run_probes(config: ProbeConfig, loaded: LoadedModel | None = None,
         raise
     finally:
         job.write(error)
+    write_probe_tables(out)  # tables.tex, only for a finished run
     return ProbeRun(out, job.frame(), job.drops_frame())
 
 
