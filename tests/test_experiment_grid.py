@@ -1,18 +1,15 @@
-"""The seed experiments' shared statistics and bookkeeping (analyses/finetune/grid.py)."""
+"""The fine-tuning experiments' shared statistics and bookkeeping (analyses/last_block_finetuning/grid.py)."""
 
 from __future__ import annotations
 
 import json
 import math
-import sys
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "analyses" / "finetune"))
-from grid import GridRun, collect, mean_ci, paired_differences, run_grid, summarise  # noqa: E402
+from analyses.last_block_finetuning.grid import GridRun, collect, mean_ci, paired_differences, run_grid, summarise
 
 
 def test_mean_ci_is_the_student_t_interval():
@@ -83,7 +80,7 @@ def test_a_finished_run_with_another_config_is_refused(tmp_path):
 
 
 def test_model_contrast_is_a_difference_of_paired_differences():
-    from seed000_last_block import model_contrast
+    from analyses.last_block_finetuning.drop_or_reinit import model_contrast
 
     rows = []
     scores = {  # (model, variant) -> score per seed 0, 1, 2

@@ -1,18 +1,15 @@
-"""Issue 15's report on constructed runs with planted effects: AUCs, paired contrasts, Holm, MDE."""
+"""The powered experiment's report (analyses/last_block_finetuning/powered_report.py) on planted effects: AUC, contrasts, Holm, MDE."""
 
 from __future__ import annotations
 
 import json
 import math
-import sys
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "analyses" / "finetune"))
-from issue15_report import cells, contrasts, run_summaries  # noqa: E402
+from analyses.last_block_finetuning.powered_report import cells, contrasts, run_summaries
 
 STEPS = (30, 60, 90)
 

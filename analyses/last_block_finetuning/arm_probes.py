@@ -3,7 +3,7 @@
 The arms of gradflow-mini-en share every block below the last, so their probe curves differ only at
 the top site:
 
-- ``full`` and ``repair1`` are the runs of ``analyses/probes.py`` (``figures/probes/runs/``);
+- ``full`` and ``repair1`` are the runs of ``analyses/probes/run.py`` (``figures/probes/runs/``);
 - ``drop1`` is ``full`` read at layer L-1 (its top site is ``full``'s ``blocks.{L-2}.out``);
 - ``reinit1`` is probed here for seeds 0..2 (``gradflow surgery --reinit-last 1 --seed s``; the
   fine-tuning runs of seed s re-initialise the block with the same seed), 600 sentences per split.
@@ -12,8 +12,8 @@ Writes ``figures/finetune/issue15/probes/runs/reinit1-s<seed>-<task>/`` and
 ``figures/finetune/issue15/probes/arms.csv`` / ``arms.md``: per arm and task, the top site's test
 accuracy [95% CI] and online code length, and the difference to ``full``'s top site.
 
-    python analyses/finetune/issue15_arm_probes.py            # ~12 min on 2 cores
-    python analyses/finetune/issue15_arm_probes.py --tables-only
+    python -m analyses.last_block_finetuning.arm_probes            # seed 0 measured: 168 s + 92 s, one thread each
+    python -m analyses.last_block_finetuning.arm_probes --tables-only
 """
 
 from __future__ import annotations
@@ -24,17 +24,16 @@ from pathlib import Path
 
 import pandas as pd
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from probes import gradflow, run_all  # noqa: E402
+from analyses.probes.run import gradflow, run_all
 
 ROOT = Path(__file__).resolve().parents[2]
-OUT = "figures/finetune/issue15/probes"
+OUT = "figures/finetune/issue15/probes"  # default --out, relative to the repository root
 PROBES = "figures/probes/runs"
 TASKS = ("brown-pos", "brown-propn")
 SEEDS = (0, 1, 2)
 
 
-def probe_reinit(limit: str, jobs: int, seeds: tuple[int, ...] = SEEDS) -> None:
+def probe_reinit(limit: str, jobs: int, seeds: tuple[int, ...] = SEEDS, out: str = OUT) -> None:
     commands = []
     for seed in seeds:
         model = f"build/mini-reinit1-s{seed}"
@@ -42,7 +41,7 @@ def probe_reinit(limit: str, jobs: int, seeds: tuple[int, ...] = SEEDS) -> None:
             gradflow("surgery", "--model", "gradflow-mini-en", "--reinit-last", "1", "--seed", str(seed),
                      "--out", model, "--overwrite")
         for task in TASKS:
-            run = f"{OUT}/runs/reinit1-s{seed}-{task}"
+            run = f"{out}/runs/reinit1-s{seed}-{task}"
             if (ROOT / run / "probe_drops.csv").exists():
                 continue
             commands.append(["probe", "--model", model, "--task", task, "--out", run, "--limit", limit,
@@ -57,14 +56,14 @@ def top_site(run: str, layer: int | None = None) -> pd.Series:
     return frame[frame.layer == (frame.layer.max() if layer is None else layer)].iloc[0]
 
 
-def arm_table() -> pd.DataFrame:
+def arm_table(out: str = OUT) -> pd.DataFrame:
     rows = []
     for task in TASKS:
         full = top_site(f"{PROBES}/mini-en-{task}")
         arms = {"full": [full], "drop1": [top_site(f"{PROBES}/mini-en-{task}", int(full.layer) - 1)],
                 "repair1": [top_site(f"{PROBES}/repaired-{task}")],
-                "reinit1": [top_site(f"{OUT}/runs/reinit1-s{s}-{task}") for s in SEEDS
-                            if (ROOT / OUT / "runs" / f"reinit1-s{s}-{task}" / "probes.csv").exists()]}
+                "reinit1": [top_site(f"{out}/runs/reinit1-s{s}-{task}") for s in SEEDS
+                            if (ROOT / out / "runs" / f"reinit1-s{s}-{task}" / "probes.csv").exists()]}
         for arm, sites in arms.items():
             for i, r in enumerate(sites):
                 rows.append({"task": task, "arm": arm, "probe_seed": i if arm == "reinit1" else None,
@@ -91,13 +90,14 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--seeds", type=int, nargs="+", default=list(SEEDS), help="reinit1 seeds to probe")
     parser.add_argument("--tables-only", action="store_true")
+    parser.add_argument("--out", default=OUT, help="relative to the repository root (default %(default)s)")
     args = parser.parse_args()
     if not args.tables_only:
-        probe_reinit(args.limit, args.jobs, tuple(args.seeds))
-    table = arm_table()
-    (ROOT / OUT).mkdir(parents=True, exist_ok=True)
-    table.to_csv(ROOT / OUT / "arms.csv", index=False, float_format="%.6g")
-    (ROOT / OUT / "arms.md").write_text(markdown(table), encoding="utf-8")
+        probe_reinit(args.limit, args.jobs, tuple(args.seeds), args.out)
+    table = arm_table(args.out)
+    (ROOT / args.out).mkdir(parents=True, exist_ok=True)
+    table.to_csv(ROOT / args.out / "arms.csv", index=False, float_format="%.6g")
+    (ROOT / args.out / "arms.md").write_text(markdown(table), encoding="utf-8")
     print(markdown(table))
     return 0
 

@@ -37,8 +37,8 @@ core-seconds, 20.7 a run at k = 1 to 99.0 at k = 6; 27 minutes per model). The v
 seeded by the run's seed: the runs of one seed share them (so paired differences compare like
 with like), different seeds draw different halves of the 1007-example splits. Usage::
 
-    python analyses/finetune/seed003_blocks_kept.py                  # run (resumes) and summarise
-    python analyses/finetune/seed003_blocks_kept.py --summarise-only
+    python -m analyses.last_block_finetuning.blocks_kept                  # run (resumes) and summarise
+    python -m analyses.last_block_finetuning.blocks_kept --summarise-only
 """
 
 from __future__ import annotations
@@ -46,13 +46,11 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import sys
 from pathlib import Path
 
 import pandas as pd
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from grid import GridRun, collect, paired_differences, run_grid, summarise, write_plan  # noqa: E402
+from analyses.last_block_finetuning.grid import GridRun, collect, paired_differences, run_grid, summarise, write_plan
 
 ROOT = Path(__file__).resolve().parents[2]
 MODELS = ("gradflow-mini-en", "gradflow-mini-en-alltoken")

@@ -59,8 +59,8 @@ steps: about 330 core-seconds a run, 3 x 330 = 990 per model; about 1530 core-se
 13 minutes with the default two one-thread workers, per model (the base-model arms run
 alongside the continued-MLM runs, so an odd number of those leaves no worker idle). Usage::
 
-    python analyses/finetune/seed001_continued_mlm.py                  # run (resumes) and summarise
-    python analyses/finetune/seed001_continued_mlm.py --summarise-only
+    python -m analyses.last_block_finetuning.continued_mlm                  # run (resumes) and summarise
+    python -m analyses.last_block_finetuning.continued_mlm --summarise-only
 """
 
 from __future__ import annotations
@@ -71,7 +71,6 @@ import json
 import math
 import os
 import shutil
-import sys
 import time
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
@@ -79,8 +78,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from grid import GridRun, collect, paired_differences, pending, run_grid, run_one, summarise, write_plan  # noqa: E402
+from analyses.last_block_finetuning import grid
+from analyses.last_block_finetuning.grid import GridRun, collect, paired_differences, summarise
 
 ROOT = Path(__file__).resolve().parents[2]
 MODELS = ("gradflow-mini-en", "gradflow-mini-en-alltoken")
@@ -132,7 +131,7 @@ def run_continued(models: list[str], seeds: list[int], mlm: dict, work: Path, ou
     todo = [(m, s) for m, s in itertools.product(models, seeds)
             if not (mlm_dir(work, m, s) / "continued.json").exists()
             or not (mlm_dir(work, m, s) / "model" / "config.json").exists()]
-    extra = pending(list(base_runs), out)
+    extra = grid.pending(list(base_runs), out)
     print(f"continued MLM: {len(models) * len(seeds) - len(todo)} done, {len(todo)} to run "
           f"(with {len(extra)} fine-tuning runs that do not need them)", flush=True)
     if todo or extra:
@@ -140,7 +139,7 @@ def run_continued(models: list[str], seeds: list[int], mlm: dict, work: Path, ou
         start = time.perf_counter()
         with ProcessPoolExecutor(max_workers=workers) as pool:
             futures = [pool.submit(_continue_one, m, s, mlm, mlm_dir(work, m, s)) for m, s in todo]
-            futures += [pool.submit(run_one, r, out, 1) for r in extra]
+            futures += [pool.submit(grid.run_one, r, out, 1) for r in extra]
             for i, fut in enumerate(as_completed(futures), 1):
                 name, seconds = fut.result()
                 print(f"[stage 1: {i}/{len(futures)}] {name}: {seconds:.0f} s "
@@ -403,11 +402,11 @@ def main() -> None:
                lr=args.mlm_lr, log_every=args.mlm_log_every, bf16=args.autocast == "bfloat16", warmup=0.1,
                weight_decay=0.01, mlm_probability=0.15, max_length=128)
     if not args.summarise_only:
-        write_plan(runs, args.out, {"continued_mlm": mlm, "work": str(args.work)})
+        grid.write_plan(runs, args.out, {"continued_mlm": mlm, "work": str(args.work)})
         # stage 1: continued MLM, with the base-model arms filling idle workers; stage 2: the rest
         run_continued(args.models, args.seeds, mlm, args.work, args.out, args.workers,
                       [r for r in runs if r.factors["pretrain"] == "base"])
-        run_grid(runs, args.out, workers=args.workers)
+        grid.run_grid(runs, args.out, workers=args.workers)
     tables = summarise_experiment(args.out, args.data_root)
     draw(tables, args.out)
     print(json.dumps(tables["finals"][tables["finals"].split == "test"].to_dict(orient="records"), indent=1))

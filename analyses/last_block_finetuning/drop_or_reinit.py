@@ -30,8 +30,8 @@ test sentences (seeded subsets, the same for every run of a seed), bfloat16 auto
 one-thread workers. (A first slice at 250 steps took about 100 s a run, 45 minutes per model: over
 budget, so the grid runs 150: measured 62 s a run on average, 28 minutes per model.) Usage::
 
-    python analyses/finetune/seed000_last_block.py                  # run (resumes) and summarise
-    python analyses/finetune/seed000_last_block.py --summarise-only
+    python -m analyses.last_block_finetuning.drop_or_reinit                  # run (resumes) and summarise
+    python -m analyses.last_block_finetuning.drop_or_reinit --summarise-only
 """
 
 from __future__ import annotations
@@ -39,13 +39,19 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import sys
 from pathlib import Path
 
 import pandas as pd
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from grid import GridRun, collect, mean_ci, paired_differences, run_grid, summarise, write_plan  # noqa: E402
+from analyses.last_block_finetuning.grid import (
+    GridRun,
+    collect,
+    mean_ci,
+    paired_differences,
+    run_grid,
+    summarise,
+    write_plan,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 MODELS = ("gradflow-mini-en", "gradflow-mini-en-alltoken")

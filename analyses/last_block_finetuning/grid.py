@@ -1,6 +1,6 @@
 """Run a grid of fine-tuning runs (resumable, in parallel processes) and summarise it over seeds.
 
-Shared by the seed experiments (``seed000_last_block.py``, ...). Each run is one
+Shared by the experiments of this package (``drop_or_reinit.py``, ...). Each run is one
 ``gradflow.interventions.finetune.FinetuneConfig`` written to ``<out>/runs/<run_id>/`` (``eval.csv``,
 ``result.json``); a run whose ``result.json`` exists is skipped, so an interrupted experiment
 resumes where it stopped. Workers are separate processes with one torch thread each (on a 2-core
@@ -203,8 +203,8 @@ def write_plan(runs: list[GridRun], out: Path, extra: dict | None = None) -> Non
 
     out.mkdir(parents=True, exist_ok=True)
     script = Path(sys.argv[0]).resolve()
-    try:
-        script = script.relative_to(REPO)
+    try:  # a module of this repository (run with python -m from its root): name it as such
+        script = "-m " + ".".join(script.relative_to(REPO).with_suffix("").parts)
     except ValueError:
         script = _portable(str(script), out)
     args = [_portable(a, out) for a in sys.argv[1:]]

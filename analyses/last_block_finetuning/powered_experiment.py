@@ -18,8 +18,8 @@ and seed:
 missing). Runs are resumable (``grid.run_grid``); ``--seeds 0`` is the budget-measuring first slice.
 Outputs under ``figures/finetune/issue15/<regime>/``.
 
-    python analyses/finetune/issue15_finetune.py --regime convergence --seeds 0   # first slice: 14 runs
-    python analyses/finetune/issue15_finetune.py --regime few-sample              # all 10 seeds (resumes)
+    python -m analyses.last_block_finetuning.powered_experiment --regime convergence --seeds 0   # first slice: 14 runs
+    python -m analyses.last_block_finetuning.powered_experiment --regime few-sample              # all 10 seeds
 """
 
 from __future__ import annotations
@@ -30,8 +30,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from grid import GridRun, run_grid, write_plan  # noqa: E402
+from analyses.last_block_finetuning.grid import GridRun, run_grid, write_plan
 
 ROOT = Path(__file__).resolve().parents[2]
 REPAIRED = "build/mini-repaired/model"

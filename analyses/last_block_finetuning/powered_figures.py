@@ -1,19 +1,19 @@
 """Issue 15's figures from the committed runs: the convergence curves (regime a) and the few-sample
 test scores (regime b), each arm's mean over seeds with its 95% t-interval.
 
-    python analyses/finetune/issue15_figures.py     # figures/finetune/issue15/{convergence_curves,few_sample}.{pdf,png}
+    python -m analyses.last_block_finetuning.powered_figures     # figures/finetune/issue15/{convergence_curves,few_sample}.{pdf,png}
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from grid import collect, mean_ci  # noqa: E402
+from analyses.last_block_finetuning.grid import collect, mean_ci
 
 ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "figures/finetune/issue15"
@@ -101,13 +101,20 @@ def draw_few_sample(regime_dir: Path, out: Path) -> None:
 
 
 def main() -> int:
-    table = curve_table(OUT / "convergence")
-    if (OUT / "convergence-exploratory" / "runs").is_dir():  # deviation 3's control arm, drawn beside the others
-        table = pd.concat([table, curve_table(OUT / "convergence-exploratory")], ignore_index=True)
-    table.to_csv(OUT / "convergence_curves.csv", index=False, float_format="%.6g")
-    draw_curves(table, OUT)
-    if (OUT / "few-sample-250" / "runs").is_dir():
-        draw_few_sample(OUT / "few-sample-250", OUT)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=OUT, help="the experiment folder (default %(default)s)")
+    return draw_all(parser.parse_args().out)
+
+
+def draw_all(out: Path) -> int:
+    """Read the regimes' runs under ``out`` and draw the curve and few-sample figures there."""
+    table = curve_table(out / "convergence")
+    if (out / "convergence-exploratory" / "runs").is_dir():  # deviation 3's control arm, drawn beside the others
+        table = pd.concat([table, curve_table(out / "convergence-exploratory")], ignore_index=True)
+    table.to_csv(out / "convergence_curves.csv", index=False, float_format="%.6g")
+    draw_curves(table, out)
+    if (out / "few-sample-250" / "runs").is_dir():
+        draw_few_sample(out / "few-sample-250", out)
     return 0
 
 

@@ -2,7 +2,7 @@
 Holm's correction, and the minimum detectable effect of every null (the plan's rules, see
 ``figures/finetune/issue15/plan.md``).
 
-    python analyses/finetune/issue15_report.py      # reads figures/finetune/issue15/<regime>/runs
+    python -m analyses.last_block_finetuning.powered_report      # reads figures/finetune/issue15/<regime>/runs
 
 Writes ``figures/finetune/issue15/run_summaries.csv`` (one row per run: AUC, steps to 90% of
 ``full``'s mean final validation score, final test score) and ``contrasts.csv`` / ``contrasts.md``
@@ -12,6 +12,7 @@ null the minimum detectable effect at 80% power at alpha 0.05 and 0.05/14).
 
 from __future__ import annotations
 
+import argparse
 import math
 import sys
 from pathlib import Path
@@ -19,19 +20,17 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from grid import collect, mean_ci  # noqa: E402
-
-from gradflow.analysis.experiment_stats import (  # noqa: E402
+from analyses.last_block_finetuning.grid import collect, mean_ci
+from gradflow.analysis.experiment_stats import (
     area_under_curve,
     minimum_detectable_effect,
     paired_test,
     steps_to_threshold,
 )
-from gradflow.analysis.stats import holm  # noqa: E402
+from gradflow.analysis.stats import holm
 
 ROOT = Path(__file__).resolve().parents[2]
-OUT = ROOT / "figures/finetune/issue15"
+OUT = ROOT / "figures/finetune/issue15"  # default --out: the experiment folder (runs under <regime>/runs)
 METRIC = {"brown-pos": "accuracy", "brown-propn": "entity_f1"}
 MINI, TWIN = "gradflow-mini-en", "gradflow-mini-en-alltoken"
 FAMILY = 14
@@ -165,30 +164,37 @@ def _write_markdown(path: Path, header: list[str], rows: list[list]) -> None:
 
 
 def main() -> int:
-    convergence = run_summaries(OUT / "convergence") if (OUT / "convergence/runs").is_dir() else pd.DataFrame()
-    few = run_summaries(OUT / "few-sample-250") if (OUT / "few-sample-250/runs").is_dir() else pd.DataFrame()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=OUT, help="the experiment folder (default %(default)s)")
+    return write_tables(parser.parse_args().out)
+
+
+def write_tables(out: Path) -> int:
+    """Read the regimes' runs under ``out`` and write the summaries, contrasts and cells there."""
+    convergence = run_summaries(out / "convergence") if (out / "convergence/runs").is_dir() else pd.DataFrame()
+    few = run_summaries(out / "few-sample-250") if (out / "few-sample-250/runs").is_dir() else pd.DataFrame()
     summaries = pd.concat([convergence, few], ignore_index=True)
-    summaries.to_csv(OUT / "run_summaries.csv", index=False, float_format="%.6g")
+    summaries.to_csv(out / "run_summaries.csv", index=False, float_format="%.6g")
     table = contrasts(convergence, few)
-    table.to_csv(OUT / "contrasts.csv", index=False, float_format="%.6g")
-    _write_markdown(OUT / "contrasts.md", ["regime", "contrast", "task", "mean difference [95% CI]", "n", "p (Holm)",
+    table.to_csv(out / "contrasts.csv", index=False, float_format="%.6g")
+    _write_markdown(out / "contrasts.md", ["regime", "contrast", "task", "mean difference [95% CI]", "n", "p (Holm)",
                                            "MDE at 80% power (alpha .05 / .05/14)"],
                     [[r.regime, r.contrast, r.task, _interval(r), r.n_pairs, f"{r.p_holm:.3g}",
                       "-" if math.isnan(r.mde_alpha05) else f"{r.mde_alpha05:.4f} / {r.mde_bonferroni:.4f}"]
                      for r in table.itertuples()])
     if not summaries.empty:
         table = cells(summaries)
-        table.to_csv(OUT / "cells.csv", index=False, float_format="%.6g")
-        (OUT / "cells.md").write_text(cells_markdown(table), encoding="utf-8")
+        table.to_csv(out / "cells.csv", index=False, float_format="%.6g")
+        (out / "cells.md").write_text(cells_markdown(table), encoding="utf-8")
         print(cells_markdown(table))
         cost = summaries.groupby(["regime", "model"])["seconds"].agg(["count", "sum", "mean"])
         print("run seconds (one thread each) per regime and model:\n" + cost.round(1).to_string())
-    if (OUT / "convergence-exploratory/runs").is_dir() and not convergence.empty:
-        extra = run_summaries(OUT / "convergence-exploratory")
-        extra.to_csv(OUT / "run_summaries_exploratory.csv", index=False, float_format="%.6g")
+    if (out / "convergence-exploratory/runs").is_dir() and not convergence.empty:
+        extra = run_summaries(out / "convergence-exploratory")
+        extra.to_csv(out / "run_summaries_exploratory.csv", index=False, float_format="%.6g")
         table = exploratory(convergence, extra)
-        table.to_csv(OUT / "exploratory.csv", index=False, float_format="%.6g")
-        _write_markdown(OUT / "exploratory.md", ["contrast (exploratory, regime (a) AUC)", "task",
+        table.to_csv(out / "exploratory.csv", index=False, float_format="%.6g")
+        _write_markdown(out / "exploratory.md", ["contrast (exploratory, regime (a) AUC)", "task",
                                                  "mean difference [95% CI]", "n", "p", "MDE (alpha .05)"],
                         [[r.contrast, r.task, _interval(r), r.n_pairs, f"{r.p:.3g}",
                           "-" if math.isnan(r.mde_alpha05) else f"{r.mde_alpha05:.4f}"] for r in table.itertuples()])

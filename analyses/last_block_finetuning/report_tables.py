@@ -4,7 +4,7 @@ Reads the tables the experiment scripts wrote under ``figures/finetune/seed00*/`
 their ``--summarise-only``, first) and prints one markdown table per experiment found: mean and
 95% t-interval over seeds, and paired differences. Usage::
 
-    python analyses/finetune/report_tables.py [--root figures/finetune]
+    python -m analyses.last_block_finetuning.report_tables [--root figures/finetune]
 """
 
 from __future__ import annotations

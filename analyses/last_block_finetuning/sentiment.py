@@ -8,8 +8,8 @@ checkpoint, ``build/mini-repaired/model``; its k = 5 is bit-identical to mini-en
 Secondary in the plan: reported without a family correction, paired by seed, with the minimum
 detectable effect at 80% power where the interval spans zero.
 
-    python analyses/finetune/issue15_sentiment.py                 # 30 runs, ~35 min on 2 cores
-    python analyses/finetune/issue15_sentiment.py --summarise-only
+    python -m analyses.last_block_finetuning.sentiment                 # 30 runs, ~35 min on 2 cores
+    python -m analyses.last_block_finetuning.sentiment --summarise-only
 """
 
 from __future__ import annotations
@@ -21,13 +21,10 @@ from pathlib import Path
 
 import pandas as pd
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from grid import GridRun, collect, run_grid, write_plan  # noqa: E402
-
-from gradflow.analysis.experiment_stats import minimum_detectable_effect, paired_test  # noqa: E402
+from analyses.last_block_finetuning.grid import GridRun, collect, run_grid, write_plan
+from gradflow.analysis.experiment_stats import minimum_detectable_effect, paired_test
 
 ROOT = Path(__file__).resolve().parents[2]
-OUT = ROOT / "figures/finetune/issue15/sentiment"
 REPAIRED = "build/mini-repaired/model"
 ARMS = {"k5": ("gradflow-mini-en", 1), "k6": ("gradflow-mini-en", 0), "repaired6": (str(ROOT / REPAIRED), 0)}
 
@@ -71,13 +68,14 @@ def main() -> int:
     parser.add_argument("--data-root", default=str(ROOT / "data/tasks"))
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--summarise-only", action="store_true")
+    parser.add_argument("--out", type=Path, default=ROOT / "figures/finetune/issue15/sentiment")
     args = parser.parse_args()
     if not args.summarise_only:
         runs = plan(args.seeds, args.data_root)
-        OUT.mkdir(parents=True, exist_ok=True)
-        write_plan(runs, OUT, {"plan": "figures/finetune/issue15/plan.md"})
-        run_grid(runs, OUT, workers=args.workers)
-    print(summarise(OUT).to_string(index=False))
+        args.out.mkdir(parents=True, exist_ok=True)
+        write_plan(runs, args.out, {"plan": "figures/finetune/issue15/plan.md"})
+        run_grid(runs, args.out, workers=args.workers)
+    print(summarise(args.out).to_string(index=False))
     return 0
 
 

@@ -2,7 +2,7 @@
 
 Regenerates the pressure numbers quoted in README.md (about 3 min on 2 cores):
 
-    python analyses/pressure.py
+    python -m analyses.pressure.run [--out figures/pressure]
 
 Records both embedded models on the committed sample under the all-positions loss
 (``runs/pressure-*``, not committed), writes ``figures/pressure/pressure.csv`` (every layer and
@@ -12,15 +12,16 @@ report with its ``compare_context_pressure`` figure under ``figures/pressure/``.
 
 from __future__ import annotations
 
+import argparse
 import subprocess
 import sys
 from pathlib import Path
 
 import pandas as pd
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MODELS = {"mini-en": "gradflow-mini-en", "twin": "gradflow-mini-en-alltoken"}
-OUT = ROOT / "figures" / "pressure"
+OUT = "figures/pressure"  # default --out, relative to the repository root
 
 
 def gradflow(*args: str) -> None:
@@ -30,6 +31,10 @@ def gradflow(*args: str) -> None:
 
 
 def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=OUT, help="relative to the repository root (default %(default)s)")
+    out_dir = parser.parse_args().out
+    out = ROOT / out_dir
     from gradflow.analysis import load_run
     from gradflow.analysis.pressure import context_pressure
     from gradflow.formatting import format_estimate
@@ -37,11 +42,11 @@ def main() -> int:
     runs = {label: f"runs/pressure-{label}" for label in MODELS}
     for label, model in MODELS.items():
         gradflow("record", "--model", model, "--loss", "all-positions", "--out", runs[label], "--overwrite", "--quiet")
-    OUT.mkdir(parents=True, exist_ok=True)
-    gradflow("compare", *runs.values(), "--labels", *MODELS, "--out", str(OUT.relative_to(ROOT)), "--format", "pdf,png")
+    out.mkdir(parents=True, exist_ok=True)
+    gradflow("compare", *runs.values(), "--labels", *MODELS, "--out", out_dir, "--format", "pdf,png")
     tables = [context_pressure(load_run(ROOT / path)).assign(model=label) for label, path in runs.items()]
     frame = pd.concat(tables, ignore_index=True)
-    frame.to_csv(OUT / "pressure.csv", index=False, float_format="%.6g")
+    frame.to_csv(out / "pressure.csv", index=False, float_format="%.6g")
     last = {label: t[t["last_block"]].set_index("sublayer") for label, t in zip(MODELS, tables)}
     lines = ["| last-block sublayer | mini-en pressure [95% CI] | mini-en vs earlier blocks | twin pressure [95% CI] | "
              "twin vs earlier blocks |", "|---|---|---|---|---|"]
@@ -52,7 +57,7 @@ def main() -> int:
             cells += [format_estimate(r.pressure, r.ci_low, r.ci_high),
                       format_estimate(r.vs_earlier, r.vs_earlier_ci_low, r.vs_earlier_ci_high)]
         lines.append(f"| {sublayer} | " + " | ".join(cells) + " |")
-    (OUT / "last_block.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    (out / "last_block.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
     print("\n".join(lines))
     return 0
 

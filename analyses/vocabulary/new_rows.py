@@ -13,7 +13,7 @@ Writes ``figures/finetune/issue15/new_vocabulary/``: ``words.txt``, ``new_rows.c
 the logged steps, positions per logged batch) and ``new_vocabulary.{pdf,png}``. The trained model
 goes to ``build/new-vocabulary/`` (not committed).
 
-    python analyses/finetune/issue15_new_vocabulary.py        # ~4 min on one core
+    python -m analyses.vocabulary.new_rows        # 655 s measured (continued.json), one thread
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from pathlib import Path
 import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[2]
-OUT = ROOT / "figures/finetune/issue15/new_vocabulary"
-WORK = ROOT / "build/new-vocabulary"
+OUT = ROOT / "figures/finetune/issue15/new_vocabulary"  # default --out
+WORK = ROOT / "build/new-vocabulary"  # default --work
 SIDES = {("input", "kept"): "#228833", ("input", "random"): "#CCBB44", ("input", "context"): "#66CCEE",
          ("output", "masked"): "#4477AA", ("output", "random"): "#AA3377", ("output", "kept"): "#EE6677"}
 
@@ -117,8 +117,11 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=120)
     parser.add_argument("--data-root", type=Path, default=ROOT / "data/tasks")
     parser.add_argument("--figure-only", action="store_true")
+    parser.add_argument("--out", type=Path, default=OUT, help="tables and figure (default %(default)s)")
+    parser.add_argument("--work", type=Path, default=WORK, help="the trained model, not committed (default %(default)s)")
     args = parser.parse_args()
-    OUT.mkdir(parents=True, exist_ok=True)
+    out, work = args.out, args.work
+    out.mkdir(parents=True, exist_ok=True)
     if not args.figure_only:
         import torch
 
@@ -127,19 +130,19 @@ def main() -> int:
 
         texts = brown_texts(args.data_root)
         words = pick_words(texts, args.model, args.words)
-        (OUT / "words.txt").write_text("\n".join(words) + "\n", encoding="utf-8")
+        (out / "words.txt").write_text("\n".join(words) + "\n", encoding="utf-8")
         wanted = set(words)
         domain = [t for t in texts if wanted & {w.lower() for w in t.split()}]
         print(f"{len(words)} new words; {len(domain)} of {len(texts)} training sentences contain one", flush=True)
-        continue_mlm(args.model, domain, WORK, steps=args.steps, batch_size=16, lr=1e-4, seed=0, log_every=5,
+        continue_mlm(args.model, domain, work, steps=args.steps, batch_size=16, lr=1e-4, seed=0, log_every=5,
                      max_length=128, new_words=words)
         for name in ("new_rows.csv", "continued.json", "mlm_log.csv"):
-            shutil.copy(WORK / name, OUT / name)
-    rows = pd.read_csv(OUT / "new_rows.csv")
+            shutil.copy(work / name, out / name)
+    rows = pd.read_csv(out / "new_rows.csv")
     summary = summarise(rows)
-    summary.to_csv(OUT / "summary.csv", index=False, float_format="%.6g")
+    summary.to_csv(out / "summary.csv", index=False, float_format="%.6g")
     print(summary.to_string(index=False))
-    draw(rows, summary, OUT)
+    draw(rows, summary, out)
     return 0
 
 
