@@ -52,7 +52,7 @@ def test_loading_a_refused_type_names_the_reason(tmp_path):
 
 def test_coverage_doc_is_current():
     assert DOC.read_text(encoding="utf-8") == coverage_markdown(), \
-        "docs/mlm-coverage.md is out of date: run analyses/make_mlm_coverage.py"
+        "docs/mlm-coverage.md is out of date: run python -m analyses.maintenance.make_mlm_coverage"
     assert len(coverage_markdown().splitlines()) == 10 + len(MLM_TYPES)
 
 

@@ -1,1 +1,2 @@
-"""Where the pretraining text comes from: the small SOTU + Brown corpus (``fetch_corpus``) and the large one (``large``)."""
+"""Where the pretraining text comes from: the small SOTU + Brown corpus (``fetch_corpus``) and the
+large one (``large``)."""

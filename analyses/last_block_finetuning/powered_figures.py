@@ -1,7 +1,7 @@
 """Issue 15's figures from the committed runs: the convergence curves (regime a) and the few-sample
 test scores (regime b), each arm's mean over seeds with its 95% t-interval.
 
-    python -m analyses.last_block_finetuning.powered_figures     # figures/finetune/issue15/{convergence_curves,few_sample}.{pdf,png}
+    python -m analyses.last_block_finetuning.powered_figures  # {convergence_curves,few_sample}.{pdf,png} in --out
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Run ``gradflow demo`` with this checkout and with an earlier git revision; compare the tables byte for byte.
 
-    python analyses/check_demo_identity.py [--base-rev 1f731dc] [--limit N]
+    python -m analyses.maintenance.check_demo_identity [--base-rev 1f731dc] [--limit N]
 
 The earlier revision is checked out into a temporary git worktree and run with the same
 interpreter (its ``src/`` first on ``PYTHONPATH``). Prints one line per table and exits 1 if any
@@ -16,7 +16,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TABLES = ("channels.csv", "sublayers.csv")
 
 

@@ -18,7 +18,7 @@ Only the path strings change (JSON is edited in place, its layout kept; Markdown
 likewise); numbers and tables are left alone. Idempotent: a second run changes nothing. Paths it
 cannot map are listed and the exit status is 1. Usage (from the repository root)::
 
-    python analyses/rewrite_portable_paths.py [--dry-run] [--origin-root OLD_CHECKOUT]
+    python -m analyses.maintenance.rewrite_portable_paths [--dry-run] [--origin-root OLD_CHECKOUT]
 """
 
 from __future__ import annotations
@@ -31,10 +31,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "src"))  # this checkout's package: its files map to gradflow:<rest>
+from gradflow.provenance import _cache_root, portable_path
 
-from gradflow.provenance import _cache_root, portable_path  # noqa: E402
+REPO = Path(__file__).resolve().parents[2]
 
 SCOPE = ("figures", "docs", "README.md")
 SUFFIXES = {".json", ".md", ".csv", ".tsv", ".txt"}

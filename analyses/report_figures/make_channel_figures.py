@@ -1,8 +1,8 @@
 """Figures and tables of the channel view and the representation diagnostics (issue: channel view).
 
-One command (after ``analyses/pretrain/ship.py``)::
+One command (after ``python -m analyses.pretraining.ship``)::
 
-    python analyses/make_channel_figures.py [--limit 96]
+    python -m analyses.report_figures.make_channel_figures [--limit 96]
 
 Writes, under ``figures/``:
 - ``channel_view.{pdf,png,csv}`` and ``channel_view_attribution.*``: gradflow-mini-en on one
@@ -28,7 +28,7 @@ from gradflow.models import load_model
 from gradflow.runs.channels import write_channel_view
 from gradflow.runs.diagnose import diagnose_corpus
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SENTENCE = ("The progress of public credit is witnessed by a considerable rise of American stock abroad "
             "as well as at home.")
 MODELS = ("gradflow-mini-en", "gradflow-mini-en-alltoken")
@@ -63,7 +63,7 @@ def diagnostics(out: Path, limit: int | None) -> pd.DataFrame:
     for name, spec, texts, max_length in plan():
         target = out / "diagnostics" / name
         tables = diagnose_corpus(load_model(spec), texts, target, max_length=max_length, limit=limit,
-                                 command=f"python analyses/make_channel_figures.py --limit {limit}")
+                                 command=f"python -m analyses.report_figures.make_channel_figures --limit {limit}")
         plot_diagnostics(tables, target, ("pdf", "png"))
         for table_name, table in tables.items():
             t = table.copy()

@@ -1,7 +1,7 @@
 """Regenerate the committed figures in ``figures/`` from the embedded models (and the zoo models
 when fetched), with the run tables beside them. One command::
 
-    python analyses/make_figures.py            # or: make -C analyses figures
+    python -m analyses.report_figures.make_figures      # or: make -C analyses report-figures
 
 Runs (all on the committed held-out SOTU sample, seed 0, max length 128):
 
@@ -25,7 +25,7 @@ from pathlib import Path
 from gradflow.figures.report import write_comparison, write_report
 from gradflow.runs.record import RecordConfig, record_corpus
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def runs(limit: int | None) -> list[tuple[str, dict]]:
@@ -55,7 +55,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "figures")
     parser.add_argument("--limit", type=int, default=None)
     args = parser.parse_args()
-    command = "python analyses/make_figures.py " + shlex.join(sys.argv[1:])
+    command = "python -m analyses.report_figures.make_figures " + shlex.join(sys.argv[1:])
     done = {}
     for name, cfg in runs(args.limit):
         run_dir = args.out / "runs" / name

@@ -118,7 +118,7 @@ def main() -> int:
     parser.add_argument("--data-root", type=Path, default=ROOT / "data/tasks")
     parser.add_argument("--figure-only", action="store_true")
     parser.add_argument("--out", type=Path, default=OUT, help="tables and figure (default %(default)s)")
-    parser.add_argument("--work", type=Path, default=WORK, help="the trained model, not committed (default %(default)s)")
+    parser.add_argument("--work", type=Path, default=WORK, help="the trained model (not committed)")
     args = parser.parse_args()
     out, work = args.out, args.work
     out.mkdir(parents=True, exist_ok=True)
