@@ -59,7 +59,7 @@ def test_finetune_command(tmp_path, capsys, tiny_mlm_dir):
     assert main(["finetune", "--model", str(tiny_mlm_dir), "--task", "brown-pos", "--data-root",
                  str(tmp_path / "no-tasks"), "--out", str(tmp_path / "ft2")]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("gradflow: error: no task 'brown-pos'") and "fetch_tasks" in err
+    assert err.startswith("gradflow: error: no task 'brown-pos'") and "`gradflow tasks fetch --out " in err
 
 
 @pytest.mark.skipif(not all((embedded_model_dir(n) / "model.safetensors").exists() for n in EMBEDDED_MODELS),

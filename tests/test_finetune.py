@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import re
 
 import pandas as pd
 import pytest
@@ -219,7 +220,7 @@ def test_task_directory(tmp_path, tiny_mlm_dir):
     assert load_split(task, "test") == rows[16:32]
     result = finetune(_config(tiny_mlm_dir, task=str(task_dir), steps=2, train_limit=20, eval_limit=8))
     assert result.task == "toy"
-    with pytest.raises(TaskError, match="fetch_tasks"):
+    with pytest.raises(TaskError, match=f"gradflow tasks fetch --out {re.escape(str(tmp_path))}`"):
         load_task("brown-pos", tmp_path)
     (task_dir / "validation.jsonl").write_text(json.dumps({"text": "x", "label": "maybe"}) + "\n")
     with pytest.raises(TaskError, match="row 0"):
@@ -232,7 +233,7 @@ def test_builtin_task_files_when_fetched():
 
     root = default_data_root()
     if not (root / "brown-pos" / "task.json").exists():
-        pytest.skip("run analyses/finetune/fetch_tasks.py to build data/tasks")
+        pytest.skip("run `gradflow tasks fetch` to build the task data")
     for name in BUILTIN_TASKS:
         task = load_task(name, root)
         rows = load_split(task, "validation")

@@ -59,8 +59,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         "'word<TAB>label' file, see gradflow probe)")
     p.add_argument("--no-probes", dest="probes", action="store_false", help="skip the probes")
     add_number(p, "--probe-limit", int, AT_LEAST_ONE, "probe sentences per split", 600)
-    p.add_argument("--data-root", default=None, help="where the built-in probe tasks live (default $GRADFLOW_TASKS "
-                                                     "or data/tasks)")
+    p.add_argument("--data-root", default=None, help="where the built-in probe tasks live (default $GRADFLOW_TASKS, "
+                                                     "else ./data/tasks, else the user cache; see `gradflow tasks "
+                                                     "list`, built by `gradflow tasks fetch`)")
     add_number(p, "--resamples", int, AT_LEAST_ONE, "bootstrap resamples of the CIs", 2000)
     p.add_argument("--format", default=FORMATS_DEFAULT, help="comma-separated figure formats (default %(default)s)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")

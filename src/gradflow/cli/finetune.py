@@ -39,7 +39,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help=f"a built-in task under --data-root ({describe(BUILTIN_TASKS)}) or a task directory "
                         "with task.json")
     p.add_argument("--out", dest="out_dir", required=True, help="output directory (eval.csv, result.json)")
-    p.add_argument("--data-root", default=None, help="where the built-in tasks are (default $GRADFLOW_TASKS or data/tasks)")
+    p.add_argument("--data-root", default=None, help="where the built-in tasks are (default $GRADFLOW_TASKS, else "
+                                                     "./data/tasks, else the user cache; see `gradflow tasks list`, "
+                                                     "built by `gradflow tasks fetch`)")
     _add_schedule(p)
     add_limit(p, "training examples (a seeded sample)", "--train-limit", "all")
     add_limit(p, "evaluation examples per split (a seeded sample)", "--eval-limit", "all")

@@ -48,8 +48,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--feature-dtype", choices=("float16", "float32"), default="float16",
                    help="dtype of the features streamed to disk (default %(default)s)")
     add_device(p)
-    p.add_argument("--data-root", default=None, help="where the built-in tasks live (default $GRADFLOW_TASKS or "
-                                                     "data/tasks)")
+    p.add_argument("--data-root", default=None, help="where the built-in tasks live (default $GRADFLOW_TASKS, else "
+                                                     "./data/tasks, else the user cache; see `gradflow tasks list`, "
+                                                     "built by `gradflow tasks fetch`)")
     p.add_argument("--overwrite", action="store_true", help="replace the probe files in a non-empty --out")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(run=run)

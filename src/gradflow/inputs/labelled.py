@@ -27,7 +27,7 @@ BUILTIN_PROBE_TASKS: dict[str, str] = {
     "brown-pos": "Brown corpus, 12 universal POS tags per word",
     "brown-propn": "Brown corpus, proper-noun BIO tags per word (O, B-PROPN, I-PROPN)",
 }
-"""Probe tasks built from the task data the project fetches (``analyses/finetune/fetch_tasks.py``)."""
+"""Probe tasks built from the built-in task data (``gradflow tasks fetch``)."""
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ A task directory holds ``train.jsonl``, ``validation.jsonl``, ``test.jsonl`` and
 
 Where the built-in tasks are looked for (:func:`resolve_data_root`): ``$GRADFLOW_TASKS`` if set, else
 ``./data/tasks`` if it exists (a repository checkout), else the user cache (``$GRADFLOW_CACHE/tasks``,
-else ``$XDG_CACHE_HOME/gradflow/tasks``, else ``~/.cache/gradflow/tasks``).
+else ``~/.cache/gradflow/tasks``, where the zoo's models live too).
 
 - ``kind="token"``: rows ``{"tokens": [...], "tags": [...]}``, one tag per word;
 - ``kind="sequence"``: rows ``{"text": "...", "label": "..."}``.
@@ -86,11 +86,12 @@ class DataRoot:
 
 
 def user_cache_root() -> Path:
-    """gradflow's cache: ``$GRADFLOW_CACHE``, else ``$XDG_CACHE_HOME/gradflow``, else ``~/.cache/gradflow``."""
-    if os.environ.get(CACHE_ENV):
-        return Path(os.environ[CACHE_ENV])
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "gradflow"
+    """gradflow's cache: ``$GRADFLOW_CACHE``, else ``~/.cache/gradflow``.
+
+    The rule of the zoo's cache (``gradflow.models.zoo.cache_root``) and of the provenance's
+    ``gradflow-cache:`` paths, so the tasks sit beside the zoo models and are recorded portably.
+    """
+    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "gradflow")
 
 
 def tasks_cache_dir() -> Path:

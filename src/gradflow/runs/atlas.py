@@ -187,7 +187,7 @@ def resolve_probe_task(config: AtlasConfig) -> LabelledSplits | None:
         task = resolve_task(config.probe_task, config.seed, config.data_root)
     except TaskError as err:
         raise TaskError(f"{str(err).rstrip('.')}. The atlas probes every model whose vocabulary fits the task: "
-                        "fetch the task data (python analyses/finetune/fetch_tasks.py), pass --probe-task FILE, or "
+                        "fetch the task data (gradflow tasks fetch), pass --probe-task FILE, or "
                         "--no-probes.") from None
     n = config.probe_limit
     return LabelledSplits(task.name, task.train.head(n), task.validation.head(n), task.test.head(n), task.labels,

@@ -95,8 +95,9 @@ class ProbeRun:
 
 
 def resolve_task(spec: str, seed: int = 0, data_root: str | Path | None = None) -> LabelledSplits:
-    """A built-in task name (``brown-pos``, ``brown-propn``; data under ``data_root``, ``$GRADFLOW_TASKS``
-    or ``data/tasks``) or a labelled file / directory (see :mod:`gradflow.inputs.labelled`)."""
+    """A built-in task name (``brown-pos``, ``brown-propn``; data under ``data_root``, else where
+    :func:`~gradflow.inputs.tasks.resolve_data_root` finds it; built by ``gradflow tasks fetch``) or a
+    labelled file / directory (see :mod:`gradflow.inputs.labelled`)."""
 
     if spec in BUILTIN_PROBE_TASKS:
         task = load_task(spec, data_root if data_root is not None else default_data_root())
