@@ -27,6 +27,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from gradflow.runs.probe_tables import write_comparison_tables, write_probe_tables
+
 ROOT = Path(__file__).resolve().parents[2]
 REPAIRED = "build/mini-repaired"
 MODELS = {"mini-en": "gradflow-mini-en", "twin": "gradflow-mini-en-alltoken", "repaired": f"{REPAIRED}/model"}
@@ -94,12 +96,19 @@ def main() -> int:
 
 
 def write_tables(out_dir: str) -> None:
-    """``drops.md`` (last-layer drops) and ``layers_<task>.md`` (every layer) from the committed runs."""
+    """``drops.md`` (last-layer drops), ``layers_<task>.md`` (every layer) and every ``tables.tex`` (each run's and
+    each comparison's) from the committed runs."""
     out = ROOT / out_dir
     runs = [f"{out_dir}/runs/{label}-{task}" for task in TASKS for label in MODELS]
     runs += [run for run in (f"{out_dir}/runs/{label}-brown-pos-masked" for label in ("mini-en", "twin"))
              if (ROOT / run / "probe_drops.csv").is_file()]
     (out / "drops.md").write_text(drops_table(runs) + differences_table(out), encoding="utf-8")
+    for run in runs:  # tables.tex of each run and of each comparison, from the committed CSVs
+        write_probe_tables(ROOT / run)
+    for folder, labels in ((out, list(MODELS) * len(TASKS)), (out / "masked", ["mini-en", "twin"])):
+        if (folder / "probe_drop_differences.csv").is_file():
+            dirs = [ROOT / r for r in runs if (r.endswith("-masked") == (folder.name == "masked"))]
+            write_comparison_tables(dirs, labels, folder, pd.read_csv(folder / "probe_drop_differences.csv"))
     for task in TASKS:
         (out / f"layers_{task}.md").write_text(layers_table(out_dir, task), encoding="utf-8")
     for name in ("drops.md", *(f"layers_{task}.md" for task in TASKS)):
