@@ -185,8 +185,12 @@ TABLE_OVERRIDES: dict[str, dict[str, Column]] = {
                                                       "gradient under MLM)")},
     "input_shift": {"n_loss": _c("int64", "count", "loss positions whose FFN input entered the streamed moments"),
                     "n_context": _c("int64", "count", "context positions whose FFN input entered the moments")},
-    "sublayers.csv": {"layer": _c("int64", "-", "block i is layer i + 1 (1..L)")},
-    "sublayer_sequences.parquet": {"layer": _c("int64", "-", "block i is layer i + 1 (1..L)")},
+    "channels.csv": {"role": _c("str", "-", "position role: masked, random, kept, context, special")},
+    "sequences.parquet": {"role": _c("str", "-", "position role: masked, random, kept, context, special")},
+    "sublayers.csv": {"layer": _c("int64", "-", "block i is layer i + 1 (1..L)"),
+                      "role": _c("str", "-", "position role (``relpos``: relative-position inputs, not tokens)")},
+    "sublayer_sequences.parquet": {"layer": _c("int64", "-", "block i is layer i + 1 (1..L)"),
+                                   "role": _c("str", "-", "position role: masked, random, kept, context, special")},
 }
 """Columns whose meaning in one table (by name or file) differs from :data:`COLUMNS`'s."""
 
