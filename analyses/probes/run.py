@@ -18,7 +18,9 @@ record of the code-length and masked-regime numbers.
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -42,6 +44,15 @@ def gradflow(*args: str, threads: int | None = None) -> None:
     subprocess.run(command, cwd=ROOT, check=True, env=env)
 
 
+def finished(command: list[str]) -> bool:
+    """True when ``command``'s probe directory holds a complete run of exactly this command."""
+    meta = ROOT / command[command.index("--out") + 1] / "meta.json"
+    if not meta.is_file():
+        return False
+    recorded = json.loads(meta.read_text(encoding="utf-8"))
+    return bool(recorded.get("complete")) and recorded.get("command") == shlex.join(["gradflow", *command])
+
+
 def run_all(commands: list[list[str]], jobs: int) -> None:
     """Run gradflow commands, ``jobs`` at a time (one thread each when parallel)."""
     with ThreadPoolExecutor(max_workers=jobs) as pool:
@@ -58,6 +69,8 @@ def main() -> int:
     parser.add_argument("--no-code-length", action="store_true",
                         help="skip the online code length (accuracy and selectivity only; much faster)")
     parser.add_argument("--no-masked", action="store_true", help="skip the two masked-regime runs")
+    parser.add_argument("--resume", action="store_true",
+                        help="keep a probe run whose meta.json says complete and records this same command")
     parser.add_argument("--tables-only", action="store_true", help="only rewrite the markdown tables from the runs")
     args = parser.parse_args()
     if args.tables_only:
@@ -82,6 +95,8 @@ def main() -> int:
             commands.append(["probe", "--model", model, "--task", task, "--out", run, "--limit", args.limit,
                              "--overwrite", "--quiet", "--format", "png", *extra])
             dirs[task].append(run)
+    if args.resume:
+        commands = [c for c in commands if not finished(c)]
     probes_start = time.monotonic()
     run_all(commands, args.jobs)
     print(f"{len(commands)} probe runs, {args.jobs} at a time: {time.monotonic() - probes_start:.0f} s wall", flush=True)
@@ -133,18 +148,21 @@ def layers_table(out_dir: str, task: str) -> str:
 
 
 def drops_table(runs: list[str]) -> str:
-    """The README table: last-layer drop (accuracy points and code-length bits) with 95% CIs."""
-    lines = ["| run | regime | last-layer drop, accuracy (95% CI) | best earlier layer | "
-             "last-layer drop, code length in bits (95% CI) |", "|---|---|---|---|---|"]
-    for run in runs:
-        drops = pd.read_csv(ROOT / run / "probe_drops.csv")
+    """The README table: last-layer drop (accuracy points and code-length bits, when computed) with 95% CIs."""
+    frames = {run: pd.read_csv(ROOT / run / "probe_drops.csv") for run in runs}
+    code = any((d.metric == "code_length_bits").any() for d in frames.values())
+    header = "| run | regime | last-layer drop, accuracy (95% CI) | best earlier layer |"
+    header += " last-layer drop, code length in bits (95% CI) |" if code else ""
+    lines = [header, "|---" * (5 if code else 4) + "|"]
+    for run, drops in frames.items():
         for regime, d in drops.groupby("regime", sort=False):
             acc = d[d.metric == "accuracy"].iloc[0]
-            code = d[d.metric == "code_length_bits"]
-            bits = (f"{code.iloc[0].last_layer_drop:+.0f} [{code.iloc[0].ci_low:+.0f}, {code.iloc[0].ci_high:+.0f}]"
-                    if len(code) else "-")
+            bits = d[d.metric == "code_length_bits"]
+            cell = (f"{bits.iloc[0].last_layer_drop:+.0f} [{bits.iloc[0].ci_low:+.0f}, {bits.iloc[0].ci_high:+.0f}]"
+                    if len(bits) else "-")
             lines.append(f"| {Path(run).name} | {regime} | {acc.last_layer_drop:+.4f} [{acc.ci_low:+.4f}, "
-                         f"{acc.ci_high:+.4f}] | {int(acc.best_earlier_layer)} ({acc.best_earlier_score:.4f}) | {bits} |")
+                         f"{acc.ci_high:+.4f}] | {int(acc.best_earlier_layer)} ({acc.best_earlier_score:.4f}) |"
+                         + (f" {cell} |" if code else ""))
     return "\n".join(lines) + "\n"
 
 
