@@ -307,12 +307,14 @@ CHECK_JSON_KEYS: dict[str, str] = {
     "flops.share_with_attention": "``(skippable + skippable_attention) / total`` (1)",
     "skippable_share": "``flops.share``, the headline number (1)",
     "notes": "sentences on what the batch could not show, and on weight sharing",
-    "shared_parameters": "empty unless the last block's module is applied at earlier depths",
+    "shared_parameters": "empty unless the last block's module is applied at earlier depths; then one per parameter "
+                         "flagged in the last block (a zero per application)",
     "shared_parameters[].sublayer": "a sublayer flagged in the last block",
     "shared_parameters[].param": "its parameter",
     "shared_parameters[].layers": "every layer 1..L applying the module",
     "shared_parameters[].total_context_share": "context's part of the per-position magnitudes summed over all those "
-                                               "applications (1; all roles sum to 1)",
+                                               "applications (1; all roles sum to 1): how much of the shared parameter's "
+                                               "training signal comes from context",
 }
 """Every key of ``gradflow check --json``, as a path: ``a.b`` a key of object ``a``, ``a[]`` an element of list
 ``a``, ``.<role>`` a map keyed by role names."""

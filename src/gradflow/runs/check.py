@@ -29,19 +29,10 @@ has the formula): compute an implementation can skip, as flash-attention's BERT
 (``last_layer_subset``) and MosaicBERT (``subset_mask``) do by running the last layer's queries,
 output projection and FFN only at the loss positions.
 
-``CheckResult.to_dict()`` (``gradflow check --json``) has the keys: ``model``, ``model_type``,
-``family``, ``attn_norm``, ``num_blocks``, ``batch`` (texts, seed, batch_size, max_length, sequences,
-tokens per role, loss), ``params`` (one per (layer, sublayer, param): layer 1..L, sublayer (standard
-name or module path), param, standard, n_positions, positions_nonzero and contribution per role,
-zero_roles, context_zero, loss_nonzero, flagged), ``sublayers`` (per (layer, sublayer): params,
-standard, flagged, expected_zero, agrees, shared_layers: the layers applying the same module, [] when
-not shared), ``unsplit`` (layer, parameter, reason), ``theory``
-(last_block_expected_zero, agreements, disagreements, agree), ``flops``
-(:class:`~gradflow.runs.check_flops.FlopCount`), ``skippable_share``, ``notes`` and ``shared_parameters``: empty
-unless the last block's module is also applied at earlier depths; then one per parameter flagged in the last block
-(a zero per application) with ``sublayer``, ``param``, ``layers`` (every layer 1..L applying the module) and
-``total_context_share`` (context's part of the per-position gradient magnitudes summed over all those
-applications, all roles' sum = 1: how much of the shared parameter's training signal comes from context).
+``CheckResult.to_dict()`` (``gradflow check --json``): its keys (``model``, ``batch``, ``params``, ``sublayers``,
+``unsplit``, ``theory``, ``flops``, ``skippable_share``, ``notes``, ``shared_parameters`` and theirs), each with
+its meaning, are :data:`gradflow.schema_reports.CHECK_JSON_KEYS` (listed in ``docs/reference/run-directory.md``;
+a test fails when the object gains a key that is not declared there).
 """
 
 from __future__ import annotations
