@@ -27,11 +27,12 @@ from gradflow.cli import build_parser, main
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
-FENCE = re.compile(r"^(?P<indent>[ \t]*)```(?P<lang>python|bash)[ \t]*\n(?P<code>.*?)^(?P=indent)```[ \t]*$",
-                   flags=re.S | re.M)
+FENCE = re.compile(r"^(?P<indent>[ \t]*)```(?P<lang>python|bash|sh|shell)[ \t]*\n(?P<code>.*?)^(?P=indent)```[ \t]*$",
+                   flags=re.DOTALL | re.MULTILINE)
 EXCLUDED = {"docs/guides/callback.md": "run by tests/test_docs_callback_example.py (with fewer steps)"}
 """Pages whose blocks another test runs: not run twice (listed here with the reason)."""
-OFFLINE = ("gradflow zoo list", "gradflow channels --model gradflow-mini-en", "gradflow surgery --model gradflow-mini-en")
+OFFLINE = ("gradflow zoo list", "gradflow channels --model gradflow-mini-en",
+           "gradflow surgery --model gradflow-mini-en")
 """``gradflow`` lines that run here: offline, seconds on a CPU."""
 TIMEOUT_S = 300
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "MPLBACKEND": "Agg"}
@@ -72,7 +73,8 @@ def page_blocks(path: Path, root: Path = ROOT) -> list[Block]:
         if reason is None and page in EXCLUDED and match["lang"] == "python":
             reason = EXCLUDED[page]
         code = "\n".join(line[len(match["indent"]):] for line in match["code"].splitlines())
-        blocks.append(Block(page, number, match["lang"], code, reason))
+        lang = "python" if match["lang"] == "python" else "bash"  # ```sh and ```shell read as bash
+        blocks.append(Block(page, number, lang, code, reason))
     return blocks
 
 
@@ -128,7 +130,7 @@ def test_python_block_runs_as_written(block, page_dirs, tmp_path_factory):
     cwd = page_dirs.setdefault(block.page, tmp_path_factory.mktemp(re.sub(r"\W", "_", block.page)))
     env = {**os.environ, **OFFLINE_ENV}
     proc = subprocess.run([sys.executable, "-c", block.code], cwd=cwd, capture_output=True, text=True,
-                          timeout=TIMEOUT_S, env=env)
+                          timeout=TIMEOUT_S, env=env, check=False)
     assert proc.returncode == 0, f"{block.id} failed:\n{proc.stderr[-3000:]}"
 
 

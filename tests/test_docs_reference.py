@@ -60,7 +60,7 @@ def test_cli_page_lists_every_command_and_option():
 
 def test_run_directory_page_has_every_column_and_key():
     page = _page("run-directory")
-    for _key, (file, _cmd, columns) in R.TABLE_FILES.items():
+    for file, _cmd, columns in R.TABLE_FILES.values():
         assert f"### `{file}`" in page
         assert all(f"| `{c}` |" in page for c in columns), file
     for keys in (R.RECORD_META_KEYS, R.CHECK_JSON_KEYS, S.CALLBACK_FIELDS, S.CALLBACK_QUANTITIES, S.NEW_ROWS_FIELDS,

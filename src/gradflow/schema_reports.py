@@ -76,7 +76,8 @@ COLUMNS: dict[str, Column] = {
     # channels.csv
     "n_positions": _c("int64", "count", "positions of the role behind the row"),
     "grad_norm_mean": _note("float64", GRAD, "grad_norm_mean"),
-    "grad_norm_std": _c("float64", GRAD, "standard deviation over the role's positions (exact, Welford/Chan in float64)"),
+    "grad_norm_std": _c("float64", GRAD, "standard deviation over the role's positions (exact: Welford/Chan, "
+                                         "float64)"),
     "grad_norm_median": _c("float64", GRAD, "median over the positions, from a log-spaced histogram (0.02 decades "
                                             "per bin, about 5% relative resolution)"),
     "grad_norm_q05": _c("float64", GRAD, "5% quantile over the positions, from the same histogram"),
@@ -313,8 +314,8 @@ CHECK_JSON_KEYS: dict[str, str] = {
     "shared_parameters[].param": "its parameter",
     "shared_parameters[].layers": "every layer 1..L applying the module",
     "shared_parameters[].total_context_share": "context's part of the per-position magnitudes summed over all those "
-                                               "applications (1; all roles sum to 1): how much of the shared parameter's "
-                                               "training signal comes from context",
+                                               "applications (1; all roles sum to 1): how much of the shared "
+                                               "parameter's training signal comes from context",
 }
 """Every key of ``gradflow check --json``, as a path: ``a.b`` a key of object ``a``, ``a[]`` an element of list
 ``a``, ``.<role>`` a map keyed by role names."""
@@ -380,5 +381,5 @@ def undeclared_keys(value: object, declared: Mapping[str, str], roles: tuple[str
     return sorted(set(out))
 
 
-__all__ = ["ACT", "CALLBACK_UNITS", "CHECK_JSON_KEYS", "COLUMNS", "Column", "GRAD", "MAGNITUDE", "RECORD_META_KEYS",
-           "TABLE_FILES", "TABLE_OVERRIDES", "TABLE_ROWS", "describe", "table_name", "undeclared_keys"]
+__all__ = ["ACT", "CALLBACK_UNITS", "CHECK_JSON_KEYS", "COLUMNS", "GRAD", "MAGNITUDE", "RECORD_META_KEYS",
+           "TABLE_FILES", "TABLE_OVERRIDES", "TABLE_ROWS", "Column", "describe", "table_name", "undeclared_keys"]
