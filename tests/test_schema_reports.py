@@ -128,3 +128,15 @@ def test_the_callback_log_is_declared(tiny_mlm_dir, tmp_path):
     assert tuple(log.columns) == tuple(S.CALLBACK_FIELDS)
     assert set(log.quantity) == set(S.CALLBACK_QUANTITIES) == set(R.CALLBACK_UNITS)
     assert set(log.role) <= {*ALL_ROLES, "all"}
+
+
+def test_diagnostics_tables_are_declared_and_described(tiny_mlm_dir, tiny_corpus, tmp_path):
+    out = tmp_path / "diag"
+    assert main(["diagnose", "--model", str(tiny_mlm_dir), "--texts", str(tiny_corpus), "--max-length", "24",
+                 "--batch-size", "4", "--limit", "8", "--out", str(out), "--format", "png"]) == 0
+    written = {p.stem: pd.read_csv(p) for p in sorted(out.glob("*.csv"))}
+    assert set(written) == set(S.DIAGNOSTIC_COLUMNS)
+    for name, frame in written.items():
+        assert tuple(frame.columns) == S.DIAGNOSTIC_COLUMNS[name] and _undescribed(name, frame.columns) == []
+    meta = json.loads((out / S.META_FILE).read_text())
+    assert set(S.PROVENANCE_KEYS) <= set(meta)
