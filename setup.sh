@@ -18,5 +18,5 @@ if ! python -c "import torch" >/dev/null 2>&1; then
     pip install -q "torch==2.13.0" --index-url "${TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}"
   fi
 fi
-pip install -q -e ".[test,explore]"
+pip install -q -e ".[test,explore,docs]"
 python -c "import torch, gradflow; print(f'gradflow {gradflow.__version__} ready (torch {torch.__version__}, cuda={torch.cuda.is_available()})')"
