@@ -6,31 +6,60 @@ sorted order), or ``-`` for standard input. Documents longer than the model's wi
 into consecutive windows, never dropped. Every window gets a corpus-wide ``sequence_index`` in
 reading order *before* sharding, so masking (seeded by that index) is the same for any number of
 processes.
+
+Memory does not grow with a document's length: files are read in chunks and a line of
+:data:`~gradflow.inputs.streaming.LONG_LINE_BYTES` or more (or a text of that many characters) is
+tokenised in pieces, its windows identical to tokenising it whole (see
+:mod:`gradflow.inputs.streaming`, which also names the tokenizers that take the whole-document path).
+A long ``.jsonl`` record is parsed whole (its text is then tokenised in pieces).
 """
 
 from __future__ import annotations
 
-import io
 import json
 import sys
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from itertools import chain
 from pathlib import Path
 from typing import TypeVar
 
 from gradflow.errors import CorpusError
+from gradflow.inputs import streaming
+from gradflow.inputs.streaming import (
+    LongLine,
+    file_chunks,
+    piece_windows,
+    read_lines,
+    streamable,
+    text_pieces,
+)
 
 T = TypeVar("T")
 
 
 @dataclass(frozen=True)
 class Document:
-    """One document: its text and where it came from (file and 1-based line)."""
+    """One document: its text and where it came from (file and 1-based line).
+
+    A line too long to hold (:class:`~gradflow.inputs.streaming.LongLine`) has ``text`` empty and its
+    text in ``pieces``, to be read once, in order, before the next document is asked for.
+    """
 
     index: int
     text: str
     source: str
     line: int
+    pieces: Iterable[str] | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def streamed(self) -> bool:
+        """Whether the text is tokenised in pieces: a long line, or a text of LONG_LINE_BYTES characters or more."""
+        return self.pieces is not None or len(self.text) >= streaming.LONG_LINE_BYTES
+
+    def chunks(self) -> Iterable[str]:
+        """The text in order: ``pieces`` for a long line, else ``text`` in slices."""
+        return self.pieces if self.pieces is not None else text_pieces(self.text)
 
 
 @dataclass(frozen=True)
@@ -57,20 +86,27 @@ class CorpusCounts:
     skipped_no_maskable: int = 0
 
 
-def _lines(stream: io.BufferedReader | Iterable[bytes], source: str) -> Iterator[tuple[int, str]]:
-    for number, raw in enumerate(stream, start=1):
-        try:
-            yield number, raw.decode("utf-8")
-        except UnicodeDecodeError as err:
-            raise CorpusError(
-                f"{source}, line {number}: bytes that are not valid UTF-8 ({err.reason} at byte {err.start}). "
-                "gradflow reads UTF-8 text only: convert the file (e.g. `iconv -f latin1 -t utf-8`) or "
-                "remove the line."
-            ) from None
+def _nonblank(line: LongLine) -> Iterable[str] | None:
+    """The pieces of a long line, or None when it is whitespace only (read up to its first other character)."""
+    seen: list[str] = []
+    for piece in line:
+        seen.append(piece)
+        if not piece.isspace():
+            return chain(seen, line)
+    return None
 
 
-def _text_documents(lines: Iterable[tuple[int, str]], source: str, jsonl: bool) -> Iterator[tuple[str, str, int]]:
+def _text_documents(lines: Iterable[tuple[int, str | LongLine]], source: str,
+                    jsonl: bool) -> Iterator[tuple[str, str, int, Iterable[str] | None]]:
     for number, line in lines:
+        if isinstance(line, LongLine):
+            if jsonl:
+                line = "".join(line)
+            else:
+                pieces = _nonblank(line)
+                if pieces is not None:
+                    yield "", source, number, pieces
+                continue
         line = line.rstrip("\r\n")
         if not line.strip():
             continue
@@ -86,9 +122,9 @@ def _text_documents(lines: Iterable[tuple[int, str]], source: str, jsonl: bool) 
             text = record["text"]
             if not text.strip():
                 continue
-            yield text, source, number
+            yield text, source, number, None
         else:
-            yield line, source, number
+            yield line, source, number, None
 
 
 def default_texts() -> str:
@@ -123,7 +159,7 @@ def read_documents(path: str | Path) -> Iterator[Document]:
     """Stream the documents of a corpus (see module docstring for the accepted forms)."""
     spec = str(path)
     if spec == "-":
-        sources: list[tuple[str, Iterable[bytes], bool]] = [("<stdin>", sys.stdin.buffer, False)]
+        sources: list[tuple[str, object, bool]] = [("<stdin>", sys.stdin.buffer, False)]
     else:
         check_corpus_path(spec)
         p = Path(spec)
@@ -138,8 +174,9 @@ def read_documents(path: str | Path) -> Iterator[Document]:
     for source, stream, jsonl in sources:
         handle = open(source, "rb") if stream is None else None
         try:
-            for text, src, line in _text_documents(_lines(handle or stream, source), source, jsonl):
-                yield Document(index, text, src, line)
+            lines = read_lines(file_chunks(handle or stream), source)
+            for text, src, line, pieces in _text_documents(lines, source, jsonl):
+                yield Document(index, text, src, line, pieces)
                 index += 1
         finally:
             if handle is not None:
@@ -170,19 +207,45 @@ def document_windows(tokenizer, document: Document, max_length: int) -> list[dic
     return out
 
 
+def long_document_windows(tokenizer, document: Document, max_length: int) -> Iterator[dict]:
+    """The encodings :func:`document_windows` gives, made as the text streams in (bounded memory).
+
+    For a tokenizer that cannot be streamed (:func:`gradflow.inputs.streaming.streamable`) the text
+    is joined and tokenised whole.
+    """
+    n_special = tokenizer.num_special_tokens_to_add(pair=False)
+    if max_length - n_special < 1:
+        raise CorpusError(f"max_length={max_length} leaves no room for tokens next to {n_special} special tokens")
+    template = streamable(tokenizer)
+    if template is None:
+        whole = Document(document.index, "".join(document.chunks()), document.source, document.line)
+        return iter(document_windows(tokenizer, whole, max_length))
+    return piece_windows(tokenizer, template, document.chunks(), max_length)
+
+
 def iter_windows(tokenizer, documents: Iterable[Document], max_length: int, counts: CorpusCounts,
                  limit: int | None = None) -> Iterator[Window]:
-    """Windows of every document in order, numbered corpus-wide; stops after ``limit`` windows."""
+    """Windows of every document in order, numbered corpus-wide; stops after ``limit`` windows.
+
+    A long document (:attr:`Document.streamed`) is tokenised in pieces: to count it, its first two
+    windows are made before the first is given; nothing past what ``limit`` needs is read.
+    """
     sequence_index = 0
     for doc in documents:
         counts.documents += 1
-        encodings = document_windows(tokenizer, doc, max_length)
-        if not encodings:
+        if doc.streamed:
+            encodings = long_document_windows(tokenizer, doc, max_length)
+        else:
+            encodings = iter(document_windows(tokenizer, doc, max_length))
+        first = next(encodings, None)
+        if first is None:
             counts.skipped_empty_documents += 1
             continue
-        if len(encodings) > 1:
+        second = next(encodings, None)
+        if second is not None:
             counts.split_documents += 1
-        for w, encoding in enumerate(encodings):
+        ahead = (first,) if second is None else (first, second)
+        for w, encoding in enumerate(chain(ahead, encodings)):
             if limit is not None and sequence_index >= limit:
                 return
             counts.windows += 1
