@@ -40,8 +40,7 @@ def _tables(command: str, intro: str) -> list[str]:
         if cmd != command:
             continue
         lines += [f"### `{file}`", ""]
-        if file in R.TABLE_ROWS:
-            lines += [R.TABLE_ROWS[file].capitalize() + ".", ""]
+        lines += [f"One row per ({R.TABLE_KEYS[key]}).", ""]
         lines += _columns(R.table_name(key), columns)
     return [intro, "", *lines]
 

@@ -46,7 +46,18 @@ def test_record_table_dtypes_agree_with_the_schema():
 def test_every_table_of_the_schema_is_in_the_reference():
     keys = {R.table_name(k) for k in R.TABLE_FILES}
     assert set(S.REPORT_TABLES) | set(S.COMPARISON_TABLES) | set(S.DIAGNOSTIC_COLUMNS) | set(S.TABLE_DTYPES) <= keys
-    assert S.SUBLAYER_SEQUENCES_FILE in keys and set(R.TABLE_ROWS) <= keys
+    assert S.SUBLAYER_SEQUENCES_FILE in keys and set(R.TABLE_KEYS) == set(R.TABLE_FILES)
+    for key, (_file, _cmd, columns) in R.TABLE_FILES.items():
+        assert set(_keys(key)) <= set(columns), key
+
+
+def _keys(key: str) -> list[str]:
+    return R.TABLE_KEYS[key].split(", ")
+
+
+def _one_row_per_key(key: str, frame: pd.DataFrame) -> None:
+    """No two rows of ``frame`` share the values of the table's key columns."""
+    assert len(frame) and not frame.duplicated(_keys(key)).any(), (key, frame[frame.duplicated(_keys(key))].head())
 
 
 def test_describe_names_what_to_add():
@@ -84,10 +95,20 @@ def test_report_and_compare_tables_are_declared_and_described(commands, command)
     for name, frame in written.items():
         assert tuple(frame.columns) == declared[name]
         assert _undescribed(name, frame.columns) == []
+        _one_row_per_key(f"{command}:{name}", frame)
         for column in frame.columns:
             values = frame[column].dropna()
             if len(values):
                 assert values.dtype.kind in DTYPE_KINDS[R.describe(name, column).dtype], (name, column)
+
+
+def test_record_tables_have_one_row_per_key(commands):
+    import pyarrow.parquet as pq
+
+    for name in (S.CHANNELS_FILE, S.SUBLAYERS_FILE):
+        _one_row_per_key(name, pd.read_csv(commands / "mlm" / name))
+    for name in (S.SEQUENCES_FILE, S.SUBLAYER_SEQUENCES_FILE):
+        _one_row_per_key(name, pq.read_table(commands / "mlm" / name).to_pandas())
 
 
 def test_record_meta_keys_are_declared(commands):
@@ -138,5 +159,6 @@ def test_diagnostics_tables_are_declared_and_described(tiny_mlm_dir, tiny_corpus
     assert set(written) == set(S.DIAGNOSTIC_COLUMNS)
     for name, frame in written.items():
         assert tuple(frame.columns) == S.DIAGNOSTIC_COLUMNS[name] and _undescribed(name, frame.columns) == []
+        _one_row_per_key(name, frame)
     meta = json.loads((out / S.META_FILE).read_text())
     assert set(S.PROVENANCE_KEYS) <= set(meta)

@@ -215,13 +215,22 @@ TABLE_FILES: dict[str, tuple[str, str, tuple[str, ...]]] = {
        for name, columns in COMPARISON_TABLES.items()},
 }
 """Table key -> (file inside the command's output directory, the command, its columns in order)."""
-TABLE_ROWS: dict[str, str] = {
-    CHANNELS_FILE: "one row per (site, role)",
-    SUBLAYERS_FILE: "one row per (layer, sublayer, param, role)",
-    SEQUENCES_FILE: "one row per (sequence, site, role), for bootstrap intervals over sequences",
-    SUBLAYER_SEQUENCES_FILE: "one row per (sequence, layer, sublayer, param, role); not with --norms-only",
+TABLE_KEYS: dict[str, str] = {
+    CHANNELS_FILE: "site, role", SUBLAYERS_FILE: "layer, sublayer, param, role",
+    SEQUENCES_FILE: "sequence_index, site, role", SUBLAYER_SEQUENCES_FILE: "sequence_index, layer, sublayer, param, role",
+    "logit_lens": "layer, site, role", "input_shift": "layer", "anisotropy": "layer, site, role",
+    "transformation": "layer, role",
+    **{f"report:{name}": keys for name, keys in (
+        ("role_profile", "layer, site, role"), ("role_ratios", "layer, site, role"), ("layer_tests", "layer, site, role"),
+        ("sublayer_shares", "layer, sublayer, param, role"), ("last_block", "sublayer, param, role"),
+        ("channel_quantiles", "layer, site, role"))},
+    **{f"compare:{name}": "label, " + keys for name, keys in (
+        ("profiles", "layer, site, role"), ("ratios", "layer, site, role"), ("ratio_differences", "layer, role"),
+        ("shares", "layer, sublayer, param, role"), ("last_block", "sublayer, param, role"),
+        ("layer_tests", "layer, site, role"))},
+    "report:context_pressure": "label, layer, sublayer", "compare:context_pressure": "label, layer, sublayer",
 }
-"""What one row of a record-run table is."""
+"""Table key (of :data:`TABLE_FILES`) -> the columns that identify a row, comma-separated: one row per their values."""
 
 
 def table_name(key: str) -> str:
@@ -382,4 +391,4 @@ def undeclared_keys(value: object, declared: Mapping[str, str], roles: tuple[str
 
 
 __all__ = ["ACT", "CALLBACK_UNITS", "CHECK_JSON_KEYS", "COLUMNS", "GRAD", "MAGNITUDE", "RECORD_META_KEYS",
-           "TABLE_FILES", "TABLE_OVERRIDES", "TABLE_ROWS", "Column", "describe", "table_name", "undeclared_keys"]
+           "TABLE_FILES", "TABLE_KEYS", "TABLE_OVERRIDES", "Column", "describe", "table_name", "undeclared_keys"]
