@@ -217,13 +217,14 @@ TABLE_FILES: dict[str, tuple[str, str, tuple[str, ...]]] = {
 """Table key -> (file inside the command's output directory, the command, its columns in order)."""
 TABLE_KEYS: dict[str, str] = {
     CHANNELS_FILE: "site, role", SUBLAYERS_FILE: "layer, sublayer, param, role",
-    SEQUENCES_FILE: "sequence_index, site, role", SUBLAYER_SEQUENCES_FILE: "sequence_index, layer, sublayer, param, role",
+    SEQUENCES_FILE: "sequence_index, site, role",
+    SUBLAYER_SEQUENCES_FILE: "sequence_index, layer, sublayer, param, role",
     "logit_lens": "layer, site, role", "input_shift": "layer", "anisotropy": "layer, site, role",
     "transformation": "layer, role",
     **{f"report:{name}": keys for name, keys in (
-        ("role_profile", "layer, site, role"), ("role_ratios", "layer, site, role"), ("layer_tests", "layer, site, role"),
-        ("sublayer_shares", "layer, sublayer, param, role"), ("last_block", "sublayer, param, role"),
-        ("channel_quantiles", "layer, site, role"))},
+        ("role_profile", "layer, site, role"), ("role_ratios", "layer, site, role"),
+        ("layer_tests", "layer, site, role"), ("sublayer_shares", "layer, sublayer, param, role"),
+        ("last_block", "sublayer, param, role"), ("channel_quantiles", "layer, site, role"))},
     **{f"compare:{name}": "label, " + keys for name, keys in (
         ("profiles", "layer, site, role"), ("ratios", "layer, site, role"), ("ratio_differences", "layer, role"),
         ("shares", "layer, sublayer, param, role"), ("last_block", "sublayer, param, role"),
