@@ -94,8 +94,8 @@ def render_python_api() -> str:
     sections: dict[str, list[str]] = {title: [] for title in PACKAGES.values()}
     for name in sorted(gradflow.__all__, key=str.lower):
         path = _path(name)
-        package = next(p for p in PACKAGES if path == p or path.startswith(p + "."))
-        sections[PACKAGES[package]].append(path)
+        package = next((p for p in PACKAGES if path == p or path.startswith(p + ".")), None)
+        sections.setdefault(PACKAGES.get(package, "Other names"), []).append(path)
     lines = [
         "# Python API",
         "",
