@@ -6,8 +6,10 @@ import argparse
 from collections.abc import Sequence
 
 from gradflow.cli.options import (
+    AT_LEAST_ONE,
     FRACTION,
     NON_NEGATIVE,
+    POSITIVE,
     CheckedAction,
     add_adapter,
     add_corpus,
@@ -46,7 +48,15 @@ def _add_record_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reduction", choices=REDUCTIONS, default="sequence",
                    help="sequence: each sequence's mean loss, summed (batch-invariant; default); batch: mean over the batch")
     p.add_argument("--norms-only", action="store_true", help="skip the per-role sublayer split")
-    p.add_argument("--overwrite", action="store_true", help="replace the run files in a non-empty --out")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the run files in a non-empty --out (an unfinished run's checkpoints too)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue the unfinished run in --out from its last checkpoint (same options; the finished "
+                        "tables are those of an uninterrupted run)")
+    add_number(p, "--checkpoint-every", int, AT_LEAST_ONE, "checkpoint every this many sequences (or every "
+               "--checkpoint-minutes, whichever comes first); a kill loses at most the work since the last", 1024)
+    add_number(p, "--checkpoint-minutes", float, POSITIVE, "checkpoint every this many minutes (or every "
+               "--checkpoint-every sequences, whichever comes first)", 10.0)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     add_trust_remote_code(p)
     add_adapter(p)
@@ -74,6 +84,7 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
         limit=args.limit, device=args.device, dtype=args.dtype, loss=args.loss, reduction=args.reduction,
         sublayers=not args.norms_only, overwrite=args.overwrite, quiet=args.quiet,
         trust_remote_code=args.trust_remote_code, adapter=args.adapter, command=command_line(argv),
+        resume=args.resume, checkpoint_every=args.checkpoint_every, checkpoint_minutes=args.checkpoint_minutes,
     )
     summary = record_corpus(config)
     if summary.meta:

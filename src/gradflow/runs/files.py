@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -18,6 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from gradflow.errors import OutputDirError
+from gradflow.runs.checkpoint import CHECKPOINT_DIR
 from gradflow.schema import OPTIONAL_RUN_FILES, RUN_FILES, SEQUENCE_DTYPES, SUBLAYER_SEQUENCE_DTYPES, arrow_schema
 
 SEQUENCE_SCHEMA = arrow_schema(SEQUENCE_DTYPES)
@@ -25,24 +27,38 @@ SUBLAYER_SEQUENCE_SCHEMA = arrow_schema(SUBLAYER_SEQUENCE_DTYPES)
 
 
 def prepare_output_dir(out: Path, overwrite: bool) -> None:
-    """Create ``out``; refuse a non-empty one unless ``overwrite`` (then only run files are replaced)."""
+    """Create ``out``; refuse a non-empty one unless ``overwrite`` (then only run files are replaced, and an
+    unfinished run's parts and checkpoints removed: ``--overwrite`` starts over deliberately)."""
     if out.exists() and not out.is_dir():
         raise OutputDirError(f"output path {out} exists and is a file; pass a directory path with --out.")
+    if out.exists() and (out / CHECKPOINT_DIR).is_dir() and not overwrite:
+        raise OutputDirError(f"output directory {out} holds an unfinished run with a checkpoint; pass --resume to "
+                             "continue it, --overwrite to start over, or choose another --out.")
     if out.exists() and any(out.iterdir()) and not overwrite:
         raise OutputDirError(f"output directory {out} exists and is not empty; pass --overwrite to replace "
                              "its run files, or choose another --out.")
     out.mkdir(parents=True, exist_ok=True)
     if overwrite:
-        for name in (*RUN_FILES, *OPTIONAL_RUN_FILES):
-            (out / name).unlink(missing_ok=True)
+        remove_run_files(out)
+
+
+def remove_run_files(out: Path) -> None:
+    """Remove a run's files, its hidden parts and its checkpoints from ``out`` (other files are left)."""
+    for name in (*RUN_FILES, *OPTIONAL_RUN_FILES):
+        (out / name).unlink(missing_ok=True)
+    for hidden in [p for pattern in (".sequences*", ".sublayer_sequences*") for p in out.glob(pattern)]:
+        hidden.unlink(missing_ok=True)
+    shutil.rmtree(out / CHECKPOINT_DIR, ignore_errors=True)
 
 
 def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` via a temporary file and a rename."""
+    """Write ``text`` to ``path`` via a temporary file (flushed and fsync'd) and a rename."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
             fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
         os.chmod(tmp, 0o644)
         os.replace(tmp, path)
     except BaseException:
@@ -62,40 +78,97 @@ def write_meta(path: Path, meta: dict) -> None:
 
 
 class SequenceWriter:
-    """Appends per-sequence rows to a parquet table as they come (one row group per flush).
+    """Appends per-sequence rows to a parquet table as they come, in durable parts.
 
     ``schema``: :data:`SEQUENCE_SCHEMA` (``sequences.parquet``, the default) or
     :data:`SUBLAYER_SEQUENCE_SCHEMA` (``sublayer_sequences.parquet``). Rows go to a hidden partial
-    file that :meth:`close` renames into place, so the visible file is always a complete parquet file.
+    file (one row group per ``flush_rows``); :meth:`checkpoint` closes it as the next numbered part
+    (``.<name>.part<k>``: a complete parquet file, fsync'd and renamed), and :meth:`close` writes the
+    visible file from the parts, so it is always a complete parquet file. ``parts``: the parts kept
+    from an earlier process (a resumed run); later parts and a partial file are removed.
     """
 
-    def __init__(self, path: Path, flush_rows: int = 10_000, schema: pa.Schema = SEQUENCE_SCHEMA):
+    def __init__(self, path: Path, flush_rows: int = 10_000, schema: pa.Schema = SEQUENCE_SCHEMA, parts: int = 0):
         self.path = path
         self.partial = path.with_name(f".{path.name}.partial")
         self.flush_rows = flush_rows
         self.schema = schema
+        self.parts = parts
         self._pending: list[pd.DataFrame] = []
         self._rows = 0
-        self._writer = pq.ParquetWriter(self.partial, schema)
+        self._writer: pq.ParquetWriter | None = None
+        for stale in [*part_paths(path)[parts:], self.partial]:
+            stale.unlink(missing_ok=True)
 
     def add(self, frame: pd.DataFrame) -> None:
+        """Queue rows; a row group is written every ``flush_rows`` rows."""
         self._pending.append(frame)
         self._rows += len(frame)
         if self._rows >= self.flush_rows:
             self.flush()
 
     def flush(self) -> None:
+        """Write the queued rows as a row group of the partial file."""
         if self._pending:
             table = pa.Table.from_pandas(pd.concat(self._pending, ignore_index=True), schema=self.schema,
                                          preserve_index=False)
+            if self._writer is None:
+                self._writer = pq.ParquetWriter(self.partial, self.schema)
             self._writer.write_table(table)
         self._pending, self._rows = [], 0
 
-    def close(self) -> None:
-        """Flush, finish the file and move it into place."""
+    def checkpoint(self) -> int:
+        """Close the rows so far as a durable part; the number of parts (what a resumed writer keeps)."""
         self.flush()
-        self._writer.close()
-        os.replace(self.partial, self.path)
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+            with open(self.partial, "rb") as handle:
+                os.fsync(handle.fileno())
+            os.replace(self.partial, _part_path(self.path, self.parts))
+            self.parts += 1
+            fd = os.open(self.path.parent, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        return self.parts
+
+    def close(self, keep_parts: bool = False) -> None:
+        """Close the last part and write the visible file from every part (atomically); the parts are
+        removed unless ``keep_parts`` (an unfinished run keeps them for ``--resume``)."""
+        self.checkpoint()
+        parts = part_paths(self.path)[: self.parts]
+        tmp = self.path.with_name(f".{self.path.name}.merge")
+        with pq.ParquetWriter(tmp, self.schema) as writer:
+            for part in parts:
+                source = pq.ParquetFile(part)
+                for group in range(source.num_row_groups):
+                    writer.write_table(source.read_row_group(group))
+        os.replace(tmp, self.path)
+        if not keep_parts:
+            for part in parts:
+                part.unlink(missing_ok=True)
+
+    def abandon(self) -> None:
+        """After a failure: drop the unwritten rows and the partial file, keep the durable parts."""
+        self._pending, self._rows = [], 0
+        if self._writer is not None:
+            try:
+                self._writer.close()
+            except OSError:
+                pass
+            self._writer = None
+        self.partial.unlink(missing_ok=True)
+
+
+def _part_path(path: Path, number: int) -> Path:
+    return path.with_name(f".{path.name}.part{number:06d}")
+
+
+def part_paths(path: Path) -> list[Path]:
+    """The durable parts of table ``path`` on disk, in order."""
+    return sorted(path.parent.glob(f".{path.name}.part[0-9]*"))
 
 
 def merge_sequence_parts(parts: list[Path], path: Path, schema: pa.Schema = SEQUENCE_SCHEMA) -> None:

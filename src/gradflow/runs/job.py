@@ -33,10 +33,10 @@ from pathlib import Path
 
 import torch
 
-from gradflow.errors import GradflowError, UsageError
-from gradflow.inputs.corpus import CorpusCounts, Document, Window, iter_windows, open_corpus
+from gradflow.errors import CorpusError, GradflowError, UsageError
+from gradflow.inputs.corpus import CorpusCounts, Document, Window, batches, iter_windows, open_corpus, shard
 from gradflow.inputs.masking import MaskedBatch, MaskingPolicy
-from gradflow.inputs.pipeline import masked_batches
+from gradflow.inputs.pipeline import mask_windows, masked_batches
 from gradflow.models import LoadedModel
 from gradflow.roles import LOSS_ROLES, TOKEN_ROLES, role_counts
 from gradflow.runs.meta import JobOutcome
@@ -96,6 +96,7 @@ class CorpusJob:
     ``documents`` is read once (lazily); ``source`` names the corpus for meta.json. ``limit`` stops
     after that many windows of the whole corpus; ``rank``/``world`` shard the windows between
     processes. ``start`` is the job's start (``time.time()``, seconds) for meta.json's ``wall_s``.
+    ``resume_from``: the first window (corpus-wide sequence index) not yet done (a resumed job).
     """
 
     tokenizer: object
@@ -112,11 +113,35 @@ class CorpusJob:
     complete: bool = False
     error: str | None = None
     failure: Exception | None = None
+    resume_from: int = 0
 
     def batches(self) -> Iterator[MaskedBatch]:
-        """This process's masked batches of at most ``batch_size`` windows of ``max_length`` tokens (B, T)."""
-        return masked_batches(self.tokenizer, self.documents, self.policy, self.max_length, self.batch_size,
-                              limit=self.limit, rank=self.rank, world_size=self.world, counts=self.counts)
+        """This process's masked batches of at most ``batch_size`` windows of ``max_length`` tokens (B, T).
+
+        With ``resume_from`` > 0 the corpus is read from its start and the windows numbered below it
+        (done before a checkpoint) are read and discarded: the batches that follow are the ones an
+        uninterrupted pass makes. An error reading the corpus (a file vanished or unreadable mid-run)
+        is raised as :class:`CorpusError` naming the corpus.
+        """
+        if self.resume_from:
+            windows = (w for w in self.windows() if w.sequence_index >= self.resume_from)
+            groups = batches(shard(windows, self.rank, self.world), self.batch_size)
+            stream = (mask_windows(self.tokenizer, g, self.policy, self.max_length) for g in groups)
+        else:
+            stream = masked_batches(self.tokenizer, self.documents, self.policy, self.max_length, self.batch_size,
+                                    limit=self.limit, rank=self.rank, world_size=self.world, counts=self.counts)
+        return self._reading(stream)
+
+    def _reading(self, stream: Iterator[MaskedBatch]) -> Iterator[MaskedBatch]:
+        while True:
+            try:
+                batch = next(stream)
+            except StopIteration:
+                return
+            except OSError as err:
+                raise CorpusError(f"could not read the corpus {self.source} mid-run ({err}); the progress "
+                                  "checkpointed so far is kept: restore the file and rerun with --resume.") from err
+            yield batch
 
     def windows(self) -> Iterator[Window]:
         """The corpus' windows of at most ``max_length`` tokens, unmasked and unsharded (up to ``limit``)."""

@@ -10,6 +10,7 @@ directory, corpus, paths in the command) are portable, never a machine's absolut
 
 from __future__ import annotations
 
+import os
 import platform
 import sys
 import time
@@ -49,6 +50,18 @@ class JobOutcome:
     out_dir: str = "."  # where the meta.json goes: paths in it are written relative to this
 
 
+_HASHES: dict[str, str] = {}
+
+
+def input_hash(path: str) -> str:
+    """:func:`gradflow.provenance.content_hash` of an input, computed once per process (a job's periodic
+    meta.json and its fingerprint do not hash a large model again, nor fail on a corpus removed mid-run)."""
+    key = os.path.abspath(path)
+    if key not in _HASHES:
+        _HASHES[key] = content_hash(path)
+    return _HASHES[key]
+
+
 def versions(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     """Versions of python, torch, transformers and gradflow, gradflow's source revision (the git commit of a
     checkout, ``"unknown"`` for a wheel: see :func:`gradflow.provenance.source_revision`), plus ``extra``
@@ -69,7 +82,7 @@ def provenance(loaded: LoadedModel, inputs: JobInputs, outcome: JobOutcome,
         "family": loaded.adapter.family, "model_type": loaded.model.config.model_type,
         "config_hash": loaded.config_hash, "num_layers": inputs.num_layers,
         "texts": portable_path(inputs.texts, outcome.out_dir),
-        "inputs_sha256": {name: content_hash(path) for name, path in (("model", loaded.path), ("texts", inputs.texts))
+        "inputs_sha256": {name: input_hash(path) for name, path in (("model", loaded.path), ("texts", inputs.texts))
                           if isinstance(path, str) and is_local_input(path)},
         "masking": inputs.masking, "seed": inputs.seed, "versions": versions(extra_versions),
         "command": portable_command(outcome.command or sys.argv, outcome.out_dir),
@@ -87,4 +100,4 @@ def job_meta(loaded: LoadedModel, inputs: JobInputs, outcome: JobOutcome, fields
     return {**common, **fields}
 
 
-__all__ = ["JobInputs", "JobOutcome", "job_meta", "provenance", "versions"]
+__all__ = ["JobInputs", "JobOutcome", "input_hash", "job_meta", "provenance", "versions"]

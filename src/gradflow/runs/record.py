@@ -8,22 +8,24 @@ corpus length: each batch is reduced to small accumulators before the next one i
 from __future__ import annotations
 
 import os
+import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pandas as pd
 import torch
 
 from gradflow.adapters import block_modules
-from gradflow.errors import CorpusError, UsageError
+from gradflow.errors import CorpusError, RunError, UsageError
 from gradflow.hooks.recorder import BatchRecord, GradFlowRecorder, RecorderConfig
 from gradflow.inputs.corpus import CorpusCounts, check_corpus_path, default_texts
 from gradflow.inputs.masking import BertMasking, MaskedBatch, TokenizerInfo
 from gradflow.models import DEFAULT_MODEL, LoadedModel, load_model
-from gradflow.progress import progress_bar
-from gradflow.provenance import portable_path
+from gradflow.provenance import is_local_input, portable_path
 from gradflow.runs.aggregate import (
     SiteAggregator,
     SublayerAggregator,
@@ -32,6 +34,7 @@ from gradflow.runs.aggregate import (
     sublayer_sequence_rows,
 )
 from gradflow.runs.check import weight_sharing
+from gradflow.runs.checkpoint import CHECKPOINT_DIR, Checkpoint, fault, rank_dir, save_checkpoint
 from gradflow.runs.files import (
     SUBLAYER_SEQUENCE_SCHEMA,
     SequenceWriter,
@@ -40,8 +43,21 @@ from gradflow.runs.files import (
     write_csv,
     write_meta,
 )
-from gradflow.runs.job import CorpusJob, RoleTally, open_job
-from gradflow.runs.meta import JobInputs, job_meta
+from gradflow.runs.job import CorpusJob, open_job
+from gradflow.runs.meta import JobInputs, input_hash, job_meta
+from gradflow.runs.record_stats import NONFINITE_REASON, RecordProgress, RecordStats
+from gradflow.runs.resume import (
+    DEFAULT_EVERY,
+    DEFAULT_MINUTES,
+    Cadence,
+    check_resumable,
+    open_resume,
+    plain,
+    restore_aggregators,
+    restore_fields,
+    state_tensors,
+    stats_state,
+)
 from gradflow.schema import (
     CHANNEL_COLUMNS,
     CHANNELS_FILE,
@@ -53,12 +69,13 @@ from gradflow.schema import (
     WEIGHT_SHARING_META_KEY,
 )
 
-NONFINITE_REASON = "loss or a recorded norm was NaN/inf; such batches are counted, never averaged in"
-
-
 @dataclass
 class RecordConfig:
-    """Everything that defines a recording (all of it goes into meta.json)."""
+    """Everything that defines a recording (all of it goes into meta.json).
+
+    ``resume``: continue the unfinished run in ``out`` from its last checkpoint; checkpoints are written
+    every ``checkpoint_every`` sequences or ``checkpoint_minutes`` minutes, whichever comes first.
+    """
 
     out: str
     model: str = DEFAULT_MODEL
@@ -80,6 +97,9 @@ class RecordConfig:
     trust_remote_code: bool = False
     adapter: str = "registered"
     command: str = ""
+    resume: bool = False
+    checkpoint_every: int = DEFAULT_EVERY
+    checkpoint_minutes: float = DEFAULT_MINUTES
 
 
 @dataclass
@@ -95,37 +115,6 @@ class RunSummary:
 
 
 @dataclass
-class RecordStats(RoleTally):
-    """Counts of a recording: the recorded batches' roles (:class:`RoleTally`), skipped non-finite batches,
-    summed loss."""
-
-    nonfinite_batches: int = 0
-    nonfinite_sequences: int = 0
-    loss_sum: float = 0.0
-
-    def add_record(self, record: BatchRecord) -> None:
-        """Count one recorded batch (its roles are (B, T) codes) and its loss."""
-        self.add(record.roles)
-        self.loss_sum += record.loss
-
-    def skip(self, sequences: int) -> None:
-        """Count one batch left out because its loss or a norm was not finite."""
-        self.nonfinite_batches += 1
-        self.nonfinite_sequences += sequences
-
-    def merge(self, other: RecordStats) -> None:
-        """Add another process's counts to these."""
-        super().merge(other)
-        for name in ("nonfinite_batches", "nonfinite_sequences", "loss_sum"):
-            setattr(self, name, getattr(self, name) + getattr(other, name))
-
-    @property
-    def mean_loss(self) -> float | None:
-        """Mean loss per recorded batch (None before the first batch)."""
-        return self.loss_sum / self.batches if self.batches else None
-
-
-@dataclass
 class _Job:
     """State of one recording process: inputs, the corpus pass (and how it ended), accumulators and counts."""
 
@@ -137,6 +126,9 @@ class _Job:
     sites: SiteAggregator
     subs: SublayerAggregator
     stats: RecordStats = field(default_factory=RecordStats)
+    next_index: int = 0  # the first window (corpus-wide index) not yet recorded
+    fingerprint: dict = field(default_factory=dict)
+    checkpointed: dict | None = None  # meta.json's "progress": what the last checkpoint holds
 
     def summary(self, meta: dict | None = None) -> RunSummary:
         """The run summary as this process sees it."""
@@ -161,7 +153,8 @@ def record_corpus(config: RecordConfig, loaded: LoadedModel | None = None) -> Ru
     out = Path(config.out)
     texts = config.texts or default_texts()
     check_corpus_path(texts)  # before anything is created, so a bad path leaves nothing behind
-    if rank == 0:
+    saved = open_resume(out, rank, world) if config.resume else None
+    if rank == 0 and saved is None:
         prepare_output_dir(out, config.overwrite)
     if world > 1:
         torch.distributed.barrier()
@@ -179,6 +172,9 @@ def record_corpus(config: RecordConfig, loaded: LoadedModel | None = None) -> Ru
                                                              position_magnitudes=config.sublayers), loaded.adapter)
     job = _Job(config, loaded, corpus, out, recorder.num_blocks,
                SiteAggregator(recorder.site_names, recorder.site_layers, recorder.site_points), SublayerAggregator())
+    job.fingerprint = _fingerprint(job, texts)
+    if saved is not None:
+        _restore(job, saved, start)
     _stream(job, recorder)
     refusal = corpus.refusal(job.stats.sequences)
     if refusal is not None:
@@ -186,24 +182,96 @@ def record_corpus(config: RecordConfig, loaded: LoadedModel | None = None) -> Ru
         raise refusal
     if corpus.complete and rank == 0 and world == 1:
         _check_nonempty(job)
-    summary = _finish(job)
+    try:
+        summary = _finish(job)
+    except OSError:
+        if corpus.failure is None:
+            raise
+        summary = job.summary()  # the disk that failed the run fails the flush too: the checkpoint stands
+    if corpus.complete:
+        shutil.rmtree(rank_dir(out, rank), ignore_errors=True)
+        if rank == 0 and world == 1:
+            shutil.rmtree(out / CHECKPOINT_DIR, ignore_errors=True)
     corpus.reraise()
     return summary
 
 
+def _fingerprint(job: _Job, texts: str) -> dict:
+    """What a resumed job must share with its checkpoint (see docs: model, tokenizer, corpus, masking, ...)."""
+    cfg, loaded = job.config, job.loaded
+    return plain({
+        "config_hash": loaded.config_hash, "tokenizer_hash": loaded.tokenizer_info()["hash"],
+        "texts_sha256": input_hash(texts) if is_local_input(texts) else texts, "masking": job.corpus.policy.describe(),
+        "seed": cfg.seed, "max_length": cfg.max_length, "batch_size": cfg.batch_size, "limit": cfg.limit,
+        "loss": cfg.loss, "reduction": cfg.reduction, "sublayers": cfg.sublayers, "dtype": cfg.dtype,
+        "world_size": job.corpus.world,
+    })
+
+
+def _restore(job: _Job, saved: Checkpoint, start: float) -> None:
+    """Continue from ``saved``: refuse other settings, then restore accumulators, counts, position and clock."""
+    check_resumable(saved, job.fingerprint, job.out)
+    restore_aggregators(saved, job.sites, job.subs)
+    restore_fields(job.stats, saved.state["stats"])
+    job.next_index = job.corpus.resume_from = int(saved.state["next_index"])
+    job.corpus.start = start - float(saved.state["wall_s"])
+    job.checkpointed = saved.state["progress"]
+
+
 def _stream(job: _Job, recorder: GradFlowRecorder) -> None:
-    """Record this process's batches into ``job`` (an interrupt or error is kept on ``job.corpus``)."""
-    writers = _writers(job)
-    progress = _progress(job.config.quiet or job.corpus.rank != 0)
+    """Record this process's batches into ``job`` (an interrupt or error is kept on ``job.corpus``),
+    checkpointing on the job's cadence."""
+    parts = job.checkpointed["parts"] if job.checkpointed else {}
+    writers = _writers(job, parts)
+    progress = RecordProgress(job.config.quiet or job.corpus.rank != 0)
+    cadence = Cadence(job.config.checkpoint_every, job.config.checkpoint_minutes)
     try:
-        with job.corpus.running(), recorder:
+        with job.corpus.running(), recorder, _disk_errors(job.out, job):
             for batch in job.corpus.batches():
                 if _record_batch(job, recorder, batch, writers):
                     progress.update(len(batch.sequence_index), int(batch.attention_mask.sum()))
+                job.next_index = int(batch.sequence_index.max()) + 1
+                fault("kill_at_batch")
+                if cadence.due(len(batch.sequence_index)):
+                    _checkpoint(job, writers)
     finally:
         progress.close()
         for writer, _ in writers:
-            writer.close()
+            try:
+                writer.close(keep_parts=not job.corpus.complete)
+            except OSError:
+                if job.corpus.failure is None:
+                    raise
+                writer.abandon()
+
+
+@contextmanager
+def _disk_errors(out: Path, job: _Job) -> Iterator[None]:
+    """An OSError writing the run (a full disk) as :class:`RunError` naming ``out`` and the last checkpoint."""
+    try:
+        yield
+    except OSError as err:
+        done = f"the last checkpoint ({job.checkpointed['sequences']} sequences) is intact" if job.checkpointed \
+            else "no checkpoint was written yet"
+        raise RunError(f"could not write the run directory {out} ({err.strerror or err}); {done}: free space and "
+                       "rerun the same command with --resume.") from err
+
+
+def _checkpoint(job: _Job, writers: list) -> None:
+    """Close the tables' parts, then write the aggregated state durably (and, in one process, the tables
+    and a meta.json with ``complete`` false and the progress)."""
+    parts = {writer.path.name: writer.checkpoint() for writer, _ in writers}
+    fault("kill_after_parts")
+    tensors, keys = state_tensors(job.sites, job.subs)
+    progress = {"sequences": job.stats.sequences, "windows": job.next_index, "parts": parts,
+                "checkpoint_utc": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    state = {"fingerprint": job.fingerprint, "next_index": job.next_index, "stats": stats_state(job.stats),
+             "wall_s": time.time() - job.corpus.start, "sublayer_keys": keys, "progress": progress}
+    save_checkpoint(rank_dir(job.out, job.corpus.rank), Checkpoint(state, tensors))
+    job.checkpointed = progress
+    fault("kill_after_checkpoint")
+    if job.corpus.world == 1:
+        _write_tables(job)
 
 
 def _part(job: _Job, name: str, rank: int) -> Path:
@@ -211,15 +279,18 @@ def _part(job: _Job, name: str, rank: int) -> Path:
     return job.out / (name.replace(".parquet", f".rank{rank}.parquet") if job.corpus.world > 1 else name)
 
 
-def _writers(job: _Job) -> list[tuple[SequenceWriter, Callable[[BatchRecord], pd.DataFrame]]]:
+def _writers(job: _Job, parts: dict[str, int]) -> list[tuple[SequenceWriter, Callable[[BatchRecord], pd.DataFrame]]]:
     """The per-sequence tables of this process and the function that makes each one's rows of a record.
 
-    ``sublayer_sequences.parquet`` is written whenever sublayers are recorded (see its schema entry).
+    ``sublayer_sequences.parquet`` is written whenever sublayers are recorded (see its schema entry);
+    ``parts``: each table's durable parts kept from the checkpoint a resumed job continues.
     """
-    writers = [(SequenceWriter(_part(job, SEQUENCES_FILE, job.corpus.rank)), sequence_rows)]
+    path = _part(job, SEQUENCES_FILE, job.corpus.rank)
+    writers = [(SequenceWriter(path, parts=parts.get(path.name, 0)), sequence_rows)]
     if job.config.sublayers:
-        writers.append((SequenceWriter(_part(job, SUBLAYER_SEQUENCES_FILE, job.corpus.rank), 50_000,
-                                       SUBLAYER_SEQUENCE_SCHEMA), sublayer_sequence_rows))
+        path = _part(job, SUBLAYER_SEQUENCES_FILE, job.corpus.rank)
+        writers.append((SequenceWriter(path, 50_000, SUBLAYER_SEQUENCE_SCHEMA, parts.get(path.name, 0)),
+                        sublayer_sequence_rows))
     return writers
 
 
@@ -244,6 +315,7 @@ def _discard(out: Path) -> None:
     for path in [p for pattern in ("sequences*.parquet", ".sequences*", "sublayer_sequences*.parquet",
                                    ".sublayer_sequences*") for p in out.glob(pattern)]:
         path.unlink(missing_ok=True)
+    shutil.rmtree(out / CHECKPOINT_DIR, ignore_errors=True)
     if out.exists() and not any(out.iterdir()):
         out.rmdir()
 
@@ -275,13 +347,19 @@ def _finish(job: _Job) -> RunSummary:
         if job.config.sublayers:
             merge_sequence_parts([_part(job, SUBLAYER_SEQUENCES_FILE, r) for r in range(world)],
                                  job.out / SUBLAYER_SEQUENCES_FILE, SUBLAYER_SEQUENCE_SCHEMA)
+    meta = _write_tables(job)
+    if world > 1:
+        torch.distributed.barrier()
+    return job.summary(meta)
+
+
+def _write_tables(job: _Job) -> dict:
+    """channels.csv, sublayers.csv and meta.json from the accumulators as they stand; the meta."""
     write_csv(job.sites.frame(), job.out / CHANNELS_FILE, CHANNEL_COLUMNS)
     write_csv(job.subs.frame(), job.out / SUBLAYERS_FILE, SUBLAYER_COLUMNS)
     meta = _meta(job)
     write_meta(job.out / META_FILE, meta)
-    if world > 1:
-        torch.distributed.barrier()
-    return job.summary(meta)
+    return meta
 
 
 def _gather(job: _Job) -> None:
@@ -315,6 +393,8 @@ def _meta(job: _Job) -> dict:
         "max_length": cfg.max_length, "batch_size": cfg.batch_size, "limit": cfg.limit, "device": cfg.device,
         "dtype": cfg.dtype, "world_size": corpus.world, "counts": _counts(job), "mean_loss": job.stats.mean_loss,
     }
+    if not corpus.complete and job.checkpointed:  # how far a --resume starts from
+        fields["progress"] = {k: v for k, v in job.checkpointed.items() if k != "parts"}
     shared = weight_sharing(block_modules(loaded.adapter, loaded.model.base_model))
     if shared:  # rows of these layers are per application; the shared weight's gradient is their sum
         fields[WEIGHT_SHARING_META_KEY] = {"shared_layers": shared}
@@ -337,26 +417,3 @@ def _counts(job: _Job) -> dict:
                     "nonfinite_batches": stats.nonfinite_batches,
                     "nonfinite_sequences": stats.nonfinite_sequences, "reason_nonfinite": NONFINITE_REASON},
     }
-
-
-class _progress:
-    """A tqdm bar with sequences, tokens and tokens/s (or nothing when quiet). On a terminal it redraws
-    up to 10 times a second; into a log file (stderr not a terminal) one line every 30 s and at the end."""
-
-    def __init__(self, quiet: bool):
-        self.bar = None
-        self.tokens = 0
-        self.start = time.time()
-        if not quiet:
-            self.bar = progress_bar(unit="seq", desc="recording", dynamic_ncols=True)
-
-    def update(self, sequences: int, tokens: int) -> None:
-        self.tokens += tokens
-        if self.bar is not None:
-            self.bar.update(sequences)
-            rate = self.tokens / max(time.time() - self.start, 1e-9)
-            self.bar.set_postfix(tokens=self.tokens, tok_s=f"{rate:.0f}", refresh=False)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()

@@ -1,0 +1,118 @@
+"""What a recording's checkpoint holds and how a resumed job gets it back (see :mod:`gradflow.runs.checkpoint`).
+
+The state is exact: the accumulators' float64/int64 arrays as tensors, the counts as JSON
+(floats round-trip exactly), the sublayer keys in their insertion order (sums iterate in it). A job
+restored from it and fed the batches that follow gives the same bytes as one that never stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from gradflow.errors import UsageError
+from gradflow.runs.aggregate import SiteAggregator, SublayerAggregator
+from gradflow.runs.checkpoint import CHECKPOINT_DIR, Checkpoint, check_fingerprint, latest_checkpoint, rank_dir
+from gradflow.schema import META_FILE
+
+SITE_ARRAYS = ("count", "grad_mean", "grad_m2", "act_mean", "act_m2", "grad_hist", "act_hist")
+DEFAULT_EVERY = 1024
+"""Default checkpoint interval in sequences (``--checkpoint-every``)."""
+DEFAULT_MINUTES = 10.0
+"""Default checkpoint interval in minutes (``--checkpoint-minutes``): whichever comes first."""
+
+
+@dataclass
+class Cadence:
+    """When to checkpoint: every ``every`` sequences or ``minutes`` minutes, whichever comes first."""
+
+    every: int = DEFAULT_EVERY
+    minutes: float = DEFAULT_MINUTES
+    sequences: int = 0
+    last: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.last = time.time()
+
+    def due(self, sequences: int) -> bool:
+        """Count ``sequences`` more; True (and the clock restarted) when a checkpoint is due."""
+        self.sequences += sequences
+        if self.sequences >= self.every or time.time() - self.last >= self.minutes * 60:
+            self.sequences, self.last = 0, time.time()
+            return True
+        return False
+
+
+def state_tensors(sites: SiteAggregator, subs: SublayerAggregator) -> tuple[dict[str, torch.Tensor], list]:
+    """The accumulators as named tensors, and the sublayer keys in insertion order."""
+    tensors = {f"sites.{name}": torch.from_numpy(np.ascontiguousarray(getattr(sites, name))) for name in SITE_ARRAYS}
+    keys = list(subs.sums)
+    sums = np.stack([subs.sums[k] for k in keys]) if keys else np.zeros((0, 6))
+    tensors["subs.sums"] = torch.from_numpy(np.ascontiguousarray(sums, dtype=np.float64))
+    return tensors, [list(k) for k in keys]
+
+
+def restore_aggregators(checkpoint: Checkpoint, sites: SiteAggregator, subs: SublayerAggregator) -> None:
+    """Load a checkpoint's accumulators into fresh ones (of the same model's sites)."""
+    for name in SITE_ARRAYS:
+        saved = checkpoint.tensors[f"sites.{name}"].numpy().copy()
+        if saved.shape != getattr(sites, name).shape:
+            raise UsageError(f"cannot resume from {checkpoint.path}: it has {saved.shape[0]} sites and this model "
+                             f"{getattr(sites, name).shape[0]}; resume with the model it was recorded with.")
+        setattr(sites, name, saved)
+    sums = checkpoint.tensors["subs.sums"].numpy()
+    subs.sums = {tuple(key): sums[i].copy() for i, key in enumerate(checkpoint.state["sublayer_keys"])}
+
+
+def restore_fields(target: Any, saved: dict[str, Any]) -> None:
+    """Set a dataclass's fields (counts such as :class:`gradflow.runs.job.RoleTally`) from ``asdict`` output."""
+    for item in fields(target):
+        if item.name in saved:
+            setattr(target, item.name, saved[item.name])
+
+
+def plain(value: Any) -> Any:
+    """``value`` as JSON gives it back (tuples become lists), so saved and current fingerprints compare."""
+    return json.loads(json.dumps(value, sort_keys=True, default=str))
+
+
+def open_resume(out: Path, rank: int, world: int) -> Checkpoint:
+    """The checkpoint process ``rank`` of ``world`` resumes from; :class:`UsageError` when there is none."""
+    if not out.is_dir():
+        raise UsageError(f"--resume: {out} does not exist; run without --resume to start a new recording there.")
+    saved_ranks = sorted((out / CHECKPOINT_DIR).glob("rank*")) if (out / CHECKPOINT_DIR).is_dir() else []
+    if not saved_ranks:
+        meta = out / META_FILE
+        done = meta.is_file() and json.loads(meta.read_text(encoding="utf-8") or "{}").get("complete") is True
+        if done:
+            raise UsageError(f"--resume: the run in {out} is complete; there is nothing to resume.")
+        raise UsageError(f"--resume: {out} holds no checkpoint (the run stopped before its first one, or it is not "
+                         "a gradflow record run); pass --overwrite instead of --resume to start over.")
+    if len(saved_ranks) != world:
+        raise UsageError(f"cannot resume {out}: it was checkpointed by {len(saved_ranks)} process(es) and this job "
+                         f"has {world}; resume with the same number of processes.")
+    checkpoint = latest_checkpoint(rank_dir(out, rank))
+    if checkpoint is None:
+        raise UsageError(f"--resume: no readable checkpoint in {rank_dir(out, rank)} (every one is torn or corrupt); "
+                         "pass --overwrite instead of --resume to start over.")
+    return checkpoint
+
+
+def check_resumable(checkpoint: Checkpoint, fingerprint: dict[str, Any], out: Path) -> None:
+    """Refuse (one sentence, naming what differs) a job whose settings are not the checkpoint's."""
+    check_fingerprint(checkpoint.state["fingerprint"], plain(fingerprint), out)
+
+
+def stats_state(stats: Any) -> dict[str, Any]:
+    """A counts dataclass as JSON-able fields."""
+    return asdict(stats)
+
+
+__all__ = ["DEFAULT_EVERY", "DEFAULT_MINUTES", "SITE_ARRAYS", "Cadence", "check_resumable", "open_resume", "plain",
+           "restore_aggregators", "restore_fields", "state_tensors", "stats_state"]
