@@ -369,7 +369,8 @@ RECORD_META_KEYS: dict[str, str] = {
     "counts.skipped.nonfinite_batches": "batches whose loss or a norm was NaN/inf (never averaged in)",
     "counts.skipped.nonfinite_sequences": "their sequences",
     "counts.skipped.reason_nonfinite": "the sentence saying so",
-    "mean_loss": "mean training loss over the recorded batches (nats)",
+    "mean_loss": "the batch loss (under ``reduction``: with ``sequence``, a sum of the batch's sequence means, "
+                 "nats) averaged over the recorded batches",
     WEIGHT_SHARING_META_KEY: "shared blocks only: ``{shared_layers: [[layers applying one module], ...]}``",
 }
 """meta.json's keys in a record run (``a.b``: key ``b`` of object ``a``; ``masking``, ``versions``,
