@@ -306,7 +306,7 @@ CHECK_JSON_KEYS: dict[str, str] = {
     "flops.unselected_tokens": "N - N_loss (count)",
     "flops.blocks_linear": "the blocks' Linear FLOPs (a term of ``total``)",
     "flops.attention": "the attention score and mixing FLOPs (a term of ``total``)",
-    "flops.encoder_other": "the encoder's other Linear FLOPs (a term of ``total``)",
+    "flops.encoder_other": "Linear FLOPs of the encoder outside the blocks (a term of ``total``)",
     "flops.head": "the MLM head's FLOPs at the loss positions (a term of ``total``)",
     "flops.non_token": "FLOPs on non-token inputs such as relative positions (a term of ``total``)",
     "flops.head_unselected": "a dense head's extra FLOPs at the unselected positions (not in ``total``)",
@@ -331,7 +331,7 @@ CHECK_JSON_KEYS: dict[str, str] = {
 ``a``, ``.<role>`` a map keyed by role names."""
 
 RECORD_META_KEYS: dict[str, str] = {
-    "complete": "true when the whole corpus was recorded; false after an interrupt or error (exit 130)",
+    "complete": "true when the whole corpus was recorded; false when the job stopped early (Ctrl-C: exit 130)",
     "error": "what stopped the job early (null when complete)",
     "model": "the model as given (name, ``zoo:NAME`` or portable path)",
     "model_path": "where it was loaded from (portable path)",
