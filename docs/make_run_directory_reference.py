@@ -13,6 +13,7 @@ from pathlib import Path
 
 from gradflow import schema as S
 from gradflow import schema_reports as R
+from gradflow.runs.checkpoint import CHECKPOINT_DIR
 
 PAGE = Path(__file__).parent / "reference" / "run-directory.md"
 
@@ -70,7 +71,10 @@ def render() -> str:
         "A run directory holds " + ", ".join(f"`{f}`" for f in S.RUN_FILES) + " and, when the sublayer split is "
         "recorded, " + ", ".join(f"`{f}`" for f in S.OPTIONAL_RUN_FILES) + ". Files are written atomically; "
         "`pad` positions are not aggregated (padding depends on batching). `layer` is 0 for the embeddings "
-        "output and i + 1 for block i.",
+        "output and i + 1 for block i. While a run is unfinished (stopped by Ctrl-C or a crash) the directory also "
+        f"holds hidden files `gradflow record --resume` continues from: `{CHECKPOINT_DIR}/rank<r>/checkpoint-<k>.gfc` "
+        "(each process's aggregated state, sha256-checked) and the parquet tables' durable parts "
+        "(`.sequences.parquet.part<NNNNNN>`); `--overwrite` removes them.",
         "",
         *_tables("gradflow record", "")[2:],
         "### `meta.json`",
