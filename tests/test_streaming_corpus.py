@@ -201,6 +201,7 @@ def test_malformed_utf8_across_a_chunk_boundary(tiny_mlm_dir, tiny_pieces, tmp_p
 
 def test_limit_reads_only_what_it_needs(tiny_mlm_dir, monkeypatch):
     monkeypatch.setattr(streaming, "PIECE_CHARS", 200)
+    monkeypatch.setattr(streaming, "LONG_LINE_BYTES", 1000)
     tokenizer = _build("wordpiece", tiny_mlm_dir)
     text = (_long_text(20_000) + "\n").encode("utf-8")
     read = []

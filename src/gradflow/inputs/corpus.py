@@ -20,7 +20,7 @@ import json
 import sys
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from itertools import chain
+from itertools import chain, count
 from pathlib import Path
 from typing import TypeVar
 
@@ -244,10 +244,13 @@ def iter_windows(tokenizer, documents: Iterable[Document], max_length: int, coun
         second = next(encodings, None)
         if second is not None:
             counts.split_documents += 1
-        ahead = (first,) if second is None else (first, second)
-        for w, encoding in enumerate(chain(ahead, encodings)):
+        ahead = [first] if second is None else [first, second]
+        for w in count():
             if limit is not None and sequence_index >= limit:
-                return
+                return  # checked before the next window is made: nothing past the limit is tokenised
+            encoding = ahead.pop(0) if ahead else next(encodings, None)
+            if encoding is None:
+                break
             counts.windows += 1
             yield Window(sequence_index, doc.index, w, encoding)
             sequence_index += 1

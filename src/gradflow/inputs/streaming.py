@@ -238,7 +238,8 @@ def content_tokens(tokenizer, pieces: Iterable[str],
     step = piece_chars or PIECE_CHARS
     parts: list[str] = []
     size, base, target = 0, 0, step
-    for piece in pieces:
+    slices = (piece[i:i + step] for piece in pieces for i in range(0, len(piece), step))
+    for piece in slices:
         parts.append(piece)
         size += len(piece)
         if size < target:
@@ -294,22 +295,24 @@ def piece_windows(tokenizer, template: Template, pieces: Iterable[str], max_leng
     special: list[bool] = []
     words: list[int | None] = []
 
-    def window(n: int) -> dict | None:
-        flags = [*template.prefix_special, *special[:n], *template.suffix_special]
+    def window(a: int, b: int) -> dict | None:
+        flags = [*template.prefix_special, *special[a:b], *template.suffix_special]
         if all(flags):
             return None
-        return {"input_ids": [*template.prefix, *ids[:n], *template.suffix], "special_tokens_mask": flags,
-                "word_ids": [None] * len(template.prefix) + words[:n] + [None] * len(template.suffix)}
+        return {"input_ids": [*template.prefix, *ids[a:b], *template.suffix], "special_tokens_mask": flags,
+                "word_ids": [None] * len(template.prefix) + words[a:b] + [None] * len(template.suffix)}
 
     for part_ids, part_special, part_words in content_tokens(tokenizer, pieces):
         ids += part_ids
         special += part_special
         words += part_words
-        while len(ids) > size:
-            if (out := window(size)) is not None:
+        at = 0
+        while len(ids) - at > size:
+            if (out := window(at, at + size)) is not None:
                 yield out
-            del ids[:size], special[:size], words[:size]
-    if ids and (out := window(len(ids))) is not None:
+            at += size
+        del ids[:at], special[:at], words[:at]
+    if ids and (out := window(0, len(ids))) is not None:
         yield out
 
 
