@@ -35,6 +35,7 @@ OFFLINE = ("gradflow zoo list", "gradflow channels --model gradflow-mini-en",
            "gradflow surgery --model gradflow-mini-en")
 """``gradflow`` lines that run here: offline, seconds on a CPU."""
 TIMEOUT_S = 300
+ENV_PREFIX = re.compile(r"^(?:[A-Za-z_][A-Za-z0-9_]*=\S*\s+)+")
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "MPLBACKEND": "Agg"}
 
 
@@ -79,12 +80,12 @@ def page_blocks(path: Path, root: Path = ROOT) -> list[Block]:
 
 
 def gradflow_lines(code: str) -> list[str]:
-    """The ``gradflow ...`` command lines of a bash block: continuations joined, comments, pipes and
-    redirections cut off."""
+    """The ``gradflow ...`` command lines of a bash block: continuations joined, a ``$`` prompt and leading
+    ``VAR=value`` assignments dropped, comments, pipes and redirections cut off."""
     joined = re.sub(r"\\\n\s*", " ", code)
     lines = []
     for line in joined.splitlines():
-        line = line.strip()
+        line = ENV_PREFIX.sub("", line.strip().removeprefix("$ "))
         if not line.startswith("gradflow "):
             continue
         words = shlex.split(line, comments=True)
@@ -129,6 +130,12 @@ def test_the_not_run_marker_is_read(tmp_path):
     assert first.not_run == "needs a GPU" and first.id.endswith("#1-python-not-run")
     assert second.not_run is None and second.id.endswith("#2-python")
     assert not_run_reason("<!-- not run: -->\n\n") == "" and not_run_reason("<!-- other -->") is None
+
+
+def test_gradflow_lines_are_read_as_a_shell_would():
+    code = ("$ gradflow zoo list  # the models\nHF_HUB_OFFLINE=1 gradflow check --model m \\\n  --json > out.json\n"
+            "echo gradflow demo\ngradflow report a --out b | tee log\n")
+    assert gradflow_lines(code) == ["gradflow zoo list", "gradflow check --model m --json", "gradflow report a --out b"]
 
 
 @pytest.fixture(scope="module")
