@@ -4,8 +4,8 @@
   working directory and run in page order, as a reader following the page would run them;
 - every ``gradflow ...`` line of a ```bash block parses with the real command line, and the offline lines
   of :data:`OFFLINE` run;
-- a block preceded by ``<!-- not run: REASON -->`` is not run (its ``gradflow`` lines are still parsed): its test
-  only checks that REASON is given, and its id ends in ``not-run`` so that it shows in the test list.
+- a block preceded by ``<!-- not run: REASON -->`` is not run (its ``gradflow`` lines are still parsed, its Python
+  compiled): its test checks that REASON is given, and its id ends in ``not-run`` so that it shows in the test list.
 
 Test ids name the page and the block (``docs/guides/record.md#3-python``, counted over the page's python and
 bash blocks from 1).
@@ -148,6 +148,7 @@ def page_dirs(tmp_path_factory) -> dict[str, Path]:
 def test_python_block_runs_as_written(block, page_dirs, tmp_path_factory):
     if block.not_run is not None:
         assert block.not_run, f"{block.id}: <!-- not run: REASON --> needs a reason"
+        compile(block.code, block.id, "exec")  # not run, but at least valid Python
         return
     cwd = page_dirs.setdefault(block.page, tmp_path_factory.mktemp(re.sub(r"\W", "_", block.page)))
     env = {**os.environ, **OFFLINE_ENV}
