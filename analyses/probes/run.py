@@ -72,58 +72,79 @@ def main() -> int:
     parser.add_argument("--resume", action="store_true",
                         help="keep a probe run whose meta.json says complete and records this same command")
     parser.add_argument("--tables-only", action="store_true", help="only rewrite the markdown tables from the runs")
+    parser.add_argument("--compare-only", action="store_true",
+                        help="only compare the finished runs under --out and rewrite the tables (no probing)")
     args = parser.parse_args()
     if args.tables_only:
+        write_tables(args.out)
+        return 0
+    if args.compare_only:
+        compare(args.out)
         write_tables(args.out)
         return 0
     start = time.monotonic()
     if not (ROOT / REPAIRED / "model").is_dir():
         gradflow("repair", "--model", "gradflow-mini-en", "--out", REPAIRED)
         print(f"repair: {time.monotonic() - start:.0f} s wall", flush=True)
-    dirs: dict[str, list[str]] = {task: [] for task in TASKS}
-    commands, masked = [], []
+    commands = []
     extra = ["--no-code-length"] if args.no_code_length else []
     if not args.no_masked:  # the slow masked runs first
         for label in ("mini-en", "twin"):
             run = f"{args.out}/runs/{label}-brown-pos-masked"
             commands.append(["probe", "--model", MODELS[label], "--task", "brown-pos", "--masked", "--out", run,
                              "--limit", args.masked_limit, "--overwrite", "--quiet", "--format", "png", *extra])
-            masked.append(run)
     for task in TASKS:
         for label, model in MODELS.items():
             run = f"{args.out}/runs/{label}-{task}"
             commands.append(["probe", "--model", model, "--task", task, "--out", run, "--limit", args.limit,
                              "--overwrite", "--quiet", "--format", "png", *extra])
-            dirs[task].append(run)
     if args.resume:
         commands = [c for c in commands if not finished(c)]
     probes_start = time.monotonic()
     run_all(commands, args.jobs)
     print(f"{len(commands)} probe runs, {args.jobs} at a time: {time.monotonic() - probes_start:.0f} s wall", flush=True)
-    # one comparison over both tasks: a figure per task, the tables of both, mini-en the baseline of each
-    gradflow("compare", *(d for task in TASKS for d in dirs[task]), "--labels", *(list(MODELS) * len(TASKS)),
-             "--out", args.out)
-    if masked:
-        gradflow("compare", *masked, "--labels", "mini-en", "twin", "--out", f"{args.out}/masked", "--width", "single")
+    compare(args.out)
     write_tables(args.out)
     print(f"total: {time.monotonic() - start:.0f} s wall", flush=True)
     return 0
 
 
+def complete(run: str) -> bool:
+    """True when the probe directory ``run`` (relative to the repository root) holds a finished run."""
+    meta = ROOT / run / "meta.json"
+    return meta.is_file() and bool(json.loads(meta.read_text(encoding="utf-8")).get("complete"))
+
+
+def finished_runs(out_dir: str) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """(label, directory) of the finished unmasked runs (task by task) and of the finished masked runs."""
+    unmasked = [(label, f"{out_dir}/runs/{label}-{task}") for task in TASKS for label in MODELS]
+    masked = [(label, f"{out_dir}/runs/{label}-brown-pos-masked") for label in ("mini-en", "twin")]
+    return [r for r in unmasked if complete(r[1])], [r for r in masked if complete(r[1])]
+
+
+def compare(out_dir: str) -> None:
+    """One comparison over both tasks (a figure per task, the tables of both, mini-en the baseline of each) and
+    one of the masked runs, over the finished runs."""
+    unmasked, masked = finished_runs(out_dir)
+    gradflow("compare", *(d for _, d in unmasked), "--labels", *(label for label, _ in unmasked), "--out", out_dir)
+    if len(masked) > 1:
+        gradflow("compare", *(d for _, d in masked), "--labels", *(label for label, _ in masked),
+                 "--out", f"{out_dir}/masked", "--width", "single")
+
+
 def write_tables(out_dir: str) -> None:
     """``drops.md`` (last-layer drops), ``layers_<task>.md`` (every layer) and every ``tables.tex`` (each run's and
-    each comparison's) from the committed runs."""
+    each comparison's) from the finished runs."""
     out = ROOT / out_dir
-    runs = [f"{out_dir}/runs/{label}-{task}" for task in TASKS for label in MODELS]
-    runs += [run for run in (f"{out_dir}/runs/{label}-brown-pos-masked" for label in ("mini-en", "twin"))
-             if (ROOT / run / "probe_drops.csv").is_file()]
+    unmasked, masked = finished_runs(out_dir)
+    runs = [d for _, d in unmasked + masked]
     (out / "drops.md").write_text(drops_table(runs) + differences_table(out), encoding="utf-8")
     for run in runs:  # tables.tex of each run and of each comparison, from the committed CSVs
         write_probe_tables(ROOT / run)
-    for folder, labels in ((out, list(MODELS) * len(TASKS)), (out / "masked", ["mini-en", "twin"])):
+    for folder, finished in ((out, unmasked), (out / "masked", masked)):
         if (folder / "probe_drop_differences.csv").is_file():
-            dirs = [ROOT / r for r in runs if (r.endswith("-masked") == (folder.name == "masked"))]
-            write_comparison_tables(dirs, labels, folder, pd.read_csv(folder / "probe_drop_differences.csv"))
+            write_comparison_tables([ROOT / d for _, d in finished], [label for label, _ in finished], folder,
+                                    pd.read_csv(folder / "probe_drop_differences.csv"))
     for task in TASKS:
         (out / f"layers_{task}.md").write_text(layers_table(out_dir, task), encoding="utf-8")
     for name in ("drops.md", *(f"layers_{task}.md" for task in TASKS)):
@@ -132,11 +153,12 @@ def write_tables(out_dir: str) -> None:
 
 def layers_table(out_dir: str, task: str) -> str:
     """Every layer of every model: test accuracy [95% CI], selectivity, online code length (kbits)."""
-    frames = {label: pd.read_csv(ROOT / out_dir / "runs" / f"{label}-{task}" / "probes.csv") for label in MODELS}
+    frames = {label: pd.read_csv(ROOT / run / "probes.csv") for label, run in finished_runs(out_dir)[0]
+              if run.endswith(f"-{task}")}
     code = any(frame["code_length_bits"].notna().any() for frame in frames.values())  # not with --no-code-length
     columns = ("accuracy [95% CI]", "selectivity", "code (kbits)") if code else ("accuracy [95% CI]", "selectivity")
-    header = "| layer | " + " | ".join(" | ".join([f"{label}: {columns[0]}", *columns[1:]]) for label in MODELS)
-    lines = [header + " |", "|---" * (1 + len(columns) * len(MODELS)) + "|"]
+    header = "| layer | " + " | ".join(" | ".join([f"{label}: {columns[0]}", *columns[1:]]) for label in frames)
+    lines = [header + " |", "|---" * (1 + len(columns) * len(frames)) + "|"]
     for i, site in enumerate(frames["mini-en"]["site"]):
         cells = []
         for frame in frames.values():
