@@ -22,6 +22,10 @@ from gradflow.explore.view import LOSSES
 
 log = logging.getLogger("gradflow.explore")
 MAX_BODY_BYTES = 16_384
+"""The largest view request accepted; a longer one is answered 413 without being kept in memory."""
+MAX_DRAIN_BYTES = 64 * 2**20
+"""An over-long body up to this size is read and dropped so that the client gets to read its 413; a longer one
+(declared or sent) is answered at once and its connection closed."""
 
 
 def _starlette():
@@ -65,9 +69,7 @@ def create_app(service: ExploreService):
         return JSONResponse({"models": service.models(), "losses": LOSSES})
 
     async def view(request: Request) -> Response:
-        body = await request.body()
-        if len(body) > MAX_BODY_BYTES:
-            raise ExploreError(f"the request has {len(body)} bytes; at most {MAX_BODY_BYTES} are accepted.", 413)
+        body = await read_body(request)
         try:
             data = json.loads(body or b"null")
         except (json.JSONDecodeError, UnicodeDecodeError) as err:
@@ -103,6 +105,28 @@ def create_app(service: ExploreService):
                             status_code=status)
 
     return Starlette(routes=routes, exception_handlers={404: not_found, 405: not_found})
+
+
+async def read_body(request) -> bytes:
+    """The body of a Starlette ``request``, streamed: at most :data:`MAX_BODY_BYTES` are kept, an
+    :class:`ExploreError` (413) for a longer one once it has been drained (up to :data:`MAX_DRAIN_BYTES`)."""
+    declared = request.headers.get("content-length", "")
+    declared_size = int(declared) if declared.isdigit() else None
+    kept, size, complete = bytearray(), 0, True
+    if declared_size is None or declared_size <= MAX_DRAIN_BYTES:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size <= MAX_BODY_BYTES:
+                kept += chunk
+            elif size > MAX_DRAIN_BYTES:
+                complete = False
+                break
+    if declared_size is not None and declared_size > MAX_BODY_BYTES:
+        size, complete = declared_size, True
+    if size > MAX_BODY_BYTES:
+        told = f"{size}" if complete else f"more than {MAX_DRAIN_BYTES}"
+        raise ExploreError(f"the request has {told} bytes; at most {MAX_BODY_BYTES} are accepted.", 413)
+    return bytes(kept)
 
 
 def _int(value: str, name: str) -> int:
@@ -148,4 +172,4 @@ def listening_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-__all__ = ["MAX_BODY_BYTES", "create_app", "listening_socket", "serve"]
+__all__ = ["MAX_BODY_BYTES", "MAX_DRAIN_BYTES", "create_app", "listening_socket", "read_body", "serve"]

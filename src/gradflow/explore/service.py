@@ -3,7 +3,9 @@
 :class:`ExploreService` holds the models named at start-up (loaded by ``load_all`` or on first use, never a path
 sent by the page, never with remote code), checks every request field and answers with a
 :class:`ChannelView` or an :class:`ExploreError` whose message is one sentence for the page. One
-computation runs at a time; at most ``max_waiting`` more wait, further requests are told to retry.
+computation runs at a time, always on the service's one compute thread (a computation on each web worker
+thread left each of those threads holding a few MB of allocator and thread-pool state: resident memory grew with
+every flood that woke new workers); at most ``max_waiting`` more wait, further requests are told to retry.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import tempfile
 import threading
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -44,7 +47,8 @@ class ExploreService:
     config: ExploreConfig = field(default_factory=ExploreConfig)
     loader: Callable[[str], LoadedModel] | None = None
     _models: dict[str, LoadedModel] = field(default_factory=dict, init=False, repr=False)
-    _compute: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+    _compute: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(1, "gradflow-explore"),
+                                         init=False, repr=False)
     _count: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
     _waiting: int = field(default=0, init=False, repr=False)
 
@@ -118,14 +122,13 @@ class ExploreService:
         return self._models[name]
 
     def _run(self, work: Callable[[], object]):
-        """Run ``work`` alone; refuse when ``max_waiting`` requests already wait."""
+        """Run ``work`` on the compute thread, one at a time; refuse when ``max_waiting`` requests already wait."""
         with self._count:
             if self._waiting > self.config.max_waiting:
                 raise ExploreError(f"the explorer is busy with {self._waiting} requests; try again in a moment.", 503)
             self._waiting += 1
         try:
-            with self._compute:
-                return work()
+            return self._compute.submit(work).result()
         finally:
             with self._count:
                 self._waiting -= 1
