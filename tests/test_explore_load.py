@@ -32,7 +32,7 @@ import pytest
 pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
 
-from gradflow.explore.server import MAX_BODY_BYTES, MAX_DRAIN_BYTES  # noqa: E402
+from gradflow.explore.server import MAX_BODY_BYTES, MAX_DRAIN_BYTES
 
 HOST = "127.0.0.1"
 MODEL = "gradflow-mini-en"
@@ -279,8 +279,8 @@ def _reader(chunks: int, chunk: bytes, content_length: int | None = None) -> tup
 def test_the_body_reader_keeps_at_most_the_limit_and_stops_draining():
     assert _reader(4, b"{}  ") == (b"{}  " * 4, 4)
     assert _reader(1, b"x" * MAX_BODY_BYTES) == (b"x" * MAX_BODY_BYTES, 1)
-    assert _reader(1, b"x" * (MAX_BODY_BYTES + 1)) == (f"the request has {MAX_BODY_BYTES + 1} bytes; at most "
-                                                       f"{MAX_BODY_BYTES} are accepted.", 1)
+    refusal = f"the request has {MAX_BODY_BYTES + 1} bytes; at most {MAX_BODY_BYTES} are accepted."
+    assert _reader(1, b"x" * (MAX_BODY_BYTES + 1)) == (refusal, 1)
     mib = b"x" * 2**20
     message, read = _reader(1000, mib)  # 1000 MiB sent without a length: reading stops past the drain limit
     assert message.startswith(f"the request has more than {MAX_DRAIN_BYTES} bytes") and read == 65
