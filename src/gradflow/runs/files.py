@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from gradflow.errors import OutputDirError
-from gradflow.runs.checkpoint import CHECKPOINT_DIR
+from gradflow.runs.checkpoint import CHECKPOINT_DIR, has_checkpoint
 from gradflow.schema import OPTIONAL_RUN_FILES, RUN_FILES, SEQUENCE_DTYPES, SUBLAYER_SEQUENCE_DTYPES, arrow_schema
 
 SEQUENCE_SCHEMA = arrow_schema(SEQUENCE_DTYPES)
@@ -31,7 +31,7 @@ def prepare_output_dir(out: Path, overwrite: bool) -> None:
     unfinished run's parts and checkpoints removed: ``--overwrite`` starts over deliberately)."""
     if out.exists() and not out.is_dir():
         raise OutputDirError(f"output path {out} exists and is a file; pass a directory path with --out.")
-    if out.exists() and (out / CHECKPOINT_DIR).is_dir() and not overwrite:
+    if out.exists() and has_checkpoint(out) and not overwrite:
         raise OutputDirError(f"output directory {out} holds an unfinished run with a checkpoint; pass --resume to "
                              "continue it, --overwrite to start over, or choose another --out.")
     if out.exists() and any(out.iterdir()) and not overwrite:
@@ -139,6 +139,9 @@ class SequenceWriter:
         removed unless ``keep_parts`` (an unfinished run keeps them for ``--resume``)."""
         self.checkpoint()
         parts = part_paths(self.path)[: self.parts]
+        if len(parts) == 1 and not keep_parts:  # one part is the whole table already
+            os.replace(parts[0], self.path)
+            return
         tmp = self.path.with_name(f".{self.path.name}.merge")
         with pq.ParquetWriter(tmp, self.schema) as writer:
             for part in parts:

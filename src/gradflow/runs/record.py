@@ -10,8 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -20,7 +19,7 @@ import pandas as pd
 import torch
 
 from gradflow.adapters import block_modules
-from gradflow.errors import CorpusError, RunError, UsageError
+from gradflow.errors import CorpusError, UsageError
 from gradflow.hooks.recorder import BatchRecord, GradFlowRecorder, RecorderConfig
 from gradflow.inputs.corpus import CorpusCounts, check_corpus_path, default_texts
 from gradflow.inputs.masking import BertMasking, MaskedBatch, TokenizerInfo
@@ -51,6 +50,7 @@ from gradflow.runs.resume import (
     DEFAULT_MINUTES,
     Cadence,
     check_resumable,
+    disk_errors,
     open_resume,
     plain,
     restore_aggregators,
@@ -112,6 +112,7 @@ class RunSummary:
     tokens: int
     wall_s: float
     meta: dict = field(default_factory=dict)
+    checkpoint_s: float = 0.0  # time spent writing checkpoints (not in meta.json: a resumed run's is its own)
 
 
 @dataclass
@@ -129,11 +130,12 @@ class _Job:
     next_index: int = 0  # the first window (corpus-wide index) not yet recorded
     fingerprint: dict = field(default_factory=dict)
     checkpointed: dict | None = None  # meta.json's "progress": what the last checkpoint holds
+    checkpoint_s: float = 0.0
 
     def summary(self, meta: dict | None = None) -> RunSummary:
         """The run summary as this process sees it."""
         return RunSummary(self.out, self.corpus.complete, self.stats.sequences, self.stats.real_tokens,
-                          time.time() - self.corpus.start, meta or {})
+                          time.time() - self.corpus.start, meta or {}, self.checkpoint_s)
 
 
 def _dist() -> tuple[int, int]:
@@ -165,7 +167,8 @@ def record_corpus(config: RecordConfig, loaded: LoadedModel | None = None) -> Ru
         corpus = open_job(loaded, texts, policy, config.max_length, config.batch_size, limit=config.limit,
                           rank=rank, world=world, start=start, model=config.model)
     except UsageError:  # a window longer than the model accepts: refused before anything is recorded
-        _discard(out)
+        if saved is None:  # (a resumed run's directory is left as it is)
+            _discard(out)
         raise
     TokenizerInfo.from_tokenizer(loaded.tokenizer)
     recorder = GradFlowRecorder(loaded.model, RecorderConfig(sublayers=config.sublayers,
@@ -190,8 +193,9 @@ def record_corpus(config: RecordConfig, loaded: LoadedModel | None = None) -> Ru
         summary = job.summary()  # the disk that failed the run fails the flush too: the checkpoint stands
     if corpus.complete:
         shutil.rmtree(rank_dir(out, rank), ignore_errors=True)
-        if rank == 0 and world == 1:
-            shutil.rmtree(out / CHECKPOINT_DIR, ignore_errors=True)
+        folder = out / CHECKPOINT_DIR  # with several processes: gone once every rank's folder is
+        if rank == 0 and folder.is_dir() and not any(folder.iterdir()):
+            folder.rmdir()
     corpus.reraise()
     return summary
 
@@ -200,6 +204,7 @@ def _fingerprint(job: _Job, texts: str) -> dict:
     """What a resumed job must share with its checkpoint (see docs: model, tokenizer, corpus, masking, ...)."""
     cfg, loaded = job.config, job.loaded
     return plain({
+        "model": input_hash(loaded.path) if is_local_input(loaded.path) else cfg.model,
         "config_hash": loaded.config_hash, "tokenizer_hash": loaded.tokenizer_info()["hash"],
         "texts_sha256": input_hash(texts) if is_local_input(texts) else texts, "masking": job.corpus.policy.describe(),
         "seed": cfg.seed, "max_length": cfg.max_length, "batch_size": cfg.batch_size, "limit": cfg.limit,
@@ -226,7 +231,7 @@ def _stream(job: _Job, recorder: GradFlowRecorder) -> None:
     progress = RecordProgress(job.config.quiet or job.corpus.rank != 0)
     cadence = Cadence(job.config.checkpoint_every, job.config.checkpoint_minutes)
     try:
-        with job.corpus.running(), recorder, _disk_errors(job.out, job):
+        with job.corpus.running(), recorder, disk_errors(job.out, lambda: job.checkpointed):
             for batch in job.corpus.batches():
                 if _record_batch(job, recorder, batch, writers):
                     progress.update(len(batch.sequence_index), int(batch.attention_mask.sum()))
@@ -245,21 +250,10 @@ def _stream(job: _Job, recorder: GradFlowRecorder) -> None:
                 writer.abandon()
 
 
-@contextmanager
-def _disk_errors(out: Path, job: _Job) -> Iterator[None]:
-    """An OSError writing the run (a full disk) as :class:`RunError` naming ``out`` and the last checkpoint."""
-    try:
-        yield
-    except OSError as err:
-        done = f"the last checkpoint ({job.checkpointed['sequences']} sequences) is intact" if job.checkpointed \
-            else "no checkpoint was written yet"
-        raise RunError(f"could not write the run directory {out} ({err.strerror or err}); {done}: free space and "
-                       "rerun the same command with --resume.") from err
-
-
 def _checkpoint(job: _Job, writers: list) -> None:
     """Close the tables' parts, then write the aggregated state durably (and, in one process, the tables
     and a meta.json with ``complete`` false and the progress)."""
+    began = time.perf_counter()
     parts = {writer.path.name: writer.checkpoint() for writer, _ in writers}
     fault("kill_after_parts")
     tensors, keys = state_tensors(job.sites, job.subs)
@@ -272,6 +266,7 @@ def _checkpoint(job: _Job, writers: list) -> None:
     fault("kill_after_checkpoint")
     if job.corpus.world == 1:
         _write_tables(job)
+    job.checkpoint_s += time.perf_counter() - began
 
 
 def _part(job: _Job, name: str, rank: int) -> Path:

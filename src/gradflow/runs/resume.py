@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -16,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from gradflow.errors import UsageError
+from gradflow.errors import RunError, UsageError
 from gradflow.runs.aggregate import SiteAggregator, SublayerAggregator
 from gradflow.runs.checkpoint import CHECKPOINT_DIR, Checkpoint, check_fingerprint, latest_checkpoint, rank_dir
 from gradflow.schema import META_FILE
@@ -109,10 +111,23 @@ def check_resumable(checkpoint: Checkpoint, fingerprint: dict[str, Any], out: Pa
     check_fingerprint(checkpoint.state["fingerprint"], plain(fingerprint), out)
 
 
+@contextmanager
+def disk_errors(out: Path, checkpointed: Callable[[], dict | None]) -> Iterator[None]:
+    """An OSError writing the run (a full disk) as :class:`RunError` naming ``out`` and what the last checkpoint
+    holds (``checkpointed()``: its progress, None before the first)."""
+    try:
+        yield
+    except OSError as err:
+        last = checkpointed()
+        done = f"the last checkpoint ({last['sequences']} sequences) is intact" if last else "no checkpoint was written yet"
+        raise RunError(f"could not write the run directory {out} ({err.strerror or err}); {done}: free space and "
+                       "rerun the same command with --resume.") from err
+
+
 def stats_state(stats: Any) -> dict[str, Any]:
     """A counts dataclass as JSON-able fields."""
     return asdict(stats)
 
 
-__all__ = ["DEFAULT_EVERY", "DEFAULT_MINUTES", "SITE_ARRAYS", "Cadence", "check_resumable", "open_resume", "plain",
+__all__ = ["DEFAULT_EVERY", "DEFAULT_MINUTES", "SITE_ARRAYS", "Cadence", "check_resumable", "disk_errors", "open_resume", "plain",
            "restore_aggregators", "restore_fields", "state_tensors", "stats_state"]

@@ -1,0 +1,136 @@
+"""`gradflow record --resume` (issue 28): a run killed with SIGKILL at any point, then resumed, finishes with the
+tables of an uninterrupted run: every CSV byte-identical, meta.json identical but for ``command`` and ``wall_s``
+(and the source revision), the parquet rows identical. Settings that differ from the checkpoint's are refused."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from gradflow.cli import main
+
+ENV = {**os.environ, "PYTHONWARNINGS": "ignore", "TOKENIZERS_PARALLELISM": "false"}
+CSVS = ("channels.csv", "sublayers.csv")
+PARQUETS = ("sequences.parquet", "sublayer_sequences.parquet")
+RUN_FILES = {*CSVS, *PARQUETS, "meta.json"}
+# 48 windows in batches of 4, a checkpoint every 8 sequences: 6 checkpoints in a run
+KILL_POINTS = ("kill_in_checkpoint:3", "kill_after_parts:2", "kill_at_batch:7", "kill_after_checkpoint:4")
+
+
+def args(model: Path, texts: Path, out: Path, *extra: str) -> list[str]:
+    """The record command line every run of these tests shares."""
+    return ["record", "--model", str(model), "--texts", str(texts), "--out", str(out), "--max-length", "24",
+            "--batch-size", "4", "--checkpoint-every", "8", "--quiet", *extra]
+
+
+def same_meta(meta: dict) -> dict:
+    """meta.json less what may differ between an uninterrupted and a resumed run."""
+    meta = {k: v for k, v in meta.items() if k not in ("command", "wall_s")}
+    meta["versions"] = {k: v for k, v in meta["versions"].items() if k != "gradflow_revision"}
+    return meta
+
+
+def assert_same_run(reference: Path, run: Path) -> None:
+    """``run`` finished with ``reference``'s tables (CSV bytes, parquet rows, meta.json but timing/command)."""
+    for name in CSVS:
+        assert (run / name).read_bytes() == (reference / name).read_bytes(), name
+    for name in PARQUETS:
+        pd.testing.assert_frame_equal(pd.read_parquet(run / name), pd.read_parquet(reference / name), check_exact=True)
+    ref_meta, meta = (json.loads((d / "meta.json").read_text()) for d in (reference, run))
+    assert meta["complete"] is True and "progress" not in meta
+    assert same_meta(meta) == same_meta(ref_meta)
+    assert {p.name for p in run.iterdir()} == RUN_FILES, "parts and checkpoints are removed once the run is complete"
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory, tiny_mlm_dir, tiny_corpus) -> Path:
+    out = tmp_path_factory.mktemp("ref") / "run"
+    assert main(args(tiny_mlm_dir, tiny_corpus, out)) == 0
+    assert json.loads((out / "meta.json").read_text())["counts"]["sequences_recorded"] == 48
+    return out
+
+
+@pytest.fixture(scope="module")
+def killed(tmp_path_factory, tiny_mlm_dir, tiny_corpus) -> dict[str, Path]:
+    """One real `gradflow record` per kill point, all started at once, each SIGKILLed by the test hook."""
+    root = tmp_path_factory.mktemp("killed")
+    procs = {}
+    for point in KILL_POINTS:
+        out = root / point.replace(":", "_")
+        procs[point] = (out, subprocess.Popen([sys.executable, "-m", "gradflow", *args(tiny_mlm_dir, tiny_corpus, out)],
+                                              env={**ENV, "GRADFLOW_FAULT": point}, stderr=subprocess.PIPE, text=True))
+    for point, (_, proc) in procs.items():
+        _, err = proc.communicate(timeout=600)
+        assert proc.returncode == -9, f"{point}: {proc.returncode}\n{err[-2000:]}"
+    return {point: out for point, (out, _) in procs.items()}
+
+
+@pytest.mark.parametrize("point", KILL_POINTS)
+def test_sigkill_then_resume_is_identical(point, killed, reference, tiny_mlm_dir, tiny_corpus):
+    out = killed[point]
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["complete"] is False and meta["progress"]["sequences"] >= 8  # a killed run says how far it got
+    assert len(pd.read_csv(out / "channels.csv")) > 0
+    assert main(args(tiny_mlm_dir, tiny_corpus, out, "--resume")) == 0
+    assert_same_run(reference, out)
+
+
+def interrupted(tmp_path: Path, model: Path, texts: Path, monkeypatch, at_batch: int = 5) -> Path:
+    """An in-process run stopped by an interrupt after ``at_batch`` batches (checkpoints every 2 batches)."""
+    import gradflow.runs.record as record
+
+    calls = {"n": 0}
+    real = record.sequence_rows
+
+    def stop(batch_record):
+        calls["n"] += 1
+        if calls["n"] == at_batch:
+            raise KeyboardInterrupt
+        return real(batch_record)
+
+    monkeypatch.setattr(record, "sequence_rows", stop)
+    out = tmp_path / "stopped"
+    assert main(args(model, texts, out)) == 130
+    monkeypatch.setattr(record, "sequence_rows", real)
+    return out
+
+
+def test_interrupted_run_resumes_identically(tmp_path, reference, tiny_mlm_dir, tiny_corpus, monkeypatch):
+    out = interrupted(tmp_path, tiny_mlm_dir, tiny_corpus, monkeypatch)
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["complete"] is False and meta["progress"] == {**meta["progress"], "sequences": 16, "windows": 16}
+    assert pd.read_parquet(out / "sequences.parquet").sequence_index.nunique() == 16  # the SIGINT flush still works
+    assert main(args(tiny_mlm_dir, tiny_corpus, out, "--resume")) == 0
+    assert_same_run(reference, out)
+
+
+def test_refusals_name_what_to_do(tmp_path, reference, tiny_mlm_dir, tiny_corpus, monkeypatch, capsys):
+    def refused(argv: list[str], *needles: str) -> None:
+        capsys.readouterr()
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert "Traceback" not in err and all(n in err for n in needles), err
+
+    out = interrupted(tmp_path, tiny_mlm_dir, tiny_corpus, monkeypatch)
+    refused(args(tiny_mlm_dir, tiny_corpus, out), "unfinished run", "--resume")
+    refused(args(tiny_mlm_dir, tiny_corpus, out, "--resume", "--seed", "1"), "differ", "seed: 0 -> 1")
+    refused(args(tiny_mlm_dir, tiny_corpus, out, "--resume", "--max-length", "20"), "max_length: 24 -> 20")
+    rank1 = out / ".checkpoint" / "rank1"
+    shutil.copytree(out / ".checkpoint" / "rank0", rank1)
+    refused(args(tiny_mlm_dir, tiny_corpus, out, "--resume"), "checkpointed by 2 process(es)", "has 1")
+    shutil.rmtree(rank1)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    refused(args(tiny_mlm_dir, tiny_corpus, empty, "--resume"), "holds no checkpoint", "--overwrite")
+    refused(args(tiny_mlm_dir, tiny_corpus, tmp_path / "absent", "--resume"), "does not exist")
+    refused(args(tiny_mlm_dir, tiny_corpus, reference, "--resume"), "is complete")
+    # --overwrite starts over deliberately: the checkpoints go with the run files
+    assert main(args(tiny_mlm_dir, tiny_corpus, out, "--overwrite", "--checkpoint-every", "1000")) == 0
+    assert not (out / ".checkpoint").exists() and json.loads((out / "meta.json").read_text())["complete"] is True
