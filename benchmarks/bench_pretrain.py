@@ -1,4 +1,4 @@
-"""Training throughput of the pretraining recipe (analyses/pretrain/recipe): tokens per second.
+"""Training throughput of the pretraining recipe (analyses/pretraining/recipe): tokens per second.
 
 Times ``recipe.train.train_step`` (forward, MLM loss at the loss rows, backward, clipping, AdamW,
 schedule) on synthetic token ids (no corpus needed), batch B x T, after warm-up steps; the batch
@@ -6,8 +6,8 @@ is built by the recipe's own ``TokenStream`` (BERT corruption included, outside 
 Prints one line per (arch, loss, threads): median seconds per step and tokens/s (B*T / step time),
 with the load average before the run. Not a test: numbers are printed, never asserted.
 
-    python benchmarks/bench_pretrain.py --arch base tiny --threads 1 2
-    python benchmarks/bench_pretrain.py --arch base --device cuda --dtype bfloat16 --batch-size 64
+    python -m benchmarks.bench_pretrain --arch base tiny --threads 1 2
+    python -m benchmarks.bench_pretrain --arch base --device cuda --dtype bfloat16 --batch-size 64
 """
 
 from __future__ import annotations
@@ -23,11 +23,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "analyses" / "pretrain"))
-from recipe.config import RunConfig
-from recipe.data import SpecialIds, TokenStream
-from recipe.model import build_model
-from recipe.train import make_optimizer, train_step
+from analyses.pretraining.recipe.config import RunConfig
+from analyses.pretraining.recipe.data import SpecialIds, TokenStream
+from analyses.pretraining.recipe.model import build_model
+from analyses.pretraining.recipe.train import make_optimizer, train_step
 
 VOCAB = 8192
 SPECIAL = SpecialIds(cls=2, sep=3, pad=0, mask=4, vocab=VOCAB)  # BertWordPiece's order: PAD UNK CLS SEP MASK

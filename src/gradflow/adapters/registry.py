@@ -49,7 +49,7 @@ def adapter_for(model_or_config: object) -> Adapter:
             f"gradflow has no adapter for model_type {model_type!r}. Supported: "
             f"{', '.join(supported_model_types())}. To add one, describe where its embeddings, "
             "blocks and sublayers are with gradflow.adapters.Adapter and call "
-            "gradflow.adapters.register_adapter() (see the README section 'Adding an architecture')."
+            "gradflow.adapters.register_adapter() (see docs/reference/architectures.md, 'Adding an architecture')."
         )
     return _REGISTRY[model_type]
 

@@ -58,9 +58,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt as err:
         where = getattr(args, "out", None)
-        print(f"gradflow: interrupted ({err or 'SIGINT'}); what was recorded so far is in {where} with "
+        print(f"gradflow: {err or 'interrupted (SIGINT)'}; what was recorded so far is in {where} with "
               '"complete": false in meta.json', file=sys.stderr)
         return 130
+    except RuntimeError as err:  # torch.OutOfMemoryError derives from RuntimeError; importing torch here would
+        if "out of memory" not in str(err).lower():  # make `gradflow --help` slow
+            raise
+        where = getattr(args, "out", None)
+        print(f"gradflow: error: out of memory on {getattr(args, 'device', None) or 'the device'}: pass a smaller "
+              "--batch-size or --max-length (or --dtype bfloat16 on a GPU)"
+              + (f"; what was recorded so far is in {where} with \"complete\": false in meta.json" if where else "")
+              + f". ({str(err).splitlines()[0][:200]})", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":
