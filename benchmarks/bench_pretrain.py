@@ -16,13 +16,10 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
-
 from analyses.pretraining.recipe.config import RunConfig
 from analyses.pretraining.recipe.data import SpecialIds, TokenStream
 from analyses.pretraining.recipe.model import build_model
