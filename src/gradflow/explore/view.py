@@ -241,11 +241,11 @@ def _sharing_text(view: ChannelView) -> list[str]:
     zero = ", ".join(f"{s} {format_number(100 * shares[s])}%" for s in view.after_mixing if s in shares)
     if not zero:
         return []
-    return [f"This model shares one block's weights across depths: block {layers[-1]} is the same module as "
-            f"{layers_text(layers[:-1], 'block')} ({n} applications). The zeros are per application: the last "
-            "application gets exactly 0 from the context channels, but the same weights learn from context through "
-            f"the earlier ones. Over all {n} applications, context gives {zero} of the shared weights' gradient in "
-            "this sentence."]
+    return [(f"This model shares one block's weights across depths: block {layers[-1]} is the same module as "
+             f"{layers_text(layers[:-1], 'block')} ({n} applications). The zeros are per application: the last "
+             "application gets exactly 0 from the context channels, but the same weights learn from context "
+             f"through the earlier ones. Over all {n} applications, context gives {zero} of the shared weights' "
+             "gradient in this sentence.")]
 
 
 def _site_label(site: str, layer: int, point: str) -> str:
