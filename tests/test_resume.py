@@ -20,14 +20,15 @@ ENV = {**os.environ, "PYTHONWARNINGS": "ignore", "TOKENIZERS_PARALLELISM": "fals
 CSVS = ("channels.csv", "sublayers.csv")
 PARQUETS = ("sequences.parquet", "sublayer_sequences.parquet")
 RUN_FILES = {*CSVS, *PARQUETS, "meta.json"}
-# 48 windows in batches of 4, a checkpoint every 8 sequences: 6 checkpoints in a run
-KILL_POINTS = ("kill_in_checkpoint:3", "kill_after_parts:2", "kill_at_batch:7", "kill_after_checkpoint:4")
+# 24 windows in batches of 4, a checkpoint every 8 sequences: 3 checkpoints in a run
+KILL_POINTS = ("kill_in_checkpoint:2", "kill_after_parts:2", "kill_at_batch:5", "kill_after_checkpoint:1")
+_REFERENCE: dict[tuple[str, str], Path] = {}
 
 
 def args(model: Path, texts: Path, out: Path, *extra: str) -> list[str]:
     """The record command line every run of these tests shares."""
     return ["record", "--model", str(model), "--texts", str(texts), "--out", str(out), "--max-length", "24",
-            "--batch-size", "4", "--checkpoint-every", "8", "--quiet", *extra]
+            "--batch-size", "4", "--limit", "24", "--checkpoint-every", "8", "--quiet", *extra]
 
 
 def same_meta(meta: dict) -> dict:
@@ -49,12 +50,20 @@ def assert_same_run(reference: Path, run: Path) -> None:
     assert {p.name for p in run.iterdir()} == RUN_FILES, "parts and checkpoints are removed once the run is complete"
 
 
-@pytest.fixture(scope="module")
+def reference_run(factory, model: Path, texts: Path) -> Path:
+    """The uninterrupted run every resumed one is compared with (recorded once per session)."""
+    key = (str(model), str(texts))
+    if key not in _REFERENCE:
+        out = factory.mktemp("ref") / "run"
+        assert main(args(model, texts, out)) == 0
+        assert json.loads((out / "meta.json").read_text())["counts"]["sequences_recorded"] == 24
+        _REFERENCE[key] = out
+    return _REFERENCE[key]
+
+
+@pytest.fixture
 def reference(tmp_path_factory, tiny_mlm_dir, tiny_corpus) -> Path:
-    out = tmp_path_factory.mktemp("ref") / "run"
-    assert main(args(tiny_mlm_dir, tiny_corpus, out)) == 0
-    assert json.loads((out / "meta.json").read_text())["counts"]["sequences_recorded"] == 48
-    return out
+    return reference_run(tmp_path_factory, tiny_mlm_dir, tiny_corpus)
 
 
 @pytest.fixture(scope="module")

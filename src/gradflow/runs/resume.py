@@ -91,7 +91,10 @@ def open_resume(out: Path, rank: int, world: int) -> Checkpoint:
     saved_ranks = sorted((out / CHECKPOINT_DIR).glob("rank*")) if (out / CHECKPOINT_DIR).is_dir() else []
     if not saved_ranks:
         meta = out / META_FILE
-        done = meta.is_file() and json.loads(meta.read_text(encoding="utf-8") or "{}").get("complete") is True
+        try:
+            done = meta.is_file() and json.loads(meta.read_text(encoding="utf-8")).get("complete") is True
+        except (ValueError, AttributeError):
+            done = False
         if done:
             raise UsageError(f"--resume: the run in {out} is complete; there is nothing to resume.")
         raise UsageError(f"--resume: {out} holds no checkpoint (the run stopped before its first one, or it is not "
