@@ -230,3 +230,22 @@ def test_short_lines_keep_the_whole_document_path(tiny_mlm_dir, tmp_path, monkey
     assert all(not d.streamed for d in docs)
     assert _windows(tokenizer, iter(docs)) == _reference_windows(tokenizer, _reference_documents(Path(default_texts())))
     assert called == []
+
+
+def test_text_without_spaces_grows_its_piece(tiny_mlm_dir, tiny_pieces, tmp_path):
+    tokenizer = _build("mini-en", tiny_mlm_dir)
+    corpus = tmp_path / "cjk.txt"
+    corpus.write_text("日本語の文章、" * 300 + " then some words at the end\n", encoding="utf-8")
+    assert _windows(tokenizer, read_documents(corpus)) == _reference_windows(tokenizer, _reference_documents(corpus))
+
+
+def test_in_memory_long_texts_are_streamed(tiny_mlm_dir, tiny_pieces):
+    from gradflow.inputs.corpus import open_corpus
+
+    tokenizer = _build("wordpiece", tiny_mlm_dir)
+    texts = [_long_text(300), "  ", "the nation"]
+    docs, _ = open_corpus(texts)
+    docs = list(docs)
+    assert [d.streamed for d in docs] == [True, False]
+    want = _reference_windows(tokenizer, [Document(d.index, d.text, d.source, d.line) for d in docs])
+    assert _windows(tokenizer, iter(docs)) == want

@@ -156,7 +156,11 @@ def check_corpus_path(path: str | Path) -> None:
 
 
 def read_documents(path: str | Path) -> Iterator[Document]:
-    """Stream the documents of a corpus (see module docstring for the accepted forms)."""
+    """Stream the documents of a corpus (see module docstring for the accepted forms).
+
+    Files are read in chunks; a line of ``LONG_LINE_BYTES`` or more comes as a document with
+    ``pieces`` (see :class:`Document`), read as it is tokenised.
+    """
     spec = str(path)
     if spec == "-":
         sources: list[tuple[str, object, bool]] = [("<stdin>", sys.stdin.buffer, False)]

@@ -19,7 +19,8 @@ Tokenizers that cannot be streamed take the whole-document path (the text is joi
 tokenised whole, as for a short line): slow (Python) tokenizers, left truncation, special tokens
 that are not a fixed prefix and suffix, and any tokenizer that fails :func:`streamable`'s check on
 a probe text cut at every space (e.g. a SentencePiece conversion whose normaliser prepends "▁" to
-every piece). Text without spaces (e.g. Chinese) cannot be cut: its piece grows to the whole line.
+every piece). Text without spaces (e.g. Chinese) cannot be cut: its piece grows (doubling) until a
+safe cut comes, up to the whole line.
 """
 
 from __future__ import annotations
@@ -247,7 +248,7 @@ def content_tokens(tokenizer, pieces: Iterable[str],
         text = "".join(parts)
         done = _commit(tokenizer, text)
         if done is None:
-            parts, target = [text], size + step
+            parts, target = [text], max(size + step, 2 * size)  # geometric: no quadratic re-reading
             continue
         full, k, cut, words = done
         yield full.shifted(k, base)
