@@ -18,14 +18,7 @@ import pytest
 
 from gradflow.errors import CorpusError
 from gradflow.inputs import streaming
-from gradflow.inputs.corpus import (
-    CorpusCounts,
-    Document,
-    default_texts,
-    document_windows,
-    iter_windows,
-    read_documents,
-)
+from gradflow.inputs.corpus import CorpusCounts, Document, default_texts, document_windows, iter_windows, read_documents
 from gradflow.inputs.streaming import read_lines, streamable
 
 MINI_EN = Path(__file__).resolve().parents[1] / "src" / "gradflow" / "models" / "gradflow-mini-en"

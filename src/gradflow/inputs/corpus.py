@@ -26,14 +26,7 @@ from typing import TypeVar
 
 from gradflow.errors import CorpusError
 from gradflow.inputs import streaming
-from gradflow.inputs.streaming import (
-    LongLine,
-    file_chunks,
-    piece_windows,
-    read_lines,
-    streamable,
-    text_pieces,
-)
+from gradflow.inputs.streaming import LongLine, file_chunks, piece_windows, read_lines, streamable, text_pieces
 
 T = TypeVar("T")
 
