@@ -110,7 +110,7 @@ def test_compare_tables_tex_has_each_drop_and_the_paired_differences(sample, tmp
         assert row[2] == f"{r.label} - {r.baseline}"
         assert f"{r.label} - {r.baseline}: {row[3]}" in drops_md
         assert float(row[3].split(" [")[0]) == pytest.approx(r.difference, abs=5e-5)
-        assert row[4:] == [f"{r.n_words:,}", str(r.n_sentences)]
+        assert row[4:] == [f"{r.n_words:,}", f"{r.n_sentences:,}"]
 
 
 def test_committed_tables_tex_are_current(tmp_path):
@@ -158,3 +158,21 @@ def test_probe_and_compare_tables_tex_compile(tiny_mlm_dir, tmp_path, capsys):
     proc = subprocess.run(["pdflatex", "-interaction=nonstopmode", "-halt-on-error", "paper.tex"], cwd=tmp_path,
                           capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 0, proc.stdout[-2000:]
+
+
+RESULTS = ROOT / "docs" / "results" / "probes-and-pressure.md"
+ESTIMATE = re.compile(r"[+-]?\d[\d.]* \[[+-]?[\d.]+, [+-]?[\d.]+\]")
+SNIPPET = re.compile(r'^--8<-- "(?P<path>[^"]+)"$', flags=re.MULTILINE)
+
+
+def test_results_page_numbers_are_the_committed_tables():
+    """The results page includes committed tables (snippets) and quotes no estimate they do not hold."""
+    page = RESULTS.read_text(encoding="utf-8")
+    included = [ROOT / m["path"] for m in SNIPPET.finditer(page)]
+    assert included and all(p.is_file() for p in included)
+    tables = "\n".join(p.read_text(encoding="utf-8") for p in included)
+    quoted = ESTIMATE.findall(SNIPPET.sub("", page))
+    assert len(quoted) >= 10
+    assert [q for q in quoted if q not in tables] == []
+    for words in re.findall(r"(\d[\d,]*) test words", page):
+        assert f"| {words} |" in tables, words
