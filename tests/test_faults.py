@@ -15,7 +15,6 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_resume import args, assert_same_run, interrupted, reference_run
 
 from gradflow.cli import main
 from gradflow.inputs.corpus import open_corpus
@@ -26,6 +25,7 @@ from gradflow.runs.aggregate import SiteAggregator, SublayerAggregator
 from gradflow.runs.checkpoint import latest_checkpoint, rank_dir
 from gradflow.runs.files import SequenceWriter
 from gradflow.runs.job import RoleTally
+from test_resume import args, assert_same_run, interrupted, reference_run
 
 PROPERTY = settings(max_examples=25, deadline=None)
 
@@ -62,7 +62,7 @@ def test_full_disk_names_the_directory_and_keeps_the_checkpoint(tmp_path, refere
 def test_corrupt_checkpoint_is_refused_and_the_previous_used(damage, tmp_path, reference, tiny_mlm_dir, tiny_corpus,
                                                              monkeypatch):
     out = interrupted(tmp_path, tiny_mlm_dir, tiny_corpus, monkeypatch)
-    newest = sorted(rank_dir(out, 0).glob("checkpoint-*.gfc"))[-1]
+    newest = max(rank_dir(out, 0).glob("checkpoint-*.gfc"))
     data = bytearray(newest.read_bytes())
     if damage == "flip":
         data[len(data) // 2] ^= 0xFF
@@ -80,7 +80,7 @@ def test_corrupt_checkpoint_is_refused_and_the_previous_used(damage, tmp_path, r
 
 def test_vanished_input_is_a_clear_error_and_progress_is_kept(tmp_path, tiny_mlm_dir, tiny_corpus, monkeypatch,
                                                                 capsys):
-    import gradflow.runs.record as record
+    from gradflow.runs import record
 
     corpus = tmp_path / "corpus"
     corpus.mkdir()

@@ -21,7 +21,7 @@ CSVS = ("channels.csv", "sublayers.csv")
 PARQUETS = ("sequences.parquet", "sublayer_sequences.parquet")
 RUN_FILES = {*CSVS, *PARQUETS, "meta.json"}
 # 24 windows in batches of 4, a checkpoint every 8 sequences: 3 checkpoints in a run
-KILL_POINTS = ("kill_in_checkpoint:2", "kill_after_parts:2", "kill_at_batch:5", "kill_after_checkpoint:1")
+KILL_POINTS = ("kill_in_checkpoint:2", "kill_after_parts:2", "kill_at_batch:5", "kill_after_checkpoint:2")
 _REFERENCE: dict[tuple[str, str], Path] = {}
 
 
@@ -93,7 +93,7 @@ def test_sigkill_then_resume_is_identical(point, killed, reference, tiny_mlm_dir
 
 def interrupted(tmp_path: Path, model: Path, texts: Path, monkeypatch, at_batch: int = 5) -> Path:
     """An in-process run stopped by an interrupt after ``at_batch`` batches (checkpoints every 2 batches)."""
-    import gradflow.runs.record as record
+    from gradflow.runs import record
 
     calls = {"n": 0}
     real = record.sequence_rows

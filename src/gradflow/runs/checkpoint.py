@@ -107,7 +107,7 @@ class Checkpoint:
         try:
             tensors = load_tensors(payload)
             state = json.loads(_metadata(payload)["state"])
-        except Exception as err:  # noqa: BLE001 - any parse failure is a corrupt file
+        except Exception as err:  # any parse failure means a corrupt file
             raise ValueError(f"unreadable payload ({err})") from err
         return cls(state, tensors, path)
 

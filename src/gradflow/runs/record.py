@@ -69,6 +69,7 @@ from gradflow.schema import (
     WEIGHT_SHARING_META_KEY,
 )
 
+
 @dataclass
 class RecordConfig:
     """Everything that defines a recording (all of it goes into meta.json).
