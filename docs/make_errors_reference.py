@@ -20,7 +20,8 @@ EXIT_CODES: dict[int, str] = {
     1: "an unexpected error: a bug, printed with its traceback (please report it with the command line)",
     2: "bad input: every `GradflowError` (one paragraph, `gradflow: error: ...`, no traceback) and every "
        "option the parser refuses (argparse's usage message: unknown option, missing required option, a value "
-       "outside `choices`)",
+       "outside `choices`); also running out of memory on the device (one line: pass a smaller `--batch-size` or "
+       "`--max-length`; a record run's partial results are kept with `\"complete\": false`)",
     130: "interrupted (Ctrl-C): what was aggregated so far is flushed and meta.json says `\"complete\": false`",
 }
 """Exit code -> when ``gradflow`` exits with it (1 is Python's own for an uncaught exception)."""

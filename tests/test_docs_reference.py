@@ -18,6 +18,7 @@ from gradflow import errors
 from gradflow import schema as S
 from gradflow import schema_reports as R
 from gradflow.cli import build_parser, main
+from gradflow.cli import check as check_command
 
 ROOT = Path(__file__).resolve().parents[1]
 GENERATORS = {"cli": "make_cli_reference.py", "run-directory": "make_run_directory_reference.py",
@@ -89,9 +90,15 @@ def test_errors_page_lists_the_exit_codes_the_cli_returns():
             assert f"`{name}`" in page, name
 
 
-def test_the_exit_codes_are_the_ones_listed(tmp_path, capsys):
+def test_the_exit_codes_are_the_ones_listed(tmp_path, capsys, monkeypatch):
     assert main(["report", str(tmp_path / "missing"), "--out", str(tmp_path / "out")]) == 2
     assert capsys.readouterr().err.startswith("gradflow: error: ")
+    def out_of_memory(args, argv):
+        raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(check_command, "run", out_of_memory)  # what `gradflow check` runs
+    assert main(["check"]) == 2
+    assert "out of memory" in capsys.readouterr().err
     with pytest.raises(SystemExit) as refused:
         build_parser().parse_args(["record", "--no-such-option"])
     assert refused.value.code == 2
