@@ -176,3 +176,5 @@ def test_results_page_numbers_are_the_committed_tables():
     assert [q for q in quoted if q not in tables] == []
     for words in re.findall(r"(\d[\d,]*) test words", page):
         assert f"| {words} |" in tables, words
+    guide = (ROOT / "docs" / "guides" / "probes-and-pressure.md").read_text(encoding="utf-8")
+    assert [q for q in ESTIMATE.findall(guide) if q not in tables] == []  # its sample-size example
