@@ -9,7 +9,7 @@ floats' last digits when they are not (issue 25). So this comparison with commit
 ``tests/reference_tables.py``: exact where exactness is the claim (exact zeros stay exactly zero and
 nonzeros nonzero; counts, layers, zero fractions and coverages; site/role/sublayer names; columns, their
 order and row order), floats within what float32 kernels on another CPU meet (``TOLERANCES`` below, each
-with the largest difference measured). ``analyses/check_demo_identity.py`` repeats the check on the whole
+with the largest difference measured). ``python -m analyses.maintenance.check_demo_identity`` repeats the check on the whole
 demo against any git revision (two runs on one machine: byte identity there).
 """
 

@@ -101,7 +101,7 @@ def test_committed_files_carry_no_absolute_machine_paths():
     offenders = {str(p.relative_to(REPO)): hits for p in files if (hits := absolute_paths_in(p))}
     listing = "\n".join(f"{name}: {hits[:3]}" for name, hits in sorted(offenders.items())[:20])
     assert not offenders, (f"{len(offenders)} committed files carry absolute machine paths (rewrite them with "
-                           f"analyses/rewrite_portable_paths.py; fix the writer):\n{listing}")
+                           f"python -m analyses.maintenance.rewrite_portable_paths; fix the writer):\n{listing}")
 
 
 @pytest.mark.parametrize("text, bad", [
@@ -302,9 +302,8 @@ def test_diagnostics_meta_json_is_portable(tmp_path, tiny_mlm_dir, tiny_corpus):
 
 # ---------------------------------------------------------------------------------------- readers
 @pytest.fixture
-def grid_module(monkeypatch):
-    monkeypatch.syspath_prepend(str(REPO / "analyses" / "finetune"))
-    import grid
+def grid_module():
+    from analyses.last_block_finetuning import grid
 
     return grid
 

@@ -4,7 +4,7 @@
 per-position channel picture does not hold for it ("does not hold: ...") or what gradflow lacks to
 record it ("not supported yet: ..."). :func:`adapter_for` raises with the reason.
 ``docs/mlm-coverage.md`` is generated from this table and the registry
-(``analyses/make_mlm_coverage.py``); a test checks that every type transformers maps is in one of
+(``python -m analyses.maintenance.make_mlm_coverage``); a test checks that every type transformers maps is in one of
 them, so a transformers release that adds one fails that test until it is decided.
 """
 
