@@ -31,11 +31,11 @@ PROPERTY = settings(max_examples=25, deadline=None)
 
 
 @pytest.fixture
-def reference(tmp_path_factory, tiny_mlm_dir, tiny_corpus) -> Path:
-    return reference_run(tmp_path_factory, tiny_mlm_dir, tiny_corpus)
+def reference(tmp_path_factory, tiny_mlm_dir) -> Path:
+    return reference_run(tmp_path_factory, tiny_mlm_dir)  # the committed sample's first 24 windows
 
 
-def test_full_disk_names_the_directory_and_keeps_the_checkpoint(tmp_path, reference, tiny_mlm_dir, tiny_corpus,
+def test_full_disk_names_the_directory_and_keeps_the_checkpoint(tmp_path, reference, tiny_mlm_dir,
                                                                  monkeypatch, capsys):
     real = SequenceWriter.checkpoint
     calls = {"n": 0}
@@ -48,20 +48,20 @@ def test_full_disk_names_the_directory_and_keeps_the_checkpoint(tmp_path, refere
 
     monkeypatch.setattr(SequenceWriter, "checkpoint", full)
     out = tmp_path / "full"
-    assert main(args(tiny_mlm_dir, tiny_corpus, out)) == 2
+    assert main(args(tiny_mlm_dir, None, out)) == 2
     err = capsys.readouterr().err
     assert str(out) in err and "No space left on device" in err and "16 sequences" in err and "--resume" in err
     assert "Traceback" not in err
     assert latest_checkpoint(rank_dir(out, 0)).state["progress"]["sequences"] == 16
     monkeypatch.setattr(SequenceWriter, "checkpoint", real)
-    assert main(args(tiny_mlm_dir, tiny_corpus, out, "--resume")) == 0
+    assert main(args(tiny_mlm_dir, None, out, "--resume")) == 0
     assert_same_run(reference, out)
 
 
 @pytest.mark.parametrize("damage", ["flip", "truncate"])
-def test_corrupt_checkpoint_is_refused_and_the_previous_used(damage, tmp_path, reference, tiny_mlm_dir, tiny_corpus,
+def test_corrupt_checkpoint_is_refused_and_the_previous_used(damage, tmp_path, reference, tiny_mlm_dir,
                                                              monkeypatch):
-    out = interrupted(tmp_path, tiny_mlm_dir, tiny_corpus, monkeypatch)
+    out = interrupted(tmp_path, tiny_mlm_dir, None, monkeypatch)
     newest = max(rank_dir(out, 0).glob("checkpoint-*.gfc"))
     data = bytearray(newest.read_bytes())
     if damage == "flip":
@@ -74,7 +74,7 @@ def test_corrupt_checkpoint_is_refused_and_the_previous_used(damage, tmp_path, r
     assert previous.state["progress"]["sequences"] == 8 and previous.path != newest
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        assert main(args(tiny_mlm_dir, tiny_corpus, out, "--resume")) == 0
+        assert main(args(tiny_mlm_dir, None, out, "--resume")) == 0
     assert_same_run(reference, out)
 
 

@@ -1,6 +1,7 @@
-"""`gradflow record --resume` (issue 28): a run killed with SIGKILL at any point, then resumed, finishes with the
-tables of an uninterrupted run: every CSV byte-identical, meta.json identical but for ``command`` and ``wall_s``
-(and the source revision), the parquet rows identical. Settings that differ from the checkpoint's are refused."""
+"""`gradflow record --resume` (issue 28) on the first 24 windows of the committed sample: a run killed with SIGKILL at
+any point, then resumed, finishes with the tables of an uninterrupted run: every CSV byte-identical, meta.json
+identical but for ``command`` and ``wall_s`` (and the source revision), the parquet rows identical. Settings that
+differ from the checkpoint's are refused."""
 
 from __future__ import annotations
 
@@ -25,9 +26,10 @@ KILL_POINTS = ("kill_in_checkpoint:2", "kill_after_parts:2", "kill_at_batch:5", 
 _REFERENCE: dict[tuple[str, str], Path] = {}
 
 
-def args(model: Path, texts: Path, out: Path, *extra: str) -> list[str]:
-    """The record command line every run of these tests shares."""
-    return ["record", "--model", str(model), "--texts", str(texts), "--out", str(out), "--max-length", "24",
+def args(model: Path, texts: Path | None, out: Path, *extra: str) -> list[str]:
+    """The record command line every run of these tests shares (``texts`` None: the committed sample)."""
+    corpus = ["--texts", str(texts)] if texts is not None else []
+    return ["record", "--model", str(model), *corpus, "--out", str(out), "--max-length", "24",
             "--batch-size", "4", "--limit", "24", "--checkpoint-every", "8", "--quiet", *extra]
 
 
@@ -50,7 +52,7 @@ def assert_same_run(reference: Path, run: Path) -> None:
     assert {p.name for p in run.iterdir()} == RUN_FILES, "parts and checkpoints are removed once the run is complete"
 
 
-def reference_run(factory, model: Path, texts: Path) -> Path:
+def reference_run(factory, model: Path, texts: Path | None = None) -> Path:
     """The uninterrupted run every resumed one is compared with (recorded once per session)."""
     key = (str(model), str(texts))
     if key not in _REFERENCE:
@@ -62,18 +64,19 @@ def reference_run(factory, model: Path, texts: Path) -> Path:
 
 
 @pytest.fixture
-def reference(tmp_path_factory, tiny_mlm_dir, tiny_corpus) -> Path:
-    return reference_run(tmp_path_factory, tiny_mlm_dir, tiny_corpus)
+def reference(tmp_path_factory, tiny_mlm_dir) -> Path:
+    """The first 24 windows of the committed sample, recorded without a stop."""
+    return reference_run(tmp_path_factory, tiny_mlm_dir)
 
 
 @pytest.fixture(scope="module")
-def killed(tmp_path_factory, tiny_mlm_dir, tiny_corpus) -> dict[str, Path]:
+def killed(tmp_path_factory, tiny_mlm_dir) -> dict[str, Path]:
     """One real `gradflow record` per kill point, all started at once, each SIGKILLed by the test hook."""
     root = tmp_path_factory.mktemp("killed")
     procs = {}
     for point in KILL_POINTS:
         out = root / point.replace(":", "_")
-        procs[point] = (out, subprocess.Popen([sys.executable, "-m", "gradflow", *args(tiny_mlm_dir, tiny_corpus, out)],
+        procs[point] = (out, subprocess.Popen([sys.executable, "-m", "gradflow", *args(tiny_mlm_dir, None, out)],
                                               env={**ENV, "GRADFLOW_FAULT": point}, stderr=subprocess.PIPE, text=True))
     for point, (_, proc) in procs.items():
         _, err = proc.communicate(timeout=600)
@@ -82,16 +85,16 @@ def killed(tmp_path_factory, tiny_mlm_dir, tiny_corpus) -> dict[str, Path]:
 
 
 @pytest.mark.parametrize("point", KILL_POINTS)
-def test_sigkill_then_resume_is_identical(point, killed, reference, tiny_mlm_dir, tiny_corpus):
+def test_sigkill_then_resume_is_identical(point, killed, reference, tiny_mlm_dir):
     out = killed[point]
     meta = json.loads((out / "meta.json").read_text())
     assert meta["complete"] is False and meta["progress"]["sequences"] >= 8  # a killed run says how far it got
     assert len(pd.read_csv(out / "channels.csv")) > 0
-    assert main(args(tiny_mlm_dir, tiny_corpus, out, "--resume")) == 0
+    assert main(args(tiny_mlm_dir, None, out, "--resume")) == 0
     assert_same_run(reference, out)
 
 
-def interrupted(tmp_path: Path, model: Path, texts: Path, monkeypatch, at_batch: int = 5) -> Path:
+def interrupted(tmp_path: Path, model: Path, texts: Path | None, monkeypatch, at_batch: int = 5) -> Path:
     """An in-process run stopped by an interrupt after ``at_batch`` batches (checkpoints every 2 batches)."""
     from gradflow.runs import record
 
@@ -111,35 +114,35 @@ def interrupted(tmp_path: Path, model: Path, texts: Path, monkeypatch, at_batch:
     return out
 
 
-def test_interrupted_run_resumes_identically(tmp_path, reference, tiny_mlm_dir, tiny_corpus, monkeypatch):
-    out = interrupted(tmp_path, tiny_mlm_dir, tiny_corpus, monkeypatch)
+def test_interrupted_run_resumes_identically(tmp_path, reference, tiny_mlm_dir, monkeypatch):
+    out = interrupted(tmp_path, tiny_mlm_dir, None, monkeypatch)
     meta = json.loads((out / "meta.json").read_text())
     assert meta["complete"] is False and meta["progress"] == {**meta["progress"], "sequences": 16, "windows": 16}
     assert pd.read_parquet(out / "sequences.parquet").sequence_index.nunique() == 16  # the SIGINT flush still works
-    assert main(args(tiny_mlm_dir, tiny_corpus, out, "--resume")) == 0
+    assert main(args(tiny_mlm_dir, None, out, "--resume")) == 0
     assert_same_run(reference, out)
 
 
-def test_refusals_name_what_to_do(tmp_path, reference, tiny_mlm_dir, tiny_corpus, monkeypatch, capsys):
+def test_refusals_name_what_to_do(tmp_path, reference, tiny_mlm_dir, monkeypatch, capsys):
     def refused(argv: list[str], *needles: str) -> None:
         capsys.readouterr()
         assert main(argv) == 2
         err = capsys.readouterr().err
         assert "Traceback" not in err and all(n in err for n in needles), err
 
-    out = interrupted(tmp_path, tiny_mlm_dir, tiny_corpus, monkeypatch)
-    refused(args(tiny_mlm_dir, tiny_corpus, out), "unfinished run", "--resume")
-    refused(args(tiny_mlm_dir, tiny_corpus, out, "--resume", "--seed", "1"), "differ", "seed: 0 -> 1")
-    refused(args(tiny_mlm_dir, tiny_corpus, out, "--resume", "--max-length", "20"), "max_length: 24 -> 20")
+    out = interrupted(tmp_path, tiny_mlm_dir, None, monkeypatch)
+    refused(args(tiny_mlm_dir, None, out), "unfinished run", "--resume")
+    refused(args(tiny_mlm_dir, None, out, "--resume", "--seed", "1"), "differ", "seed: 0 -> 1")
+    refused(args(tiny_mlm_dir, None, out, "--resume", "--max-length", "20"), "max_length: 24 -> 20")
     rank1 = out / ".checkpoint" / "rank1"
     shutil.copytree(out / ".checkpoint" / "rank0", rank1)
-    refused(args(tiny_mlm_dir, tiny_corpus, out, "--resume"), "checkpointed by 2 process(es)", "has 1")
+    refused(args(tiny_mlm_dir, None, out, "--resume"), "checkpointed by 2 process(es)", "has 1")
     shutil.rmtree(rank1)
     empty = tmp_path / "empty"
     empty.mkdir()
-    refused(args(tiny_mlm_dir, tiny_corpus, empty, "--resume"), "holds no checkpoint", "--overwrite")
-    refused(args(tiny_mlm_dir, tiny_corpus, tmp_path / "absent", "--resume"), "does not exist")
-    refused(args(tiny_mlm_dir, tiny_corpus, reference, "--resume"), "is complete")
+    refused(args(tiny_mlm_dir, None, empty, "--resume"), "holds no checkpoint", "--overwrite")
+    refused(args(tiny_mlm_dir, None, tmp_path / "absent", "--resume"), "does not exist")
+    refused(args(tiny_mlm_dir, None, reference, "--resume"), "is complete")
     # --overwrite starts over deliberately: the checkpoints go with the run files
-    assert main(args(tiny_mlm_dir, tiny_corpus, out, "--overwrite", "--checkpoint-every", "1000")) == 0
+    assert main(args(tiny_mlm_dir, None, out, "--overwrite", "--checkpoint-every", "1000")) == 0
     assert not (out / ".checkpoint").exists() and json.loads((out / "meta.json").read_text())["complete"] is True
