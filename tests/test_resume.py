@@ -146,3 +146,17 @@ def test_refusals_name_what_to_do(tmp_path, reference, tiny_mlm_dir, monkeypatch
     # --overwrite starts over deliberately: the checkpoints go with the run files
     assert main(args(tiny_mlm_dir, None, out, "--overwrite", "--checkpoint-every", "1000")) == 0
     assert not (out / ".checkpoint").exists() and json.loads((out / "meta.json").read_text())["complete"] is True
+
+
+def test_cadence_every_n_sequences_or_m_minutes(monkeypatch):
+    from gradflow.runs import resume
+
+    now = {"t": 1000.0}
+    monkeypatch.setattr(resume.time, "time", lambda: now["t"])
+    cadence = resume.Cadence(every=8, minutes=2.0)
+    assert [cadence.due(4) for _ in range(4)] == [False, True, False, True]  # every 8 sequences
+    now["t"] += 119.0
+    assert cadence.due(1) is False
+    now["t"] += 1.0
+    assert cadence.due(1) is True and cadence.sequences == 0  # or after 2 minutes, whichever comes first
+    assert (resume.DEFAULT_EVERY, resume.DEFAULT_MINUTES) == (1024, 10.0)
