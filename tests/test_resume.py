@@ -16,6 +16,7 @@ import pandas as pd
 import pytest
 
 from gradflow.cli import main
+from gradflow.runs.resume import open_resume
 
 ENV = {**os.environ, "PYTHONWARNINGS": "ignore", "TOKENIZERS_PARALLELISM": "false"}
 CSVS = ("channels.csv", "sublayers.csv")
@@ -137,6 +138,11 @@ def test_refusals_name_what_to_do(tmp_path, reference, tiny_mlm_dir, monkeypatch
     rank1 = out / ".checkpoint" / "rank1"
     shutil.copytree(out / ".checkpoint" / "rank0", rank1)
     refused(args(tiny_mlm_dir, None, out, "--resume"), "checkpointed by 2 process(es)", "has 1")
+    # under torchrun, a process killed before its first checkpoint starts its shard over; the others resume
+    assert open_resume(out, 1, 2).state["progress"]["sequences"] == 16
+    shutil.move(out / ".checkpoint" / "rank0", tmp_path / "rank0")
+    assert open_resume(out, 0, 2) is None
+    shutil.move(tmp_path / "rank0", out / ".checkpoint" / "rank0")
     shutil.rmtree(rank1)
     empty = tmp_path / "empty"
     empty.mkdir()

@@ -157,7 +157,7 @@ def record_corpus(config: RecordConfig, loaded: LoadedModel | None = None) -> Ru
     texts = config.texts or default_texts()
     check_corpus_path(texts)  # before anything is created, so a bad path leaves nothing behind
     saved = open_resume(out, rank, world) if config.resume else None
-    if rank == 0 and saved is None:
+    if rank == 0 and not config.resume:
         prepare_output_dir(out, config.overwrite)
     if world > 1:
         torch.distributed.barrier()
@@ -168,7 +168,7 @@ def record_corpus(config: RecordConfig, loaded: LoadedModel | None = None) -> Ru
         corpus = open_job(loaded, texts, policy, config.max_length, config.batch_size, limit=config.limit,
                           rank=rank, world=world, start=start, model=config.model)
     except UsageError:  # a window longer than the model accepts: refused before anything is recorded
-        if saved is None:  # (a resumed run's directory is left as it is)
+        if not config.resume:  # (a resumed run's directory is left as it is)
             _discard(out)
         raise
     TokenizerInfo.from_tokenizer(loaded.tokenizer)
@@ -182,7 +182,8 @@ def record_corpus(config: RecordConfig, loaded: LoadedModel | None = None) -> Ru
     _stream(job, recorder)
     refusal = corpus.refusal(job.stats.sequences)
     if refusal is not None:
-        _discard(out)
+        if not config.resume:
+            _discard(out)
         raise refusal
     if corpus.complete and rank == 0 and world == 1:
         _check_nonempty(job)

@@ -84,8 +84,10 @@ def plain(value: Any) -> Any:
     return json.loads(json.dumps(value, sort_keys=True, default=str))
 
 
-def open_resume(out: Path, rank: int, world: int) -> Checkpoint:
-    """The checkpoint process ``rank`` of ``world`` resumes from; :class:`UsageError` when there is none."""
+def open_resume(out: Path, rank: int, world: int) -> Checkpoint | None:
+    """The checkpoint process ``rank`` of ``world`` resumes from: None when this process had written none yet
+    while others had (it starts its shard over); :class:`UsageError` when the run has none at all, or when it
+    was checkpointed by another number of processes."""
     if not out.is_dir():
         raise UsageError(f"--resume: {out} does not exist; run without --resume to start a new recording there.")
     saved_ranks = sorted((out / CHECKPOINT_DIR).glob("rank*")) if (out / CHECKPOINT_DIR).is_dir() else []
@@ -99,9 +101,12 @@ def open_resume(out: Path, rank: int, world: int) -> Checkpoint:
             raise UsageError(f"--resume: the run in {out} is complete; there is nothing to resume.")
         raise UsageError(f"--resume: {out} holds no checkpoint (the run stopped before its first one, or it is not "
                          "a gradflow record run); pass --overwrite instead of --resume to start over.")
-    if len(saved_ranks) != world:
-        raise UsageError(f"cannot resume {out}: it was checkpointed by {len(saved_ranks)} process(es) and this job "
+    ranks = [int(p.name[4:]) for p in saved_ranks if p.name[4:].isdigit()]
+    if ranks and max(ranks) >= world:
+        raise UsageError(f"cannot resume {out}: it was checkpointed by {max(ranks) + 1} process(es) and this job "
                          f"has {world}; resume with the same number of processes.")
+    if not rank_dir(out, rank).is_dir():
+        return None  # (a fewer-process checkpoint is refused by its fingerprint's world_size)
     checkpoint = latest_checkpoint(rank_dir(out, rank))
     if checkpoint is None:
         raise UsageError(f"--resume: no readable checkpoint in {rank_dir(out, rank)} (every one is torn or corrupt); "
