@@ -166,3 +166,25 @@ def test_cadence_every_n_sequences_or_m_minutes(monkeypatch):
     now["t"] += 1.0
     assert cadence.due(1) is True and cadence.sequences == 0  # or after 2 minutes, whichever comes first
     assert (resume.DEFAULT_EVERY, resume.DEFAULT_MINUTES) == (1024, 10.0)
+
+
+def test_torchrun_two_processes_killed_then_resumed_is_identical(tmp_path, tiny_mlm_dir):
+    # each rank checkpoints its own shard (.checkpoint/rank<r>); torchrun gives up when a rank is SIGKILLed
+    env = {**ENV, "OMP_NUM_THREADS": "1", "GRADFLOW_BACKEND": "gloo"}
+
+    def torchrun(out: Path, port: int, *extra: str, fault: str = "") -> int:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(port),
+               "-m", "gradflow", "record", "--model", str(tiny_mlm_dir), "--out", str(out), "--max-length", "24",
+               "--batch-size", "2", "--limit", "24", "--checkpoint-every", "4", "--quiet", *extra]
+        proc = subprocess.run(cmd, check=False, env={**env, "GRADFLOW_FAULT": fault}, capture_output=True, text=True,
+                              timeout=600)
+        return proc.returncode
+
+    ref, run = tmp_path / "ref", tmp_path / "run"
+    assert torchrun(ref, 29751) == 0
+    assert torchrun(run, 29752, fault="kill_at_batch:4") != 0
+    # (a rank slower than the one killed may have no checkpoint yet: it starts its shard over)
+    assert {p.name for p in (run / ".checkpoint").iterdir()} & {"rank0", "rank1"}
+    assert torchrun(run, 29753, "--resume") == 0
+    assert json.loads((run / "meta.json").read_text())["world_size"] == 2
+    assert_same_run(ref, run)
