@@ -172,19 +172,21 @@ def test_torchrun_two_processes_killed_then_resumed_is_identical(tmp_path, tiny_
     # each rank checkpoints its own shard (.checkpoint/rank<r>); torchrun gives up when a rank is SIGKILLed
     env = {**ENV, "OMP_NUM_THREADS": "1", "GRADFLOW_BACKEND": "gloo"}
 
-    def torchrun(out: Path, port: int, *extra: str, fault: str = "") -> int:
+    def torchrun(out: Path, port: int, *extra: str, fault: str = "") -> subprocess.CompletedProcess:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(port),
                "-m", "gradflow", "record", "--model", str(tiny_mlm_dir), "--out", str(out), "--max-length", "24",
                "--batch-size", "2", "--limit", "24", "--checkpoint-every", "4", "--quiet", *extra]
         proc = subprocess.run(cmd, check=False, env={**env, "GRADFLOW_FAULT": fault}, capture_output=True, text=True,
                               timeout=600)
-        return proc.returncode
+        return proc
 
     ref, run = tmp_path / "ref", tmp_path / "run"
-    assert torchrun(ref, 29751) == 0
-    assert torchrun(run, 29752, fault="kill_at_batch:4") != 0
+    proc = torchrun(ref, 29751)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert torchrun(run, 29752, fault="kill_at_batch:4").returncode != 0
     # (a rank slower than the one killed may have no checkpoint yet: it starts its shard over)
     assert {p.name for p in (run / ".checkpoint").iterdir()} & {"rank0", "rank1"}
-    assert torchrun(run, 29753, "--resume") == 0
+    proc = torchrun(run, 29753, "--resume")
+    assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads((run / "meta.json").read_text())["world_size"] == 2
     assert_same_run(ref, run)

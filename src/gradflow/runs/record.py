@@ -193,11 +193,8 @@ def record_corpus(config: RecordConfig, loaded: LoadedModel | None = None) -> Ru
         if corpus.failure is None:
             raise
         summary = job.summary()  # the disk that failed the run fails the flush too: the checkpoint stands
-    if corpus.complete:
-        shutil.rmtree(rank_dir(out, rank), ignore_errors=True)
-        folder = out / CHECKPOINT_DIR  # with several processes: gone once every rank's folder is
-        if rank == 0 and folder.is_dir() and not any(folder.iterdir()):
-            folder.rmdir()
+    if corpus.complete and rank == 0:  # (rank 0's "complete" is every rank's, and the tables are written)
+        shutil.rmtree(out / CHECKPOINT_DIR, ignore_errors=True)
     corpus.reraise()
     return summary
 
