@@ -120,6 +120,9 @@ def test_interrupted_run_resumes_identically(tmp_path, reference, tiny_mlm_dir, 
     meta = json.loads((out / "meta.json").read_text())
     assert meta["complete"] is False and meta["progress"] == {**meta["progress"], "sequences": 16, "windows": 16}
     assert pd.read_parquet(out / "sequences.parquet").sequence_index.nunique() == 16  # the SIGINT flush still works
+    from gradflow.roles import ALL_ROLES
+    from gradflow.schema_reports import RECORD_META_KEYS, undeclared_keys
+    assert undeclared_keys(meta, RECORD_META_KEYS, ALL_ROLES) == []  # "progress" and its keys are documented
     assert main(args(tiny_mlm_dir, None, out, "--resume")) == 0
     assert_same_run(reference, out)
 

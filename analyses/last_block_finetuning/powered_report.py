@@ -171,6 +171,10 @@ def main() -> int:
 
 def write_tables(out: Path) -> int:
     """Read the regimes' runs under ``out`` and write the summaries, contrasts and cells there."""
+    if not any((out / regime / "runs").is_dir() for regime in ("convergence", "few-sample-250")):
+        raise SystemExit(f"powered_report: no runs under {out}/convergence/runs or {out}/few-sample-250/runs; "
+                         "--out (make's OUT=) is the experiment folder the grids wrote: run "
+                         "`make -C analyses powered-convergence OUT=...` first, or leave OUT unset for the committed runs")
     convergence = run_summaries(out / "convergence") if (out / "convergence/runs").is_dir() else pd.DataFrame()
     few = run_summaries(out / "few-sample-250") if (out / "few-sample-250/runs").is_dir() else pd.DataFrame()
     summaries = pd.concat([convergence, few], ignore_index=True)

@@ -11,7 +11,7 @@ Writes, under ``figures/``:
   tables (CSV), figures and meta.json, for gradflow-mini-en and gradflow-mini-en-alltoken on the
   committed held-out SOTU sample, and for the zoo models (``zoo-antiberty``, ``zoo-rxnfp``) on
   their shipped example inputs when they are fetched (``gradflow zoo fetch NAME``); the mini-en
-  figures are also copied to ``figures/*.png`` for the tutorial (docs/channel-view.md);
+  figures are also copied to ``figures/*.png`` for the tutorial (docs/guides/channel-view.md);
 - ``diagnostics/summary.csv``: every model's tables side by side.
 """
 

@@ -372,6 +372,10 @@ RECORD_META_KEYS: dict[str, str] = {
     "mean_loss": "the batch loss (under ``reduction``: with ``sequence``, a sum of the batch's sequence means, "
                  "nats) averaged over the recorded batches",
     WEIGHT_SHARING_META_KEY: "shared blocks only: ``{shared_layers: [[layers applying one module], ...]}``",
+    "progress": "unfinished runs only: what the last durable checkpoint holds (``gradflow record --resume``)",
+    "progress.sequences": "sequences the last checkpoint holds (this process's)",
+    "progress.windows": "windows read up to it, corpus-wide index (the next window to read)",
+    "progress.checkpoint_utc": "when it was written (UTC, ISO 8601, seconds)",
 }
 """meta.json's keys in a record run (``a.b``: key ``b`` of object ``a``; ``masking``, ``versions``,
 ``tokenizer``, ``counts.tokens_per_role`` and ``inputs_sha256`` are described as wholes)."""

@@ -7,7 +7,6 @@ corpus length: each batch is reduced to small accumulators before the next one i
 
 from __future__ import annotations
 
-import os
 import shutil
 import time
 from collections.abc import Callable
@@ -34,6 +33,7 @@ from gradflow.runs.aggregate import (
 )
 from gradflow.runs.check import weight_sharing
 from gradflow.runs.checkpoint import CHECKPOINT_DIR, Checkpoint, fault, rank_dir, save_checkpoint
+from gradflow.runs.distributed import init_distributed
 from gradflow.runs.files import (
     SUBLAYER_SEQUENCE_SCHEMA,
     SequenceWriter,
@@ -139,20 +139,10 @@ class _Job:
                           time.time() - self.corpus.start, meta or {}, self.checkpoint_s)
 
 
-def _dist() -> tuple[int, int]:
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world > 1 and not torch.distributed.is_initialized():
-        backend = "nccl" if torch.cuda.is_available() and os.environ.get("GRADFLOW_BACKEND") != "gloo" else "gloo"
-        torch.distributed.init_process_group(backend=backend)
-    if world > 1:
-        return torch.distributed.get_rank(), world
-    return 0, 1
-
-
 def record_corpus(config: RecordConfig, loaded: LoadedModel | None = None) -> RunSummary:
     """Record gradient flow over a corpus and write the run directory (see :mod:`gradflow.schema`)."""
     start = time.time()
-    rank, world = _dist()
+    rank, world, device = init_distributed(config.device)
     out = Path(config.out)
     texts = config.texts or default_texts()
     check_corpus_path(texts)  # before anything is created, so a bad path leaves nothing behind
@@ -161,7 +151,7 @@ def record_corpus(config: RecordConfig, loaded: LoadedModel | None = None) -> Ru
         prepare_output_dir(out, config.overwrite)
     if world > 1:
         torch.distributed.barrier()
-    loaded = loaded or load_model(config.model, config.device, config.dtype, config.trust_remote_code, config.adapter)
+    loaded = loaded or load_model(config.model, device, config.dtype, config.trust_remote_code, config.adapter)
     policy = BertMasking(rate=config.mask_rate, split=tuple(config.mask_split), whole_word=config.whole_word,
                          seed=config.seed)
     try:
