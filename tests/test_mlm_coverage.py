@@ -6,6 +6,7 @@ the type gets an adapter (and a tiny config in tests/tiny.py) or an entry in the
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -50,9 +51,16 @@ def test_loading_a_refused_type_names_the_reason(tmp_path):
         load_model(str(tmp_path))
 
 
+def _without_version(text: str) -> str:
+    """The page with the transformers version it was generated under blanked: a patch release of transformers
+    that maps the same model types must not fail CI; a new or dropped type still does."""
+    return re.sub(r"^transformers \S+ maps", "transformers <version> maps", text, flags=re.MULTILINE)
+
+
 def test_coverage_doc_is_current():
-    assert DOC.read_text(encoding="utf-8") == coverage_markdown(), \
+    assert _without_version(DOC.read_text(encoding="utf-8")) == _without_version(coverage_markdown()), \
         "docs/mlm-coverage.md is out of date: run python -m analyses.maintenance.make_mlm_coverage"
+    assert _without_version("transformers 5.24.0 maps 51") == "transformers <version> maps 51"
     assert len(coverage_markdown().splitlines()) == 10 + len(MLM_TYPES)
 
 
