@@ -46,10 +46,15 @@ def _package_root() -> Path:
     return Path(__file__).resolve().parent
 
 
+def cache_root() -> Path:
+    """gradflow's cache, the one rule for every user: ``$GRADFLOW_CACHE``, else ``~/.cache/gradflow``
+    (zoo models under ``zoo/``, the built-in task data under ``tasks/``)."""
+    return Path(os.environ.get("GRADFLOW_CACHE") or Path.home() / ".cache" / "gradflow")
+
+
 def _cache_root() -> Path | None:
-    # the same place as gradflow.zoo.cache_root(), not imported so this module depends on nothing
     try:
-        return Path(os.environ.get("GRADFLOW_CACHE") or Path.home() / ".cache" / "gradflow").resolve()
+        return cache_root().resolve()
     except RuntimeError:  # no home directory to expand
         return None
 
@@ -203,5 +208,5 @@ def portable_command(command: str | Sequence[str], out_dir: str | os.PathLike) -
     return shlex.join(new)
 
 
-__all__ = ["CACHE_PREFIX", "EXTERNAL_PREFIX", "PACKAGE_PREFIX", "content_hash", "display_name", "is_external",
-           "portable_command", "portable_path", "source_revision"]
+__all__ = ["CACHE_PREFIX", "EXTERNAL_PREFIX", "PACKAGE_PREFIX", "cache_root", "content_hash", "display_name",
+           "is_external", "is_local_input", "portable_command", "portable_path", "source_revision"]

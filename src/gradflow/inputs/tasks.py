@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gradflow.errors import TaskError
+from gradflow.provenance import cache_root
 
 KINDS = ("token", "sequence")
 METRICS = ("accuracy", "entity_f1")
@@ -34,7 +35,6 @@ BUILTIN_TASKS: dict[str, str] = {
     "movie-sentiment": "movie-review snippets, positive vs negative (accuracy)",
 }
 DATA_ROOT_ENV = "GRADFLOW_TASKS"
-CACHE_ENV = "GRADFLOW_CACHE"
 CHECKOUT_DATA_ROOT = Path("data/tasks")
 FETCH_HINT = "gradflow tasks fetch"
 
@@ -85,18 +85,9 @@ class DataRoot:
                 "cache": "the user cache"}[self.source]
 
 
-def user_cache_root() -> Path:
-    """gradflow's cache: ``$GRADFLOW_CACHE``, else ``~/.cache/gradflow``.
-
-    The rule of the zoo's cache (``gradflow.models.zoo.cache_root``) and of the provenance's
-    ``gradflow-cache:`` paths, so the tasks sit beside the zoo models and are recorded portably.
-    """
-    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "gradflow")
-
-
 def tasks_cache_dir() -> Path:
     """The built-in tasks' directory in the user cache (``<cache>/tasks``)."""
-    return user_cache_root() / "tasks"
+    return cache_root() / "tasks"
 
 
 def resolve_data_root() -> DataRoot:

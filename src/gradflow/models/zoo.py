@@ -22,7 +22,6 @@ import datetime as _dt
 import hashlib
 import io
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -33,7 +32,7 @@ from importlib import resources
 from pathlib import Path
 
 from gradflow.errors import ZooError
-from gradflow.provenance import source_revision
+from gradflow.provenance import cache_root, source_revision
 from gradflow.version import __version__
 
 # rxnfp's own pattern (rxnfp/tokenization.py, SMI_REGEX_PATTERN in the 0.1.0 wheel): the Schwaller
@@ -124,11 +123,6 @@ def entry(name: str) -> ZooEntry:
         return ZOO[name]
     except KeyError:
         raise ZooError(f"unknown zoo model {name!r}; the zoo has: {', '.join(sorted(ZOO))}") from None
-
-
-def cache_root() -> Path:
-    """``$GRADFLOW_CACHE`` or ``~/.cache/gradflow``."""
-    return Path(os.environ.get("GRADFLOW_CACHE") or Path.home() / ".cache" / "gradflow")
 
 
 def _model_dir(name: str, cache_dir: str | Path | None = None) -> Path:
