@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from gradflow.errors import OutputDirError
-from gradflow.runs.checkpoint import CHECKPOINT_DIR, has_checkpoint
+from gradflow.runs.checkpoint import CHECKPOINT_DIR, fsync_dir, has_checkpoint
 from gradflow.schema import OPTIONAL_RUN_FILES, RUN_FILES, SEQUENCE_DTYPES, SUBLAYER_SEQUENCE_DTYPES, arrow_schema
 
 SEQUENCE_SCHEMA = arrow_schema(SEQUENCE_DTYPES)
@@ -127,11 +127,7 @@ class SequenceWriter:
                 os.fsync(handle.fileno())
             os.replace(self.partial, _part_path(self.path, self.parts))
             self.parts += 1
-            fd = os.open(self.path.parent, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            fsync_dir(self.path.parent)
         return self.parts
 
     def close(self, keep_parts: bool = False) -> None:
