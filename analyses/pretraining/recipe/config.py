@@ -17,10 +17,12 @@ class ArchSizes:
 
 
 # base: the embedded pair's architecture (RoFormer, post-LN, rotary) twice as deep and wide;
-# mini: the shipped gradflow-mini-en sizes; tiny: for tests and smoke runs only.
+# mini: the shipped gradflow-mini-en sizes; mini12: mini-en's width at base's depth (the 12-block pair
+# of issue 31, figures/twelve-blocks/plan.md); tiny: for tests and smoke runs only.
 ARCHS: dict[str, ArchSizes] = {
     "base": ArchSizes(layers=12, hidden=512, heads=8, ffn=2048, max_len=128),
     "mini": ArchSizes(layers=6, hidden=256, heads=4, ffn=1024, max_len=128),
+    "mini12": ArchSizes(layers=12, hidden=256, heads=4, ffn=1024, max_len=128),
     "tiny": ArchSizes(layers=2, hidden=32, heads=2, ffn=64, max_len=32),
 }
 
