@@ -7,6 +7,7 @@ Modules, one job each:
   function of ``(seed, s)``, so the data position is just the step.
 - ``model``: the RoFormer MLM and its loss at the selected positions.
 - ``checkpoint``: atomic save / ``weights_only`` load of everything a resume needs.
+- ``snapshots``: weight snapshots at log-spaced steps (for measures through pretraining).
 - ``train``: the loop (checkpoint interval, signals, wall-time limit, evaluation, CSV curve).
 
 The command line is ``python -m analyses.pretraining.pretrain_base``; see ``docs/pretraining-recipe.md``.

@@ -30,7 +30,8 @@ ARCHS: dict[str, ArchSizes] = {
 # training curve's values (only where output goes, how often it is written, and when to stop).
 # The tokenizer is compared by the hash of its tokenizer.json instead of its path.
 RUNTIME_FIELDS: frozenset[str] = frozenset(
-    {"out", "tokenizer", "checkpoint_every", "eval_every", "log_every", "max_minutes", "threads", "stop_after", "throttle_s"}
+    {"out", "tokenizer", "checkpoint_every", "eval_every", "log_every", "max_minutes", "threads", "stop_after", "throttle_s",
+     "snapshots"}
 )
 
 
@@ -67,6 +68,7 @@ class RunConfig:
     threads: int | None = None
     stop_after: int | None = None  # test hook: stop (with a checkpoint) after this many steps
     throttle_s: float = 0.0  # test hook: sleep this long after each step
+    snapshots: int = 0  # weight snapshots at this many log-spaced steps (recipe/snapshots.py); 0 = none
 
     def __post_init__(self) -> None:
         if self.loss not in ("mlm", "alltoken"):

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from .checkpoint import load_checkpoint, save_checkpoint, set_rng_state
+from .snapshots import snapshot_steps, write_snapshot
 from .config import RunConfig, identity_diff
 from .data import Batch, SpecialIds, TokenStream, file_sha256, get_tokenizer, load_windows, validation_batches
 from .model import autocast, build_model, mlm_loss
@@ -205,6 +206,7 @@ def run(cfg: RunConfig, argv: list[str] | None = None) -> int:
         })
         write_curve(out / "training_log.csv", curve)
 
+    snapshot_at = set(snapshot_steps(cfg.steps, cfg.snapshots))
     stop = StopRequest()
     stop.install()
     reason = ""
@@ -228,6 +230,8 @@ def run(cfg: RunConfig, argv: list[str] | None = None) -> int:
             if not math.isfinite(loss_value):
                 checkpoint()
                 raise SystemExit(f"non-finite loss at step {step}; checkpoint written")
+            if step in snapshot_at:
+                write_snapshot(out, model, step, tokens_seen)
             if cfg.throttle_s:
                 time.sleep(cfg.throttle_s)
             if step % cfg.checkpoint_every == 0 and step < cfg.steps:
