@@ -38,7 +38,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--loss", choices=["mlm", "alltoken"], default="mlm")
     p.add_argument("--arch", choices=sorted(ARCHS), default="base",
                    help="base: 12 layers, hidden 512, 8 heads, FFN 2048, 128 positions; mini: the shipped 6-layer "
-                        "sizes; tiny: 2 layers, hidden 32 (tests)")
+                        "sizes; mini12: mini's width at 12 layers; tiny: 2 layers, hidden 32 (tests)")
     for name in ("layers", "hidden", "heads", "ffn", "max_len"):
         p.add_argument(f"--{name.replace('_', '-')}", type=int, default=None, help="override the preset")
     p.add_argument("--vocab-size", type=int, default=8192, help="WordPiece vocabulary to train")
@@ -59,6 +59,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--max-minutes", type=float, default=None,
                    help="stop with a checkpoint (exit 75) after this much wall time since the command started")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    p.add_argument("--snapshots", type=int, default=0,
+                   help="keep the weights at this many log-spaced steps in <out>/snapshots (0: none)")
     p.add_argument("--stop-after", type=int, default=None, help=argparse.SUPPRESS)  # test hook
     p.add_argument("--throttle-s", type=float, default=0.0, help=argparse.SUPPRESS)  # test hook
     return p.parse_args(argv)
