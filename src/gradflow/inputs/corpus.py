@@ -11,7 +11,8 @@ Memory does not grow with a document's length: files are read in chunks and a li
 :data:`~gradflow.inputs.streaming.LONG_LINE_BYTES` or more (or a text of that many characters) is
 tokenised in pieces, its windows identical to tokenising it whole (see
 :mod:`gradflow.inputs.streaming`, which also names the tokenizers that take the whole-document path).
-A long ``.jsonl`` record is parsed whole (its text is then tokenised in pieces).
+A long ``.jsonl`` record is not parsed whole either: its ``text`` field is decoded as it streams in
+(:mod:`gradflow.inputs.jsonl_text`) and tokenised in pieces.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import TypeVar
 
 from gradflow.errors import CorpusError
 from gradflow.inputs import streaming
+from gradflow.inputs.jsonl_text import record_text
 from gradflow.inputs.streaming import LongLine, file_chunks, piece_windows, read_lines, streamable, text_pieces
 
 T = TypeVar("T")
@@ -79,13 +81,14 @@ class CorpusCounts:
     skipped_no_maskable: int = 0
 
 
-def _nonblank(line: LongLine) -> Iterable[str] | None:
-    """The pieces of a long line, or None when it is whitespace only (read up to its first other character)."""
+def _nonblank(pieces: Iterable[str]) -> Iterable[str] | None:
+    """The pieces of a long text, or None when it is whitespace only (read up to its first other character)."""
+    pieces = iter(pieces)
     seen: list[str] = []
-    for piece in line:
+    for piece in pieces:
         seen.append(piece)
         if not piece.isspace():
-            return chain(seen, line)
+            return chain(seen, pieces)
     return None
 
 
@@ -93,22 +96,23 @@ def _text_documents(lines: Iterable[tuple[int, str | LongLine]], source: str,
                     jsonl: bool) -> Iterator[tuple[str, str, int, Iterable[str] | None]]:
     for number, line in lines:
         if isinstance(line, LongLine):
-            if jsonl:
-                line = "".join(line)
-            else:
-                pieces = _nonblank(line)
-                if pieces is not None:
-                    yield "", source, number, pieces
-                continue
+            text = record_text(line, f"{source}, line {number}") if jsonl else line
+            pieces = _nonblank(text)
+            if pieces is not None:
+                yield "", source, number, pieces
+                if jsonl:
+                    for _ in text:  # the rest of the record is checked before the next line is read
+                        pass
+            continue
         line = line.rstrip("\r\n")
         if not line.strip():
             continue
         if jsonl:
             try:
                 record = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise CorpusError(f"{source}, line {number}: not valid JSON ({err.msg}). Each line of a .jsonl "
-                                  "corpus must be an object with a \"text\" field.") from None
+            except (ValueError, RecursionError) as err:  # JSONDecodeError; also an int of over 4300 digits
+                raise CorpusError(f"{source}, line {number}: not valid JSON ({getattr(err, 'msg', err)}). Each "
+                                  "line of a .jsonl corpus must be an object with a \"text\" field.") from None
             if not isinstance(record, dict) or not isinstance(record.get("text"), str):
                 raise CorpusError(f"{source}, line {number}: no string \"text\" field. Each line of a .jsonl "
                                   "corpus must be an object with a \"text\" field.")
