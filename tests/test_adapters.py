@@ -15,19 +15,26 @@ from gradflow.hooks.states import collect_states
 from gradflow.interventions.finetune.train import max_input_length
 from gradflow.interventions.surgery import unshare_albert
 from gradflow.roles import Role
-from tiny import FAMILIES, PRE_LN, tiny_batch, tiny_model
+from tiny import FAMILIES, FAMILY_CONFIGS, PRE_LN, tiny_batch, tiny_model
 
 # families whose final norm is declared and where it lives (relative to the base model)
 FINAL_NORMS = {"modernbert": "final_norm", "esm": "encoder.emb_layer_norm_after", "megatron-bert": "encoder.ln",
                "xlm-roberta-xl": "encoder.LayerNorm", "roberta-prelayernorm": "LayerNorm", "esmc": "norm",
-               "eurobert": "norm", "ultrabert": "norm"}
+               "eurobert": "norm", "ultrabert": "norm", "modernvbert": "text_model.final_norm",
+               "ultravbert": "text_model.norm"}
 
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_adapter_for_config_and_model_agree(family):
     model = tiny_model(family)
     assert adapter_for(model.config) is adapter_for(model)
-    assert adapter_for(AutoConfig.for_model(family)) is adapter_for(model)
+    default = AutoConfig.for_model(family)
+    refuse = adapter_for(model).refuse
+    if refuse is not None and refuse(default) is not None:  # X-MOD's default config names no default language
+        with pytest.raises(UnsupportedArchitectureError, match="does not support"):
+            adapter_for(default)
+        default = AutoConfig.for_model(family, **FAMILY_CONFIGS[family])
+    assert adapter_for(default) is adapter_for(model)
 
 
 def test_adapter_for_unknown_config_raises():

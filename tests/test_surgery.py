@@ -11,6 +11,7 @@ from transformers import AutoModelForMaskedLM
 
 from gradflow.adapters import adapter_for, block_modules
 from gradflow.errors import GradflowError, OutputDirError
+from gradflow.hooks.states import collect_states
 from gradflow.interventions.surgery import (
     SURGERY_FILE,
     SurgeryError,
@@ -37,20 +38,10 @@ def _model(family: str, **overrides):
 
 
 def _block_outputs(model, batch) -> tuple[list[torch.Tensor], torch.Tensor]:
-    """Each block call's output (in call order) and the logits."""
-    outs: list[torch.Tensor] = []
-
-    def hook(module, inputs, output):
-        outs.append((output[0] if isinstance(output, tuple) else output).detach().clone())
-
-    handles = [b.register_forward_hook(hook) for b in dict.fromkeys(block_modules(adapter_for(model), model.base_model))]
-    try:
-        with torch.no_grad():
-            logits = model(**batch.model_inputs()).logits
-    finally:
-        for h in handles:
-            h.remove()
-    return outs, logits
+    """Each depth's block output (the site layer's blocks.{i}.out; XLM's blocks are never called as one
+    module) and the logits."""
+    states = collect_states(model, batch)
+    return [hidden.clone() for hidden in states.hidden[1:]], states.logits
 
 
 def _reload(model, path):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import torch
 from transformers import AutoConfig, AutoModelForMaskedLM
 
@@ -49,17 +51,55 @@ FAMILY_CONFIGS: dict[str, dict] = {
     "ultrabert": dict(pad_token_id=0, bos_token_id=2, eos_token_id=3, head_dim=16, num_key_value_heads=1,
                       sliding_window=4, prediction_head_size=24,
                       layer_types=["sliding_attention", "full_attention", "sliding_attention"]),
+    # no block module: parallel lists attentions/layer_norm1/ffns/layer_norm2 (padding id 0 as in tiny_batch)
+    "xlm": dict(pad_token_id=0),
+    "flaubert": dict(pad_token_id=0),
+    # output.LayerNorm runs twice per block; no lang_ids are passed, so the default language is used
+    "xmod": dict(pad_token_id=1, default_language="en_XX"),
+    # the published block layout (bottlenecks, 3 stacked FFNs + the block's own, NoNorm) with the bottleneck as
+    # wide as the hidden state, so the generic adapter (which splits norms of the hidden width only) agrees;
+    # tests/test_families_special_blocks.py also runs the narrow bottleneck of the real checkpoints
+    "mobilebert": dict(embedding_size=16, intra_bottleneck_size=32, true_hidden_size=32),
+    "longformer": dict(pad_token_id=1, attention_window=[8, 8, 8]),  # tiny_batch's 12 positions padded to 16
+    "fnet": {},
+    # in_proj rows interleaved per head; c2p and p2c relative-position terms (pos_proj, pos_q_proj: role relpos)
+    "deberta": dict(relative_attention=True, pos_att_type=["c2p", "p2c"], max_relative_positions=16),
+    # (B, C, T) blocks of pointwise Conv1d: groups 4 in q/k/v, the FFN input and output (post_attention: 1)
+    "squeezebert": dict(embedding_size=32, q_groups=4, k_groups=4, v_groups=4, intermediate_groups=4,
+                        output_groups=4),
+    "ibert": dict(pad_token_id=1, quant_mode=False),  # QuantLinear/IntLayerNorm computing float Linear/LayerNorm
+    "tapas": {},  # text only: the 7 token-type channels 0, as TapasTokenizer sets them for the text segment
+    "roc_bert": dict(shape_vocab_size=16, pronunciation_vocab_size=16, shape_embed_dim=8, pronunciation_embed_dim=8),
+    # exact attention (as many landmarks as segment_means_seq_len, the published setting) + a width-3 value conv
+    "nystromformer": dict(segment_means_seq_len=64, num_landmarks=64, conv_kernel_size=3),
 }
+
+
+def _sub_config(model_type: str, **values) -> object:
+    config = AutoConfig.for_model(model_type)
+    for key, value in values.items():
+        setattr(config, key, value)
+    if isinstance(getattr(config, "layer_types", None), list):  # derived for the default depth: cut to the tiny one
+        config.layer_types = config.layer_types[:config.num_hidden_layers]
+    return config
+
+
+# vision-language encoders recorded on text: their text_config is the tiny text family's, a 1-layer SigLIP tower
+_VISION = _sub_config("siglip_vision_model", hidden_size=16, intermediate_size=24, num_hidden_layers=1,
+                      num_attention_heads=2, image_size=16, patch_size=8)
+for _family, _text in (("modernvbert", "modernbert"), ("ultravbert", "ultrabert")):
+    FAMILY_CONFIGS[_family] = dict(text_config=_sub_config(_text, **COMMON, **FAMILY_CONFIGS[_text]),
+                                   vision_config=_VISION)
 FAMILIES = tuple(FAMILY_CONFIGS)
 PRE_LN = {"modernbert", "esm", "roberta-prelayernorm", "megatron-bert", "xlm-roberta-xl", "esmc", "eurobert",
-          "ultrabert"}
+          "ultrabert", "modernvbert", "ultravbert"}
 
 
 def tiny_model(family: str, seed: int = 0, **overrides) -> torch.nn.Module:
     """A random-init ForMaskedLM of ``family`` with 3 blocks, hidden 32, in eval mode, float32."""
     config = AutoConfig.for_model(family)
     for key, value in {**COMMON, **FAMILY_CONFIGS[family], **overrides}.items():
-        setattr(config, key, value)
+        setattr(config, key, copy.deepcopy(value))  # sub-configs: a fresh one per model
     torch.manual_seed(seed)
     return AutoModelForMaskedLM.from_config(config).eval()
 

@@ -31,6 +31,32 @@ class SublayerSpec:
 
     path: str
     chunk: tuple[int, int] | None = None
+    interleave: str | None = None
+    """With ``chunk`` = (i, n): the config attribute (``"num_attention_heads"``) giving G: the output rows form
+    G equal groups, each cut into n equal parts, and the sublayer is the i-th part of every group (DeBERTa v1)."""
+    bias: str | None = None
+    """Path (in the block) of a Parameter added to this sublayer's output rows outside the module (DeBERTa v1's
+    ``attention.self.q_bias``): it is split by role as the sublayer's ``bias``."""
+    acts_as: str | None = None
+    """``"linear"`` or ``"layer_norm"``: the module is no nn.Linear/nn.LayerNorm but computes one of its first
+    input, possibly returning an (output, ...) tuple (I-BERT's QuantLinear, IntLayerNorm with quant_mode off)."""
+    call: int | None = None
+    """Only the module's ``call``-th call (0-based) in a block, on the block's positions, is this sublayer (X-MOD's
+    ``output.LayerNorm`` runs twice per block: one name per call); None: its first call (later calls: ``relpos``)."""
+
+    def groups(self, config: object) -> int:
+        """G of ``interleave`` read from ``config`` (1 without ``interleave``: one contiguous chunk)."""
+        return int(getattr(config, self.interleave)) if self.interleave is not None else 1
+
+    def rows(self, n_rows: int, config: object = None) -> torch.Tensor | None:
+        """Indices of this sublayer's rows among a module's ``n_rows`` output rows (None: all of them)."""
+        if self.chunk is None:
+            return None
+        i, n = self.chunk
+        groups = self.groups(config)
+        size = n_rows // (groups * n)
+        starts = torch.arange(groups) * (n_rows // groups) + i * size
+        return (starts[:, None] + torch.arange(size)[None, :]).reshape(-1)
 
 
 @dataclass(frozen=True)
@@ -95,6 +121,15 @@ class Adapter:
     - ``embeddings_at``: ``"output"``: ``embeddings.out`` is the ``embeddings`` module's output;
       ``"blocks"`` (the generic adapter): it is the first block's input, and ``embeddings`` names
       the module whose call starts a forward (``""``: the base model itself).
+    - ``subset_block`` (sparse MLM training, :mod:`gradflow.training`): ``(block, call, index) ->
+      (B, n, H)`` runs the last block with queries only at ``index`` (B, n) (keys and values at every
+      position); ``call``: the block call's arguments by name; None: not implemented for the family;
+    - ``head_mixes_positions``: why the MLM head is not position-wise (a reason refuses the sparse
+      head); None: the head maps each position's hidden state alone;
+    - ``channels_first``: the blocks and the mid point carry (B, H, T) hidden states (SqueezeBERT): sites
+      and sublayer inputs are transposed to (B, T, H); Conv1d sublayers of kernel size 1 are per-position Linears;
+    - ``refuse`` (rare): ``(config) -> reason or None``: why a variant of the family cannot be recorded
+      (I-BERT's ``quant_mode=True``); :func:`adapter_for` raises with the reason.
 
     ``mid`` is None when the mid point is unknown (the generic adapter): no ``mid`` sites then.
     """
@@ -117,6 +152,23 @@ class Adapter:
     init_block: Callable[[nn.Module, nn.Module], None] | None = field(default=None, compare=False)
     unshare: Callable[[nn.Module], None] | None = field(default=None, compare=False)
     embeddings_at: str = "output"
+    channels_first: bool = False
+    refuse: Callable[[object], str | None] | None = field(default=None, compare=False)
+    subset_block: Callable[[nn.Module, dict, torch.Tensor], torch.Tensor] | None = field(default=None, compare=False)
+    head_mixes_positions: str | None = None
+    after_mixing_extra: tuple[str, ...] = ()
+    """Non-standard sublayer names that, like ``attn.q`` and the FFN, read only their own position after the mixing."""
+    appends_padding: bool = False
+    """The model appends positions to the sequence inside forward (Longformer); the recorder gives them role pad."""
+    sequence_first: tuple[str, ...] = ()
+    """Sublayer names whose module reads (T, B, D) tensors (Longformer's q/k/v); recorded as (B, T, D)."""
+    block_entry: str | None = None
+    """Path in a block of the module whose first input is the block's input, for blocks never called as one module
+    (XLM's parallel lists, gathered per depth by ``expand_blocks``): a block's output is then the next block's entry
+    input, the last block's the base model's output."""
+    block_exit: str | None = None
+    """With ``block_entry``: path in a block of the module whose output is the block's output (SqueezeBERT's encoder
+    calls ``layer.forward``, so the block's own hooks never run)."""
 
     def after_mixing(self) -> tuple[str, ...]:
         """Sublayers of a block that see only the channel's own post-attention state.
@@ -126,7 +178,8 @@ class Adapter:
         names = ["attn.q", "attn.out", "ffn.in", "ffn.gate", "ffn.out", "ffn.norm"]
         if self.attn_norm == "post":
             names.append("attn.norm")
-        return tuple(n for n in SUBLAYER_NAMES if n in names and n in self.sublayers)
+        standard = tuple(n for n in SUBLAYER_NAMES if n in names and n in self.sublayers)
+        return standard + tuple(n for n in self.after_mixing_extra if n in self.sublayers)
 
     def position_offset(self, config) -> int:
         """Learned position embeddings before the first one a token uses (RoBERTa: ``pad_token_id + 1``)."""

@@ -14,70 +14,45 @@ _SEQ2SEQ = ("does not hold: an encoder-decoder denoiser ({cls}); its loss is on 
             "the whole target sequence from shifted targets, not on the masked input positions, so input "
             "positions are not the loss's positions and there is no last encoder block whose context "
             "channels are cut off from the loss")
-_EXTRA_INPUTS = ("not supported yet: {cls} also reads {what}, which gradflow's masked batches do not carry; "
-                 "without them the model embeds {default} at every position, so a recording would not be of "
-                 "the input the model was trained on")
-_MULTIMODAL = ("not supported yet: a vision-language encoder ({cls}); image patches join the token sequence "
-               "through a connector, and gradflow builds text-only masked batches and has no adapter for it")
 
 REFUSED: dict[str, str] = {
     "bart": _SEQ2SEQ.format(cls="BartForConditionalGeneration"),
     "mbart": _SEQ2SEQ.format(cls="MBartForConditionalGeneration"),
     "mvp": _SEQ2SEQ.format(cls="MvpForConditionalGeneration"),
-    "deberta": ("not supported yet: DeBERTa (v1) fuses Q, K and V in one in_proj Linear whose output rows "
-                "are interleaved per head (q, k, v of head 0, then of head 1, ...), which SublayerSpec's "
-                "contiguous row chunks cannot split"),
-    "flaubert": ("not supported yet: FlaubertModel has no block module: attentions, layer_norm1, ffns and "
-                 "layer_norm2 are parallel ModuleLists applied in a loop by FlaubertModel.forward (with "
-                 "layerdrop and an optional pre-norm), and the recorder hooks one module per block"),
-    "xlm": ("not supported yet: XLMModel has no block module: attentions, layer_norm1, ffns and layer_norm2 "
-            "are parallel ModuleLists applied in a loop by XLMModel.forward, and the recorder hooks one "
-            "module per block"),
-    "fnet": ("not supported yet: FNet mixes positions with a parameter-free Fourier transform, so its blocks "
-             "have no attention projections (attn.q/k/v/out) for the recorder's standard attention "
-             "sublayers; the family tests that certify an adapter assume them"),
     "funnel": ("does not hold: the Funnel encoder pools the sequence between block groups (the length "
                "halves), so the positions of later blocks are not the batch's positions, and the decoder "
                "upsamples and adds the first group's output back"),
-    "ibert": ("not supported yet: I-BERT's sublayers are QuantLinear and IntLayerNorm modules that pass "
-              "(output, scaling factor) pairs, and the recorder's sublayer statistics read nn.Linear and "
-              "nn.LayerNorm outputs only"),
-    "layoutlm": _EXTRA_INPUTS.format(cls="LayoutLMForMaskedLM", what="bbox (a 2-D layout box per token, from "
-                                     "OCR)", default="the box (0, 0, 0, 0)"),
-    "tapas": _EXTRA_INPUTS.format(cls="TapasForMaskedLM", what="token_type_ids with 7 table channels (segment, "
-                                  "column, row, ranks, ...)", default="table coordinates 0"),
-    "roc_bert": _EXTRA_INPUTS.format(cls="RoCBertForMaskedLM", what="input_shape_ids and input_pronunciation_ids "
-                                     "(glyph and pinyin ids from its tokenizer)", default="shape and "
-                                     "pronunciation id 0"),
-    "longformer": ("not supported yet: LongformerModel pads the input to a multiple of attention_window "
-                   "before the embeddings, so its hidden states have more positions than the batch's roles "
-                   "whenever the length is not such a multiple"),
-    "mobilebert": ("not supported yet: MobileBERT blocks have input and output bottleneck projections, "
-                   "num_feedforward_networks stacked FFNs and NoNorm (elementwise affine without "
-                   "normalisation) instead of LayerNorm; they do not map onto the standard sublayers"),
-    "mra": ("not supported yet: without its custom CUDA kernel MraSelfAttention returns zeros (no attention "
-            "at all), and with it the multi-resolution approximation averages queries over blocks of "
-            "positions, so the last block's attn.q would get context gradient; neither is checked"),
-    "nystromformer": ("not supported yet: Nyström attention forms landmark queries and keys as segment means "
-                      "over positions, so the last block's attn.q gets context gradient, and the input must "
-                      "have exactly segment_means_seq_len positions; the recorder's zero set is not declared "
-                      "for that"),
+    "layoutlm": ("not supported yet: LayoutLMForMaskedLM also reads bbox, a 2-D box per token (0-1000 page "
+                 "coordinates) that it was pre-trained with from OCR on scanned pages, every word its own box; "
+                 "plain text has no boxes and there is no neutral box (the model's default (0, 0, 0, 0) at every "
+                 "position, or one whole-page box, is an input it never saw). It takes a corpus with word boxes: a "
+                 "jsonl field of per-word boxes, given to each word piece through the tokenizer's word_ids, cut "
+                 "into windows with the tokens, and carried into MaskedBatch.extra_inputs['bbox'] (the recorder "
+                 "and the attribution objective already pass extra_inputs to the model)"),
+    "mra": ("does not hold: in approx_mode 'full' (the config default) MRA attention adds a low-resolution term "
+            "built from block means of the queries (32 positions a block), so a loss position's output reads "
+            "the queries of the context positions in its block and the last block's attn.q gets context "
+            "gradient; without the CUDA kernel (fetched from the model hub with the kernels package) "
+            "MraSelfAttention returns zeros, no position mixes with another and the model is not MRA at all "
+            "(both in tests/test_families_extra_inputs.py); approx_mode 'sparse' (high-resolution blocks only) "
+            "would keep per-position query rows but runs only with that kernel, which is not checked here"),
     "perceiver": ("does not hold: PerceiverForMaskedLM cross-attends the tokens into a fixed set of latent "
                   "vectors, processes the latents, and decodes positions back by cross-attention, so no "
                   "hidden state belongs to one input position between input and output"),
-    "reformer": ("not supported yet: Reformer blocks are reversible (two residual streams, hidden 2H, and a "
-                 "custom autograd function that recomputes activations in the backward pass, which tensor "
-                 "hooks cannot follow), with LSH attention and chunked feed-forward"),
-    "squeezebert": ("not supported yet: SqueezeBERT's projections are grouped Conv1d modules on (B, C, T) "
-                    "tensors, and the recorder's sublayer statistics read nn.Linear and nn.LayerNorm on "
-                    "(..., T, H) inputs only"),
-    "xmod": ("not supported yet: with adapter_reuse_layer_norm (the default) output.LayerNorm runs twice per "
-             "block (before the language adapter and after the residual), and the recorder attributes only "
-             "a module's first call in a block to the batch's positions; X-MOD also needs lang_ids or a "
-             "default language"),
-    "modernvbert": _MULTIMODAL.format(cls="ModernVBertForMaskedLM"),
-    "ultravbert": _MULTIMODAL.format(cls="UltraVBertForMaskedLM"),
-    "neomme": _MULTIMODAL.format(cls="NeoMMEForMaskedLM"),
+    "reformer": ("does not hold: LSH self-attention (the default last layer) uses one query_key projection for "
+                 "queries and keys, so the context positions' queries are the keys every loss position attends "
+                 "to and the last block's attn.q gets context gradient (measured non-zero on a tiny model; a local "
+                 "last layer keeps the zero); its reversible blocks (two streams, hidden 2H, backward by "
+                 "recomputation that asserts training mode) are no standard blocks either "
+                 "(tests/test_families_extra_inputs.py)"),
+    "neomme": ("not supported yet: NeoMME (a vision-language encoder; text-only input is its text path) has "
+               "text blocks of its own, no supported family: each layer mixes its input with the embedding "
+               "output (lambdas), the first and last full-attention layers add value_embeddings looked up from "
+               "input_ids to V, attention removes each position's own value direction (exclusive self-attention) "
+               "and a sigmoid gate from the layer input scales the output projection. It takes an adapter naming "
+               "the gate and value_embeddings as sublayers of their own (value_embeddings rows, like attn.v, are "
+               "expected to get context gradient in the last block; the gate, like attn.out, not) and a tiny "
+               "config that checks it"),
 }
 
 

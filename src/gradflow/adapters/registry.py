@@ -7,11 +7,17 @@ from gradflow.adapters.base import Adapter
 from gradflow.adapters.bert import BERT, ELECTRA, ROBERTA
 from gradflow.adapters.bertlike import BIG_BIRD, CONVBERT, LUKE, REMBERT, YOSO
 from gradflow.adapters.esm import ESM, ESMC
+from gradflow.adapters.extra_inputs import NYSTROMFORMER, ROC_BERT, TAPAS
 from gradflow.adapters.gte import GTE, JINA_EMBEDDINGS_V3, NOMIC_BERT
 from gradflow.adapters.llamalike import EUROBERT, ULTRABERT
+from gradflow.adapters.multimodal import MODERNVBERT, ULTRAVBERT
 from gradflow.adapters.others import DEBERTA_V2, DISTILBERT, MODERNBERT, MPNET
 from gradflow.adapters.prenorm import MEGATRON_BERT, ROBERTA_PRELAYERNORM, XLM_ROBERTA_XL
 from gradflow.adapters.refusals import refusal
+from gradflow.adapters.special_blocks import FNET, LONGFORMER, MOBILEBERT
+from gradflow.adapters.unusual_projections import DEBERTA, IBERT, SQUEEZEBERT
+from gradflow.adapters.xlm import XLM
+from gradflow.adapters.xmod import XMOD
 from gradflow.errors import UnsupportedArchitectureError
 
 _REGISTRY: dict[str, Adapter] = {}
@@ -51,7 +57,11 @@ def adapter_for(model_or_config: object) -> Adapter:
             "blocks and sublayers are with gradflow.adapters.Adapter and call "
             "gradflow.adapters.register_adapter() (see docs/reference/architectures.md, 'Adding an architecture')."
         )
-    return _REGISTRY[model_type]
+    adapter = _REGISTRY[model_type]
+    reason = adapter.refuse(config) if adapter.refuse is not None else None
+    if reason is not None:
+        raise UnsupportedArchitectureError(f"gradflow does not support this {model_type!r} model: {reason}.")
+    return adapter
 
 
 def registered_family(model_type: str | None) -> str | None:
@@ -62,5 +72,7 @@ def registered_family(model_type: str | None) -> str | None:
 
 for _adapter in (BERT, ROBERTA, ELECTRA, DISTILBERT, ALBERT, DEBERTA_V2, MODERNBERT, ESM, MPNET,
                  ROBERTA_PRELAYERNORM, MEGATRON_BERT, XLM_ROBERTA_XL, REMBERT, YOSO, BIG_BIRD, LUKE, CONVBERT,
-                 GTE, NOMIC_BERT, JINA_EMBEDDINGS_V3, ESMC, EUROBERT, ULTRABERT):
+                 GTE, NOMIC_BERT, JINA_EMBEDDINGS_V3, ESMC, EUROBERT, ULTRABERT,
+                 MOBILEBERT, LONGFORMER, FNET, XLM, XMOD, DEBERTA, SQUEEZEBERT, IBERT,
+                 TAPAS, ROC_BERT, NYSTROMFORMER, MODERNVBERT, ULTRAVBERT):
     register_adapter(_adapter)

@@ -22,9 +22,8 @@ import torch
 from torch import nn
 
 from gradflow.adapters import Adapter, get_module
-from gradflow.adapters.norms import splittable
 from gradflow.errors import RecorderError
-from gradflow.hooks.batch_state import BatchState
+from gradflow.hooks.batch_state import BatchState, RolePartition
 from gradflow.hooks.records import BatchRecord, RecorderConfig, SublayerRecord
 from gradflow.hooks.safe_norms import safe_norm
 from gradflow.hooks.sites import (
@@ -36,9 +35,10 @@ from gradflow.hooks.sites import (
     model_device,
     point_of,
 )
-from gradflow.hooks.sublayer_stats import SublayerEntry, sublayer_stats
+from gradflow.hooks.sublayer_stats import SublayerEntry, split_by_role, sublayer_stats
 from gradflow.inputs.masking import MaskedBatch
 from gradflow.losses import LossFn, get_loss
+from gradflow.roles import Role
 from gradflow.schema import PARAMS, sublayer_key
 
 
@@ -97,14 +97,19 @@ class GradFlowRecorder:
         if not self.config.sublayers:
             return []
         hooks: list[tuple[nn.Module, ForwardHook]] = []
+        config = getattr(self.model, "config", None)
         for block in distinct_blocks(self.blocks):
             by_module: dict[int, tuple[nn.Module, list[SublayerEntry]]] = {}
             for name, spec in self.adapter.sublayers.items():
                 module = get_module(block, spec.path)
-                if not splittable(module):
+                if not split_by_role(module, spec):
                     continue  # e.g. ModernBERT's first block has nn.Identity as its attention norm
-                by_module.setdefault(id(module), (module, []))[1].append(SublayerEntry(name, spec.chunk))
-            hooks += [(module, self._make_sublayer_hook(entries)) for module, entries in by_module.values()]
+                entry = SublayerEntry(name, spec.chunk, spec.groups(config), spec.bias is not None, spec.acts_as,
+                                      call=spec.call)
+                by_module.setdefault(id(module), (module, []))[1].append(entry)
+            first = self.adapter.sequence_first
+            hooks += [(module, self._make_sublayer_hook(entries, any(e.name in first for e in entries)))
+                      for module, entries in by_module.values()]
         return hooks
 
     # ------------------------------------------------------------------ batch state
@@ -175,9 +180,7 @@ class GradFlowRecorder:
         if state is None:
             return None
         if site == EMBEDDINGS_SITE:
-            if tuple(hidden.shape[:2]) != (state.b, state.t):
-                raise RecorderError(f"roles have shape {(state.b, state.t)} but the batch has (B, T) = "
-                                    f"{tuple(hidden.shape[:2])}: pass the roles of this very batch to capture()")
+            self._match_positions(state, hidden)
             if not hidden.requires_grad:
                 hidden.requires_grad_(True)  # frozen embeddings: still let the gradient reach this site
             state.emb_out = hidden
@@ -187,28 +190,52 @@ class GradFlowRecorder:
     def _watch_site(self, state: BatchState, index: int, hidden: torch.Tensor) -> None:
         if state.act[index] is not None:
             raise RecorderError(f"site {self.site_names[index]} ran twice: record one forward per capture")
-        state.act[index] = safe_norm(hidden.detach(), dim=-1)
+        state.act[index] = safe_norm(hidden.detach(), dim=-1)[:, :state.t]  # (positions the model appended: cut)
         if hidden.requires_grad:
             def on_grad(grad: torch.Tensor) -> None:
-                state.grad[index] = safe_norm(grad, dim=-1)
+                state.grad[index] = safe_norm(grad, dim=-1)[:, :state.t]
 
             hidden.register_hook(on_grad)
 
+    def _match_positions(self, state: BatchState, hidden: torch.Tensor) -> None:
+        """Check the embeddings' (B, T) against the roles'; positions the model appends at the end of the
+        sequence (``adapter.appends_padding``: Longformer) join the sublayer split with role ``pad``."""
+        b, t = hidden.shape[:2]
+        appended = t - state.t
+        if b != state.b or appended < 0 or (appended and not self.adapter.appends_padding):
+            raise RecorderError(f"roles have shape {(state.b, state.t)} but the batch has (B, T) = "
+                                f"{tuple(hidden.shape[:2])}: pass the roles of this very batch to capture()")
+        if appended:
+            pad = torch.full((b, appended), int(Role.PAD), dtype=state.roles.dtype, device=state.roles.device)
+            state.partition = RolePartition.of_roles(torch.cat([state.roles, pad], dim=1))
+
     # ------------------------------------------------------------------ sublayer hooks
-    def _make_sublayer_hook(self, entries: list[SublayerEntry]) -> ForwardHook:
+    def _make_sublayer_hook(self, entries: list[SublayerEntry], sequence_first: bool = False) -> ForwardHook:
+        """``sequence_first``: the module reads and writes (T, B, ...) tensors (Longformer's q/k/v)."""
+        channels_first = self.adapter.channels_first
+
         def hook(mod: nn.Module, inputs: tuple, output: object) -> None:
             state, depth = self._batch, self.sites.depths.current
+            if isinstance(output, tuple) and output:  # (output, scaling factor): I-BERT's modules
+                output = output[0]
             if state is None or depth is None or not isinstance(output, torch.Tensor):
                 return None
             call = state.calls.get((depth, id(mod)), 0)
             state.calls[(depth, id(mod))] = call + 1
             x = inputs[0].detach()
-            token = call == 0 and tuple(x.shape[:2]) == (state.b, state.t)
-            if not output.requires_grad:
+            if channels_first:  # (B, C, T) -> (B, T, C): one row per position
+                x = x.transpose(1, 2)
+            if sequence_first:  # (T, B, D) -> (B, T, D)
+                x = x.transpose(0, 1)
+            named = [e for e in entries if e.call == call]  # names of this very call (X-MOD: one per LayerNorm call)
+            served = named or [e for e in entries if e.call is None]
+            token = (call == 0 or bool(named)) and tuple(x.shape[:2]) == (state.b, _model_positions(state))
+            if not served or not output.requires_grad:
                 return None
 
             def on_grad(grad: torch.Tensor) -> None:
-                sublayer_stats(state, depth, mod, entries, x, grad, token)
+                grad = grad.transpose(0, 1) if sequence_first else grad
+                sublayer_stats(state, depth, mod, served, x, grad.transpose(1, 2) if channels_first else grad, token)
 
             output.register_hook(on_grad)
             if not token:
@@ -216,6 +243,11 @@ class GradFlowRecorder:
             return None
 
         return hook
+
+
+def _model_positions(state: BatchState) -> int:
+    """T of the model's hidden states: the batch's T plus any positions the model appended (role pad)."""
+    return int(state.partition.codes.numel()) // state.b
 
 
 def _sublayer_order(item) -> tuple:

@@ -8,7 +8,9 @@ Sites (one hidden vector per position, a (B, T, H) tensor):
 - ``blocks.{i}.out``: output of block i (layer i + 1).
 
 ``i`` is the *depth*: a block module applied at several depths (ALBERT's shared layer) reports
-each depth, in call order. Parameter groups of the Trainer callback are named ``blocks.{i}``, or
+each depth, in call order. Blocks never called as one module (XLM's parallel lists; the adapter's
+``block_entry``) start at their entry module, and a block's output is the next block's input (the
+base model's output for the last block). Parameter groups of the Trainer callback are named ``blocks.{i}``, or
 ``blocks.{i}-{j}`` for one module applied at depths i to j.
 
 Their names are spelled in :mod:`gradflow.site_names` (re-exported here). :class:`SiteLayer` installs the hooks:
@@ -63,6 +65,8 @@ def hidden_state(output: object) -> torch.Tensor:
     hidden = getattr(output, "last_hidden_state", None)
     if isinstance(hidden, torch.Tensor):
         return hidden
+    if type(output) is dict and output and isinstance(next(iter(output.values())), torch.Tensor):
+        return next(iter(output.values()))  # a plain dict's first value (SqueezeBERT's {"feature_map": ...})
     raise SiteError(f"cannot find the hidden state in a module output of type {type(output).__name__}")
 
 
@@ -76,6 +80,8 @@ def replace_hidden_state(output: object, new: torch.Tensor) -> object:
         return [new, *output[1:]]
     if isinstance(getattr(output, "last_hidden_state", None), torch.Tensor):
         return type(output)(**{**output, "last_hidden_state": new})
+    if type(output) is dict and output and isinstance(next(iter(output.values())), torch.Tensor):
+        return {**output, next(iter(output)): new}
     raise SiteError(f"cannot replace the hidden state in a module output of type {type(output).__name__}")
 
 
@@ -136,25 +142,38 @@ class DepthStack:
 # Hooks
 # ----------------------------------------------------------------------------------------------
 
-def _output_hook(callback: SiteCallback, site: Callable[[], str | None]) -> ForwardHook:
-    """Forward hook: ``callback(site(), hidden)`` and the hidden state replaced by its result."""
+def _output_hook(callback: SiteCallback, site: Callable[[], str | None], channels_first: bool = False) -> ForwardHook:
+    """Forward hook: ``callback(site(), hidden)`` and the hidden state replaced by its result.
+
+    ``channels_first``: the module returns (B, H, T); the callback sees the (B, T, H) transpose, and the
+    output is replaced by that transpose transposed back, so gradients reach the tensor the callback saw."""
     def hook(module: nn.Module, args: tuple, output: object) -> object:
         name = site()
         if name is None:
             return None
-        new = callback(name, hidden_state(output))
+        hidden = hidden_state(output)
+        if channels_first:
+            hidden = hidden.transpose(1, 2)
+        new = callback(name, hidden)
+        if channels_first:
+            return replace_hidden_state(output, (hidden if new is None else new).transpose(1, 2))
         return None if new is None else replace_hidden_state(output, new)
 
     return hook
 
 
-def _input_hook(callback: SiteCallback, site: Callable[[], str | None]) -> Callable[[nn.Module, tuple], tuple | None]:
-    """Forward pre-hook: ``callback(site(), first input)`` and the input replaced by its result."""
+def _input_hook(callback: SiteCallback, site: Callable[[], str | None],
+                channels_first: bool = False) -> Callable[[nn.Module, tuple], tuple | None]:
+    """Forward pre-hook: ``callback(site(), first input)`` and the input replaced by its result
+    (``channels_first``: as in :func:`_output_hook`)."""
     def hook(module: nn.Module, args: tuple) -> tuple | None:
         name = site()
         if name is None or not args:
             return None
-        new = callback(name, args[0])
+        hidden = args[0].transpose(1, 2) if channels_first else args[0]
+        new = callback(name, hidden)
+        if channels_first:
+            return ((hidden if new is None else new).transpose(1, 2), *args[1:])
         return None if new is None else (new, *args[1:])
 
     return hook
@@ -222,24 +241,42 @@ class SiteLayer:
         at_blocks = self.adapter.embeddings_at == "blocks"
         if not at_blocks:
             handles.append(embeddings.register_forward_hook(_output_hook(callback, lambda: EMBEDDINGS_SITE)))
+        entry_path = self.adapter.block_entry  # blocks never called as one module: each starts at its entry module
+        transposed = self.adapter.channels_first  # (B, H, T) blocks (SqueezeBERT): sites see (B, T, H)
+        exit_path = self.adapter.block_exit  # with block_entry: the module whose output is the block's output
         for block in distinct_blocks(self.blocks):
-            handles.append(block.register_forward_pre_hook(self._enter_block))
-            handles.append(block.register_forward_hook(_output_hook(callback, self._out_site)))
+            entry = block if entry_path is None else get_module(block, entry_path)
+            if entry_path is not None and exit_path is None:  # the previous block's output is this block's input
+                handles.append(entry.register_forward_pre_hook(_input_hook(callback, self._out_site)))
+            handles.append(entry.register_forward_pre_hook(self._entering(block)))
+            if entry_path is None:
+                handles.append(block.register_forward_hook(_output_hook(callback, self._out_site, transposed)))
+            elif exit_path is not None:
+                handles.append(get_module(block, exit_path).register_forward_hook(
+                    _output_hook(callback, self._out_site, transposed)))
             if self.mid:
                 path, kind = self.adapter.mid
                 module = get_module(block, path)
-                handles.append(module.register_forward_hook(_output_hook(callback, self._mid_site)) if kind == "output"
-                               else module.register_forward_pre_hook(_input_hook(callback, self._mid_site)))
+                handles.append(module.register_forward_hook(_output_hook(callback, self._mid_site, transposed))
+                               if kind == "output" else
+                               module.register_forward_pre_hook(_input_hook(callback, self._mid_site, transposed)))
         if at_blocks:
-            handles.append(self.blocks[0].register_forward_pre_hook(_block_input_hook(callback, self._first_block),
-                                                                    with_kwargs=True))
+            first = self.blocks[0] if entry_path is None else get_module(self.blocks[0], entry_path)
+            handles.append(first.register_forward_pre_hook(_block_input_hook(callback, self._first_block),
+                                                           with_kwargs=True))
+        if entry_path is not None and exit_path is None:  # the last block's output is the base model's
+            handles.append(self.base.register_forward_hook(_output_hook(callback, self._out_site)))
 
     def _start_forward(self, module: nn.Module, args: tuple) -> None:
         self.depths.reset()
         self._entered = 0
 
-    def _enter_block(self, module: nn.Module, args: tuple) -> None:
-        depth = self.depths.enter(module)
+    def _entering(self, block: nn.Module) -> Callable[[nn.Module, tuple], None]:
+        """Forward pre-hook (on ``block`` or its entry module): ``block`` starts."""
+        return lambda module, args: self._enter_block(block)
+
+    def _enter_block(self, block: nn.Module) -> None:
+        depth = self.depths.enter(block)
         if self.adapter.embeddings_at == "blocks" and depth != self._entered:
             raise SiteError(f"a block ran out of the discovered order (depth {depth} ran as block call "
                             f"{self._entered}): the generic adapter's block order does not hold for this forward; "

@@ -28,7 +28,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gradflow.adapters.norms import unit_affine
+from gradflow.adapters.base import SublayerSpec
+from gradflow.adapters.norms import splittable, unit_affine
 from gradflow.hooks.batch_state import BatchState
 from gradflow.hooks.safe_norms import gram_float64, in_safe_range, safe_norm
 from gradflow.roles import ALL_ROLES, NUM_ROLES, Role
@@ -41,14 +42,20 @@ class SublayerEntry:
 
     name: str
     chunk: tuple[int, int] | None
+    groups: int = 1  # with chunk: the output rows form this many groups, the chunk taken in each (DeBERTa v1)
+    outside_bias: bool = False  # a Parameter added to these rows outside the module is this sublayer's bias
+    acts_as: str | None = None  # "linear"/"layer_norm": a module computing one though not of that class (I-BERT)
+    call: int | None = None  # only this call (0-based) of the module in a block (X-MOD); None: the first, later relpos
 
 
 def sublayer_stats(state: BatchState, depth: int, mod: nn.Module, entries: list[SublayerEntry], x: torch.Tensor,
                    grad: torch.Tensor, token: bool) -> None:
     """Add one call's statistics. ``x``: the module's input (..., D_in); ``grad``: the loss gradient
     w.r.t. its output (..., D_out); ``token``: the rows are the batch's B * T positions (else
-    ``relpos`` rows)."""
-    if isinstance(mod, nn.Linear):
+    ``relpos`` rows). A Conv1d of kernel size 1 takes ``x`` and ``grad`` already as (B, T, C)."""
+    if pointwise_conv(mod):
+        _grouped_stats(state, depth, mod, entries, x, grad, token)
+    elif isinstance(mod, nn.Linear) or entries[0].acts_as == "linear":
         _linear_stats(state, depth, mod, entries, x, grad, token)
     else:
         _norm_stats(state, depth, mod, entries, x, grad, token)
@@ -77,7 +84,7 @@ def _linear_stats(state: BatchState, depth: int, mod: nn.Linear, entries: list[S
     x_nonzero = xn > 0  # a safe norm is 0 exactly for a row without a nonzero element
     x_gram: dict[int, torch.Tensor] = {}
     for entry in entries:
-        g = g2 if entry.chunk is None else _rows(g2, entry.chunk)
+        g = g2 if entry.chunk is None else _rows(g2, entry.chunk, entry.groups)
         gn = safe_norm(g, dim=-1)
         mag = gn * xn
         g_nonzero = gn > 0
@@ -107,7 +114,7 @@ def _linear_stats(state: BatchState, depth: int, mod: nn.Linear, entries: list[S
             else:
                 norms[code] = float(safe_norm(gr.T @ xr, dim=(-2, -1)))
         _store(state, depth, entry.name, "weight", codes, counts, mag, contributes, norms)
-        if mod.bias is not None:
+        if mod.bias is not None or entry.outside_bias:
             sums = torch.zeros(NUM_ROLES, g.shape[1], dtype=torch.float32, device=g.device)
             sums.index_add_(0, codes, g.float())
             _store(state, depth, entry.name, "bias", codes, counts, gn, g_nonzero, safe_norm(sums, dim=-1).cpu())
@@ -123,8 +130,8 @@ def _norm_stats(state: BatchState, depth: int, mod: nn.Module, entries: list[Sub
     d = x.shape[-1]
     g2 = grad.reshape(-1, d).float()
     codes, index, counts = _partition(state, g2.shape[0], token)
-    if isinstance(mod, nn.LayerNorm):
-        xhat = F.layer_norm(x.reshape(-1, d).float(), mod.normalized_shape, eps=mod.eps)
+    if isinstance(mod, nn.LayerNorm) or entries[0].acts_as == "layer_norm":
+        xhat = F.layer_norm(x.reshape(-1, d).float(), (d,), eps=mod.eps)
     else:
         xhat = unit_affine(mod, x.reshape(-1, d)).float()
     for entry in entries:
@@ -154,7 +161,7 @@ def _store(state: BatchState, depth: int, name: str, param: str, codes: torch.Te
     mag_sum = _scatter(mag, codes)
     position = None
     if state.config.position_magnitudes and int(counts[Role.RELPOS]) == 0:
-        position = mag.reshape(state.b, state.t)
+        position = mag.reshape(state.b, -1)[:, :state.t]  # (positions the model appended: cut)
     if key in state.sublayers:
         old = state.sublayers[key]
         # contributions of separate calls add as matrices; their norms are kept per role, and the
@@ -171,11 +178,71 @@ def _scatter(values: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
     return out.index_add_(0, codes, values.float())
 
 
-def _rows(g: torch.Tensor, chunk: tuple[int, int]) -> torch.Tensor:
-    """Columns of the ``chunk`` = (i, n) slice of (N, D) ``g``."""
+def _rows(g: torch.Tensor, chunk: tuple[int, int], groups: int = 1) -> torch.Tensor:
+    """Columns of the ``chunk`` = (i, n) slice of (N, D) ``g``; with ``groups`` G > 1 the i-th of n equal
+    parts of each of G equal column groups, group by group (as SublayerSpec.rows orders them)."""
     i, n = chunk
+    if groups > 1:
+        return g.reshape(g.shape[0], groups, n, -1)[:, :, i, :].reshape(g.shape[0], -1)
     size = g.shape[1] // n
     return g[:, i * size : (i + 1) * size]
 
 
-__all__ = ["SublayerEntry", "sublayer_stats"]
+def split_by_role(module: nn.Module, spec: SublayerSpec) -> bool:
+    """Whether the recorder splits this sublayer module: a Linear, LayerNorm or RMSNorm-like norm, a pointwise
+    Conv1d, or a module the adapter declares to act as a Linear or LayerNorm (``spec.acts_as``)."""
+    return splittable(module) or pointwise_conv(module) or spec.acts_as is not None
+
+
+def pointwise_conv(mod: nn.Module) -> bool:
+    """A Conv1d of kernel size 1, stride 1, no padding or dilation: a per-position (grouped) Linear map."""
+    return (isinstance(mod, nn.Conv1d) and tuple(mod.kernel_size) == (1,) and tuple(mod.stride) == (1,)
+            and mod.padding in ((0,), "valid") and tuple(mod.dilation) == (1,))
+
+
+def _grouped_stats(state: BatchState, depth: int, mod: nn.Conv1d, entries: list[SublayerEntry], x: torch.Tensor,
+                   grad: torch.Tensor, token: bool) -> None:
+    """A pointwise Conv1d with G groups as a block-diagonal Linear: group k maps input channels k*ci..(k+1)*ci
+    to output rows k*co..(k+1)*co. ``x`` (..., C_in) and ``grad`` (..., C_out) per position.
+
+    The weight (C_out, ci, 1) gets ``sum_t g_tk x_tk^T`` in row block k, so a role's contribution is the
+    (C_out, ci, 1) tensor of those sums (its norm: all blocks' elements); a position's magnitude is
+    ``sqrt(sum_k (||g_tk|| ||x_tk||)^2)`` (the norm of its block-diagonal contribution)."""
+    groups = mod.groups
+    x2 = x.reshape(-1, x.shape[-1])
+    g2 = grad.reshape(-1, grad.shape[-1])
+    codes, index, counts = _partition(state, x2.shape[0], token)
+    xk = x2.reshape(x2.shape[0], groups, -1)
+    gk = g2.reshape(g2.shape[0], groups, -1)
+    xn, gn = safe_norm(xk, dim=-1), safe_norm(gk, dim=-1)  # (N, G)
+    mag = gn[:, 0] * xn[:, 0] if groups == 1 else safe_norm(gn * xn, dim=-1)
+    contributes = ((gn > 0) & (xn > 0)).any(dim=1)
+    n_contributing = _scatter(contributes.float(), codes).tolist()
+    norms = torch.zeros(NUM_ROLES)
+    for code in range(NUM_ROLES):
+        if n_contributing[code] == 0 and not (state.config.materialize and int(counts[code])):
+            continue
+        if n_contributing[code] == 0:  # every g_t x_t^T of this role is exactly zero: so is G_r
+            matrix = torch.zeros(mod.weight.shape)
+        else:
+            idx = index[code]
+            matrix = torch.einsum("ngo,ngi->goi", gk[idx].float(), xk[idx].float()).reshape(mod.weight.shape)
+            norms[code] = float(safe_norm(matrix.reshape(-1), dim=-1))
+        if state.config.materialize:
+            for entry in entries:
+                state.matrices[(depth, entry.name, "weight", ALL_ROLES[code])] = matrix.cpu()
+    for entry in entries:
+        _store(state, depth, entry.name, "weight", codes, counts, mag, contributes, norms)
+    if mod.bias is not None:
+        gn_all = safe_norm(g2, dim=-1)
+        sums = torch.zeros(NUM_ROLES, g2.shape[1], dtype=torch.float32, device=g2.device)
+        sums.index_add_(0, codes, g2.float())
+        for entry in entries:
+            _store(state, depth, entry.name, "bias", codes, counts, gn_all, gn_all > 0, safe_norm(sums, dim=-1).cpu())
+            if state.config.materialize:
+                for code in range(NUM_ROLES):
+                    if int(counts[code]):
+                        state.matrices[(depth, entry.name, "bias", ALL_ROLES[code])] = sums[code].cpu()
+
+
+__all__ = ["SublayerEntry", "pointwise_conv", "split_by_role", "sublayer_stats"]
