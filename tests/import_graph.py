@@ -25,7 +25,7 @@ TIERS: dict[str, int] = {
     "inputs": 3,
     "losses": 4, "models": 4,
     "hooks": 5,
-    "analysis": 6,
+    "analysis": 6, "training": 6,
     "figures": 7,
     "runs": 8,
     "interventions": 9,

@@ -20,6 +20,7 @@ for bad arguments, ``RuntimeError`` for recording state).
     ├── DiagnosticsError                 diagnostics that cannot run on this model or input
     ├── ChannelViewError                 a sentence or mask positions that cannot be shown
     ├── SurgeryError                     a surgery request that cannot be carried out
+    ├── SparseTrainingError (ValueError) sparse MLM training that would not be exact or is not implemented
     ├── TaskError                        a fine-tuning task or its data that cannot be read
     └── ZooError                         a zoo model unknown, not fetched, or not convertible
 """
@@ -92,6 +93,11 @@ class ExploreError(GradflowError):
 
 class SurgeryError(GradflowError):
     """A surgery request that cannot be carried out on this model (with what to do instead)."""
+
+
+class SparseTrainingError(GradflowError, ValueError):
+    """Sparse MLM training (:mod:`gradflow.training`) refused: not exact for this model or batch, or not
+    implemented for the family (the message says why and what to use instead)."""
 
 
 class TaskError(GradflowError):

@@ -22,6 +22,7 @@ import copy
 from torch import nn
 
 from gradflow.adapters.base import Adapter, HeadSpec, SublayerSpec, count_parameters
+from gradflow.adapters.subset import albert_subset
 from gradflow.errors import SurgeryError
 
 
@@ -88,4 +89,5 @@ ALBERT = Adapter(
     head=HeadSpec(("predictions",)),
     drop_blocks=albert_drop,
     unshare=albert_unshare,
+    subset_block=albert_subset,
 )

@@ -7,6 +7,7 @@ generator are variants of the BERT adapter (same ``family``, their own ``model_t
 from dataclasses import replace
 
 from gradflow.adapters.base import LM_HEAD, Adapter, HeadSpec, SublayerSpec
+from gradflow.adapters.subset import bert_layout
 
 BERT_SUBLAYERS = {
     "attn.q": SublayerSpec("attention.self.query"),
@@ -28,6 +29,7 @@ BERT = Adapter(
     sublayers=BERT_SUBLAYERS,
     attn_norm="post",
     notes="post-LN",
+    subset_block=bert_layout(),
 )
 
 ROBERTA = replace(BERT, model_types=("roberta", "xlm-roberta", "camembert", "data2vec-text"), head=LM_HEAD,

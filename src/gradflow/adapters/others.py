@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from gradflow.adapters.base import LM_HEAD, Adapter, HeadSpec, SublayerSpec
+from gradflow.adapters.subset import distilbert_subset
 
 
 def deberta_head(model: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
@@ -33,6 +34,7 @@ DISTILBERT = Adapter(
     },
     attn_norm="post",
     head=HeadSpec(("vocab_transform", "activation", "vocab_layer_norm", "vocab_projector")),
+    subset_block=distilbert_subset,
 )
 
 DEBERTA_V2 = Adapter(

@@ -4,6 +4,7 @@ Each has a final norm between the last block and the MLM head.
 """
 
 from gradflow.adapters.base import LM_HEAD, Adapter, SublayerSpec
+from gradflow.adapters.subset import bert_layout
 
 _ATTN = {
     "attn.q": SublayerSpec("attention.self.query"),
@@ -26,6 +27,7 @@ ROBERTA_PRELAYERNORM = Adapter(
     head=LM_HEAD,
     final_norm="LayerNorm",
     positions_after_padding=True,
+    subset_block=bert_layout(pre_norm="attention.LayerNorm"),
 )
 
 MEGATRON_BERT = Adapter(
@@ -37,6 +39,7 @@ MEGATRON_BERT = Adapter(
     sublayers={**_ATTN, "attn.norm": SublayerSpec("attention.ln"), "ffn.norm": SublayerSpec("ln")},
     attn_norm="pre",
     final_norm="encoder.ln",
+    subset_block=bert_layout(pre_norm="attention.ln"),
 )
 
 XLM_ROBERTA_XL = Adapter(
@@ -51,4 +54,5 @@ XLM_ROBERTA_XL = Adapter(
     head=LM_HEAD,
     final_norm="encoder.LayerNorm",
     positions_after_padding=True,
+    subset_block=bert_layout(pre_norm="attention.self_attn_layer_norm"),
 )

@@ -1,0 +1,196 @@
+"""Sparse MLM training: the MLM head, and the last block's query side, only at the loss positions.
+
+The MLM loss reads the logits at the loss positions (``labels != -100``) only. What the dense model
+computes elsewhere in the last block and the head gets exactly zero gradient and changes no loss:
+
+- **head** (every family whose head is position-wise, the ModernBERT "sparse prediction" trick):
+  the MLM head (transform and decoder) runs on the N loss positions' hidden states, (N, H) -> (N, V),
+  instead of all B * T;
+- **block** (families whose adapter has ``subset_block``): the last block computes keys and values at
+  every position and its query, attention output, FFN and the norms after attention at the loss
+  positions only; the final norm (pre-LN families) and the head follow at those rows.
+
+The loss (mean cross-entropy over the loss positions, as every ``*ForMaskedLM`` computes it) and the
+gradient of every parameter are the dense model's (tested per family in float32 to 1e-5). With
+dropout on, the dense and sparse models draw different dropout masks (the same distribution).
+
+    sparse = sparse_mlm(model)                       # block and head; sparse_mlm(model, block=False): head only
+    loss = sparse.loss(input_ids, attention_mask, labels)
+    loss.backward()
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from gradflow.adapters import Adapter, block_modules, get_module, resolve_adapter
+from gradflow.errors import SparseTrainingError
+
+IGNORE = -100
+"""The label of a position outside the loss (transformers' ``ignore_index``)."""
+
+
+@dataclass(frozen=True)
+class SparseMLMOutput:
+    """One sparse forward: ``loss`` (scalar: mean cross-entropy over the N loss positions), ``logits``
+    (N, V) and ``labels`` (N,) at the loss positions in row-major order, ``positions`` (N, 2): (row, position)."""
+
+    loss: torch.Tensor
+    logits: torch.Tensor
+    labels: torch.Tensor
+    positions: torch.Tensor
+
+
+@dataclass(frozen=True)
+class LossIndex:
+    """The loss positions of a batch padded per row: ``index`` (B, n) positions (slots past a row's own
+    count repeat position 0), ``valid`` (B, n) bool: which slots are loss positions; n = the largest count."""
+
+    index: torch.Tensor
+    valid: torch.Tensor
+
+
+class _StopAtLastBlock(Exception):
+    """Raised by the patched last block to end the base model's forward once its arguments are captured."""
+
+
+def loss_index(labels: torch.Tensor, attention_mask: torch.Tensor | None = None) -> LossIndex:
+    """The per-row loss positions of ``labels`` (B, T); refuses a batch with nothing to skip or nothing to learn."""
+    loss_at = labels != IGNORE
+    real = loss_at.new_ones(loss_at.shape) if attention_mask is None else attention_mask.to(torch.bool)
+    if not bool(loss_at.any()):
+        raise SparseTrainingError("the batch has no loss position (every label is -100): there is no MLM loss to "
+                                  "compute; skip the batch")
+    if bool((loss_at | ~real).all()):
+        raise SparseTrainingError("every position of the batch is a loss position (all-positions loss): the "
+                                  "sparse head and last block have nothing to skip; train the dense model")
+    counts = loss_at.sum(dim=1)
+    n = int(counts.max())
+    order = torch.argsort((~loss_at).to(torch.int8), dim=1, stable=True)[:, :n]  # loss positions first, in order
+    valid = torch.arange(n, device=labels.device)[None, :] < counts[:, None]
+    return LossIndex(torch.where(valid, order, torch.zeros_like(order)), valid)
+
+
+def call_arguments(forward: Callable, args: tuple, kwargs: dict) -> dict:
+    """The arguments of a call of ``forward`` (a bound method) by parameter name (``**kwargs`` merged in)."""
+    signature = inspect.signature(forward)
+    bound = signature.bind(*args, **kwargs).arguments
+    var_kw = [p.name for p in signature.parameters.values() if p.kind is inspect.Parameter.VAR_KEYWORD]
+    extra = bound.pop(var_kw[0], {}) if var_kw else {}
+    return {**bound, **extra}
+
+
+class SparseMLM:
+    """A ``*ForMaskedLM`` trained with the sparse head (and last block): see :func:`sparse_mlm`."""
+
+    def __init__(self, model: nn.Module, adapter: Adapter, block: bool, head: bool):
+        self.model = model
+        self.adapter = adapter
+        self.block = block
+        self.head = head
+        self._head = adapter.head.function(model)
+
+    def __enter__(self) -> SparseMLM:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def last_block_call(self, **inputs: object) -> tuple[nn.Module, dict]:
+        """Run the base model up to its last block application; return that block and its call's arguments.
+
+        The block's ``forward`` is replaced for this call only (restored in ``finally``); the blocks
+        before it run as in the dense model, the last one not at all.
+        """
+        blocks = block_modules(self.adapter, self.model.base_model)
+        last = blocks[-1]
+        applications = sum(b is last for b in blocks)  # ALBERT applies one layer at every depth
+        original = last.forward
+        seen: list[dict] = []
+
+        def forward(*args: object, **kwargs: object) -> object:
+            if len(seen) + 1 < applications:
+                seen.append({})
+                return original(*args, **kwargs)
+            seen.append(call_arguments(original, args, kwargs))
+            raise _StopAtLastBlock
+
+        last.forward = forward
+        try:
+            self.model.base_model(**inputs)
+        except _StopAtLastBlock:
+            pass
+        finally:
+            del last.forward
+        if len(seen) != applications or not seen[-1]:
+            raise SparseTrainingError(f"the last block ran {len(seen)} time(s), expected {applications}: the "
+                                      "adapter's block list does not match this model's forward")
+        return last, seen[-1]
+
+    def hidden_at_loss(self, where: LossIndex, positions: torch.Tensor, **inputs: object) -> torch.Tensor:
+        """(N, H): the hidden state the head reads (after the final norm) at the loss ``positions`` (N, 2)."""
+        if not self.block:
+            hidden = self.model.base_model(**inputs).last_hidden_state
+            return hidden[positions[:, 0], positions[:, 1]]
+        block, call = self.last_block_call(**inputs)
+        hidden = self.adapter.subset_block(block, call, where.index)[where.valid]
+        if self.adapter.final_norm is not None:
+            hidden = get_module(self.model.base_model, self.adapter.final_norm)(hidden)
+        return hidden
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, labels: torch.Tensor,
+                **inputs: object) -> SparseMLMOutput:
+        """The MLM loss of one batch (``input_ids``, ``attention_mask``, ``labels``: (B, T); more model
+        inputs, e.g. ``token_type_ids``, by name), computed sparsely."""
+        if labels.shape != input_ids.shape:
+            raise SparseTrainingError(f"labels {tuple(labels.shape)} and input_ids {tuple(input_ids.shape)} differ "
+                                      "in shape: give one label per token (-100 outside the loss)")
+        where = loss_index(labels, attention_mask)
+        rows = torch.arange(labels.shape[0], device=labels.device)[:, None].expand_as(where.index)
+        positions = torch.stack([rows[where.valid], where.index[where.valid]], dim=1)
+        hidden = self.hidden_at_loss(where, positions, input_ids=input_ids, attention_mask=attention_mask, **inputs)
+        logits = self._head(hidden)
+        targets = labels[positions[:, 0], positions[:, 1]]
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets)
+        return SparseMLMOutput(loss, logits, targets, positions)
+
+    __call__ = forward
+
+    def loss(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, labels: torch.Tensor,
+             **inputs: object) -> torch.Tensor:
+        """The scalar MLM loss (see :meth:`forward`)."""
+        return self.forward(input_ids, attention_mask, labels, **inputs).loss
+
+
+def sparse_mlm(model: nn.Module, *, block: bool = True, head: bool = True,
+               adapter: Adapter | str | None = None) -> SparseMLM:
+    """Sparse MLM training for ``model`` (a ``*ForMaskedLM``); refuses where it would not be exact.
+
+    ``head``: the MLM head at the loss positions only; ``block``: also the last block's query side
+    (needs ``head``). Refusals (:class:`~gradflow.errors.SparseTrainingError`, with the reason): a
+    head that mixes positions, a family without a sparse last block (``block=False`` still gives the
+    sparse head), a model without a separate base model. Usable as a context manager.
+    """
+    adapter = resolve_adapter(model, adapter)
+    if not head:
+        raise SparseTrainingError("sparse_mlm needs head=True: the sparse last block computes only the loss "
+                                  "positions, so the head must run there too (for a dense model, call it directly)")
+    if getattr(model, "base_model", model) is model:
+        raise SparseTrainingError(f"{type(model).__name__} has no separate base model: give the *ForMaskedLM model")
+    if adapter.head_mixes_positions:
+        raise SparseTrainingError(f"the {adapter.family} MLM head mixes positions ({adapter.head_mixes_positions}): "
+                                  "computing it at the loss positions only would change the logits")
+    if block and adapter.subset_block is None:
+        raise SparseTrainingError(f"the sparse last block is not implemented for the {adapter.family} family yet "
+                                  "(its adapter has no subset_block); use sparse_mlm(model, block=False) for the "
+                                  "sparse head alone")
+    return SparseMLM(model, adapter, block=block, head=head)
+
+
+__all__ = ["IGNORE", "LossIndex", "SparseMLM", "SparseMLMOutput", "call_arguments", "loss_index", "sparse_mlm"]
