@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from gradflow.adapters.extra_inputs import token_inputs
 from gradflow.errors import MaskingError
 from gradflow.roles import Role
 
@@ -273,6 +274,8 @@ def mask_batch(
     Every special id, added or in the text ("[SEP]", "[PAD]", "[MASK]"), is ``special`` and never
     selected; [UNK] stays maskable like the word it stands for (as in BERT's pretraining data);
     batch padding is ``pad``; random replacements are never special ids (nor [UNK]).
+    ``extra_inputs`` holds what the tokenizer derives per token beyond the ids (RoCBert's shape and
+    pronunciation ids: :func:`gradflow.adapters.extra_inputs.token_inputs`), from the corrupted ids.
     """
     policy = policy if policy is not None else BertMasking()
     info = TokenizerInfo.from_tokenizer(tokenizer)
@@ -307,7 +310,8 @@ def mask_batch(
         labels[b, :n] = torch.tensor(lab)
         roles[b, :n] = torch.tensor(rol, dtype=torch.int8)
         attention[b, :n] = 1
-    return MaskedBatch(input_ids, original, labels, roles, attention, torch.tensor(indices, dtype=torch.long))
+    return MaskedBatch(input_ids, original, labels, roles, attention, torch.tensor(indices, dtype=torch.long),
+                       extra_inputs=token_inputs(tokenizer, input_ids, attention))
 
 
 def mlm_roles(input_ids: torch.Tensor, labels: torch.Tensor, attention_mask: torch.Tensor | None = None,
