@@ -324,11 +324,12 @@ def _unsplit(record: BatchRecord, adapter: Adapter, blocks: list[nn.Module], ext
     """Per depth, the block parameters the check has no per-role measurement for, with the reason."""
     recorded = {(r.depth, r.sublayer, r.param) for r in record.sublayers}
     standard_paths = {spec.path: name for name, spec in adapter.sublayers.items()}
+    outside_biases = {spec.bias for spec in adapter.sublayers.values() if spec.bias is not None}  # DeBERTa v1
     rows = []
     for depth, block in enumerate(blocks):
         for full, _ in block.named_parameters():
             path, param = full.rpartition(".")[::2]
-            if path in standard_paths or (depth, OTHER + path, param) in recorded:
+            if path in standard_paths or full in outside_biases or (depth, OTHER + path, param) in recorded:
                 continue
             if path in extra:
                 reason = "not called on the batch's positions in this forward (no per-position gradient)"
