@@ -12,7 +12,10 @@ prints the median over ``--rounds`` interleaved rounds of:
 and each one's ratio to bare. Target (issue 17): http under 300 ms on a 2-core CPU. Not a test:
 numbers are printed, never asserted.
 
-    python benchmarks/bench_explore.py [--rounds 15] [--tokens 32] [--threads 2]
+    python benchmarks/bench_explore.py [--rounds 15] [--tokens 32] [--threads 2] [--device cpu]
+
+With ``--device cuda`` the model sits on the GPU (every timing ends with a device synchronise); the
+explorer's own work (tokenising, tables, JSON, HTML) stays on the CPU.
 """
 
 from __future__ import annotations
@@ -50,9 +53,10 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--model", default="gradflow-mini-en")
+    parser.add_argument("--device", default="cpu", help="torch device of the model (default cpu)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    loaded = load_model(args.model)
+    loaded = load_model(args.model, device=args.device)
     text = sentence_of(loaded, args.tokens)
     n = len(loaded.tokenizer(text)["input_ids"])
     mask = [3, 9]
@@ -61,8 +65,8 @@ def main() -> None:
     def bare() -> None:
         with torch.enable_grad():
             emb = loaded.model.get_input_embeddings()
-            out = loaded.model(**batch.model_inputs())
-            torch.autograd.grad(mlm_loss(out.logits, batch), [emb.weight])
+            out = loaded.model(**batch.to(args.device).model_inputs())
+            torch.autograd.grad(mlm_loss(out.logits, batch.to(args.device)), [emb.weight])
 
     def view() -> None:
         channel_view(loaded, text, mask=mask)
@@ -78,7 +82,7 @@ def main() -> None:
         from gradflow.explore.server import create_app
         from gradflow.explore.service import ExploreConfig, ExploreService
 
-        service = ExploreService(ExploreConfig(models=(args.model,)), loader=lambda name: loaded)
+        service = ExploreService(ExploreConfig(models=(args.model,), device=args.device), loader=lambda name: loaded)
         client = TestClient(create_app(service))
     except ImportError:
         client = None
@@ -102,9 +106,11 @@ def main() -> None:
         for name, fn in modes.items():
             start = time.perf_counter()
             fn()
+            if args.device.startswith("cuda"):
+                torch.cuda.synchronize()
             times[name].append(time.perf_counter() - start)
     base = statistics.median(times["bare"])
-    print(f"{args.model}, {n} tokens, mask {mask}, {args.threads} threads, {os.cpu_count()} CPUs, "
+    print(f"{args.model} on {args.device}, {n} tokens, mask {mask}, {args.threads} threads, {os.cpu_count()} CPUs, "
           f"{args.rounds} rounds (median)")
     for name in modes:
         med = statistics.median(times[name])

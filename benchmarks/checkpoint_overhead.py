@@ -14,6 +14,7 @@ the cost of one checkpoint and the overhead at the default interval: that cost o
 minutes with the defaults. Not a test: numbers are printed, never asserted.
 
     python benchmarks/checkpoint_overhead.py [--limit 256] [--rounds 3] [--dense 32] [--model gradflow-mini-en]
+        [--device cpu]
 """
 
 from __future__ import annotations
@@ -39,24 +40,28 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--dense", type=int, default=32)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    parser.add_argument("--device", default="cpu", help="torch device for the recordings (default cpu)")
     a = parser.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
-    loaded = load_model(a.model)
+    loaded = load_model(a.model, device=a.device)
     modes = {"off": (FAR, FAR), "default": (DEFAULT_EVERY, DEFAULT_MINUTES), "dense": (a.dense, FAR)}
     results: dict[str, list] = {m: [] for m in modes}
     with tempfile.TemporaryDirectory() as tmp:
-        record_corpus(RecordConfig(out=str(Path(tmp) / "warm-up"), model=a.model, limit=8, quiet=True), loaded)
+        record_corpus(RecordConfig(out=str(Path(tmp) / "warm-up"), model=a.model, limit=8, quiet=True,
+                                   device=a.device), loaded)
         names = list(modes)
         for r in range(a.rounds):  # the order rotates each round, so a load that drifts hits every mode
             for mode in names[r % len(names):] + names[: r % len(names)]:
                 every, minutes = modes[mode]
                 out = Path(tmp) / f"{mode}{r}"
                 s = record_corpus(RecordConfig(out=str(out), model=a.model, limit=a.limit, quiet=True,
-                                               checkpoint_every=every, checkpoint_minutes=minutes), loaded)
+                                               checkpoint_every=every, checkpoint_minutes=minutes,
+                                               device=a.device), loaded)
                 results[mode].append((s.wall_s, s.checkpoint_s, s.sequences))
     base = statistics.median(w for w, _, _ in results["off"])
-    print(f"{a.model}, committed sample, --limit {a.limit}, {a.rounds} rounds, torch threads {torch.get_num_threads()}")
+    print(f"{a.model}, committed sample, --limit {a.limit}, {a.rounds} rounds, device {a.device}, "
+          f"torch threads {torch.get_num_threads()}")
     print(f"{'mode':8} {'checkpoints':>11} {'wall_s':>8} {'ratio':>7} {'in_ckpt_s':>9} {'in_ckpt%':>8}")
     for mode, (every, _) in modes.items():
         wall = statistics.median(w for w, _, _ in results[mode])

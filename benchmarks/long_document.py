@@ -6,9 +6,13 @@ fresh process, once for N MB (default 1024) and once for 12 MB, and the committe
 baseline. The child reports its own peak RSS (VmHWM) and the seconds from the corpus job asking for
 its batches (reading starts there) to the first masked batch, and the whole command's wall time.
 Targets: 1 GB under 1.5 GB peak RSS and first batch under 10 s; 12 MB first batch under 2 s.
+``--jsonl-mb N`` adds a ``.jsonl`` file of one record of about N MiB (an ``id`` field, the same
+text JSON-escaped, quotes and a ``\n`` escape in every block, in its ``"text"`` field, and a
+``meta`` field after it), read through the streaming record decoder (0 leaves it out).
+``--device cuda`` records on the GPU (the reader, what this measures, runs on the CPU either way).
 Not a test: numbers are printed, never asserted.
 
-    python benchmarks/long_document.py [--mb 1024] [--model gradflow-mini-en]
+    python benchmarks/long_document.py [--mb 1024] [--jsonl-mb 1024] [--model gradflow-mini-en] [--device cpu]
 """
 
 from __future__ import annotations
@@ -53,10 +57,25 @@ def write_one_line(path: Path, mb: int) -> int:
     return path.stat().st_size
 
 
-def record(model: str, texts: Path, out: Path) -> dict:
+def write_one_record(path: Path, mb: int) -> int:
+    """Write a one-line ``.jsonl`` file: one record whose "text" field is about ``mb`` MiB; its size in bytes."""
+    from gradflow.inputs.corpus import default_texts
+
+    words = " ".join(Path(default_texts()).read_text(encoding="utf-8").split())
+    text = '"quoted" words\n' + words + " "
+    block = json.dumps(text * max(1, (1 << 16) // len(text) + 1), ensure_ascii=False)[1:-1].encode("utf-8")
+    with open(path, "wb") as handle:
+        handle.write(b'{"id": 1, "text": "')
+        for _ in range(max(1, round((mb << 20) / len(block)))):
+            handle.write(block)
+        handle.write(b'", "meta": {"source": "benchmarks/long_document.py", "blocks": [1, 2, 3]}}')
+    return path.stat().st_size
+
+
+def record(model: str, texts: Path, out: Path, device: str = "cpu") -> dict:
     """Run `gradflow record --limit 64 --norms-only` in a fresh process; its peak RSS, first batch and wall time."""
     cmd = [sys.executable, "-c", CHILD, "record", "--model", model, "--texts", str(texts), "--out", str(out),
-           "--limit", "64", "--norms-only", "--quiet", "--overwrite"]
+           "--limit", "64", "--norms-only", "--quiet", "--overwrite", "--device", device]
     start = time.perf_counter()
     proc = subprocess.run(cmd, check=False, capture_output=True, text=True)
     wall = time.perf_counter() - start
@@ -71,23 +90,33 @@ def record(model: str, texts: Path, out: Path) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--mb", type=int, default=1024, help="size of the large one-line file in MiB (default 1024)")
+    p.add_argument("--jsonl-mb", type=int, default=0,
+                   help="size of a one-record .jsonl file in MiB (default 0: no .jsonl case)")
+    p.add_argument("--small-mb", type=int, default=12, help="size of the small one-line file in MiB (default 12)")
     p.add_argument("--model", default="gradflow-mini-en")
+    p.add_argument("--device", default="cpu", help="torch device for the recording (default cpu)")
     args = p.parse_args()
     from gradflow.inputs.corpus import default_texts
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         rows.append(("sample (baseline)", Path(default_texts()).stat().st_size,
-                     record(args.model, Path(default_texts()), Path(tmp) / "base")))
-        for mb in sorted({12, args.mb}):
+                     record(args.model, Path(default_texts()), Path(tmp) / "base", args.device)))
+        for mb in sorted({args.small_mb, args.mb}):
             path = Path(tmp) / f"one_line_{mb}mb.txt"
             size = write_one_line(path, mb)
-            rows.append((f"one line, {mb} MiB", size, record(args.model, path, Path(tmp) / f"run{mb}")))
+            rows.append((f"one line, {mb} MiB", size, record(args.model, path, Path(tmp) / f"run{mb}", args.device)))
             path.unlink()
-    print(f"model={args.model}  gradflow record --limit 64 --norms-only")
-    print(f"{'corpus':<22}{'bytes':>14}{'peak RSS MiB':>14}{'first batch s':>15}{'wall s':>9}")
+        if args.jsonl_mb > 0:
+            path = Path(tmp) / f"one_record_{args.jsonl_mb}mb.jsonl"
+            size = write_one_record(path, args.jsonl_mb)
+            rows.append((f"jsonl record, {args.jsonl_mb} MiB", size,
+                         record(args.model, path, Path(tmp) / "runjsonl", args.device)))
+            path.unlink()
+    print(f"model={args.model}  device={args.device}  gradflow record --limit 64 --norms-only")
+    print(f"{'corpus':<26}{'bytes':>14}{'peak RSS MiB':>14}{'first batch s':>15}{'wall s':>9}")
     for name, size, r in rows:
-        print(f"{name:<22}{size:>14}{r['peak_mib']:>14.1f}{r['first_batch_s']:>15.2f}{r['wall_s']:>9.1f}")
+        print(f"{name:<26}{size:>14}{r['peak_mib']:>14.1f}{r['first_batch_s']:>15.2f}{r['wall_s']:>9.1f}")
     print("targets: 1 GiB peak RSS < 1536 MiB and first batch < 10 s; 12 MiB first batch < 2 s")
 
 
