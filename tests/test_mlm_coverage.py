@@ -45,9 +45,9 @@ def test_refusal_states_its_kind_and_is_raised(model_type):
 
 
 def test_loading_a_refused_type_names_the_reason(tmp_path):
-    AutoConfig.for_model("fnet", vocab_size=64, hidden_size=16, num_hidden_layers=1,
-                         intermediate_size=16).save_pretrained(tmp_path)
-    with pytest.raises(ModelLoadError, match="Fourier transform"):
+    AutoConfig.for_model("funnel", vocab_size=64, d_model=16, n_head=2, d_head=8, d_inner=16,
+                         block_sizes=[1, 1]).save_pretrained(tmp_path)
+    with pytest.raises(ModelLoadError, match="pools the sequence"):
         load_model(str(tmp_path))
 
 

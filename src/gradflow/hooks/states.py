@@ -33,9 +33,10 @@ def collect_states(model: nn.Module, batch: MaskedBatch, adapter: Adapter | None
                    keep_logits: bool = True) -> SiteStates:
     """One no-grad forward of ``batch``; every site's hidden state (hooks removed afterwards)."""
     store: dict[str, torch.Tensor] = {}
+    t = batch.input_ids.shape[1]
 
     def keep(site: str, hidden: torch.Tensor) -> None:
-        store[site] = hidden.detach().float().cpu()
+        store[site] = hidden.detach()[:, :t].float().cpu()  # positions a model appends (Longformer) are cut
 
     sites = SiteLayer(model, adapter, mid=True)
     with torch.no_grad(), sites.hooks(keep):
