@@ -167,6 +167,7 @@ def test_xmod_two_languages_uses_the_default_one():
     ("xlm", dict(asm=True, asm_cutoffs=[8, 16]), "adaptive softmax"),
     ("flaubert", dict(pre_norm=True), "pre_norm=True branch fails"),
     ("xmod", dict(default_language=None), "set_default_language"),
+    ("xmod", dict(default_language="fr_XX"), "has no language adapter"),
     ("xmod", dict(pre_norm=True), "pre_norm=True"),
     ("xmod", dict(adapter_layer_norm=True), "adapter_reuse_layer_norm=True"),
 ])

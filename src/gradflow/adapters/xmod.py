@@ -32,6 +32,9 @@ def xmod_refusal(config: object) -> str | None:
         return ("X-MOD picks a language adapter per input and gradflow passes no lang_ids, so it needs "
                 "config.default_language, which is unset: call model.set_default_language(...) and save the model, "
                 f"or set default_language in its config.json (one of: {languages})")
+    if str(config.default_language) not in map(str, getattr(config, "languages", ())):
+        return (f"its default_language {config.default_language!r} has no language adapter (languages: "
+                f"{', '.join(map(str, getattr(config, 'languages', ())))})")
     if getattr(config, "pre_norm", False):
         return ("pre_norm=True applies each LayerNorm before its sublayer and output.LayerNorm before the FFN and "
                 "again before the adapter; gradflow's X-MOD adapter describes the post-norm block only")
