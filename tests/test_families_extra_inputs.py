@@ -263,3 +263,53 @@ def test_text_only_forward_is_the_text_encoders_own(family):
     vision = [p.grad for p in [*wrapper.vision_model.parameters(), *wrapper.connector.parameters()]]
     assert all(g is None for g in vision)  # the vision tower and connector are not on the text path
     assert "text only" in adapter_for(model).notes
+
+
+# ---------------------------------------------------------------------------------------------
+# NeoMME (refused, not supported yet): the zero pattern its adapter would state, measured
+# ---------------------------------------------------------------------------------------------
+
+def test_neomme_last_block_zero_pattern_for_its_future_adapter():
+    config = AutoConfig.for_model("neomme", vocab_size=COMMON["vocab_size"], embedding_rank=16, hidden_size=32,
+                                  intermediate_size=48, num_hidden_layers=3, num_attention_heads=2,
+                                  num_key_value_heads=1, head_dim=16, max_position_embeddings=64, sliding_window=4,
+                                  layer_types=["sliding_attention", "full_attention", "full_attention"])
+    torch.manual_seed(0)
+    model = AutoModelForMaskedLM.from_config(config).eval()
+    with torch.no_grad():  # NeoMME zero-initialises its output projections, alpha and value embeddings
+        for parameter in model.parameters():
+            if torch.count_nonzero(parameter) == 0:
+                parameter.normal_(0, 0.5)
+    last = model.base_model.layers[-1]
+    assert 2 in model.base_model.value_embedding_layers  # the last full-attention layer adds value embeddings
+    grads: dict[str, torch.Tensor] = {}
+
+    def keep(name):
+        def hook(mod, inputs, output):
+            output.register_hook(lambda g: grads.__setitem__(name, g))
+        return hook
+
+    def keep_value_embeds(mod, args, kwargs):
+        value = kwargs["value_embeds"].clone()
+        value.register_hook(lambda g: grads.__setitem__("value_embeddings", g))
+        return args, {**kwargs, "value_embeds": value}
+
+    attn = last.self_attn
+    modules = {"q_proj": attn.q_proj, "k_proj": attn.k_proj, "v_proj": attn.v_proj,
+               "o_proj": attn.output_projection.o_proj, "gate_proj": attn.output_projection.gate_proj,
+               "up_proj": last.mlp.up_proj, "down_proj": last.mlp.down_proj}
+    handles = [m.register_forward_hook(keep(n)) for n, m in modules.items()]
+    handles.append(attn.register_forward_pre_hook(keep_value_embeds, with_kwargs=True))
+    batch = tiny_batch()
+    try:
+        mlm_loss(model(**batch.model_inputs()).logits, batch).backward()
+    finally:
+        for handle in handles:
+            handle.remove()
+    context, masked = _context(batch), batch.roles == Role.MASKED
+    for name in ("q_proj", "o_proj", "gate_proj", "up_proj", "down_proj"):  # read only their own position
+        assert torch.count_nonzero(grads[name][context]) == 0 and torch.count_nonzero(grads[name][masked]) > 0, name
+    for name in ("k_proj", "v_proj", "value_embeddings"):  # read by every loss position's attention
+        assert torch.count_nonzero(grads[name][context]) > 0, name
+    with pytest.raises(UnsupportedArchitectureError, match="not supported yet: NeoMME"):
+        adapter_for(model)

@@ -48,11 +48,14 @@ REFUSED: dict[str, str] = {
     "neomme": ("not supported yet: NeoMME (a vision-language encoder; text-only input is its text path) has "
                "text blocks of its own, no supported family: each layer mixes its input with the embedding "
                "output (lambdas), the first and last full-attention layers add value_embeddings looked up from "
-               "input_ids to V, attention removes each position's own value direction (exclusive self-attention) "
-               "and a sigmoid gate from the layer input scales the output projection. It takes an adapter naming "
-               "the gate and value_embeddings as sublayers of their own (value_embeddings rows, like attn.v, are "
-               "expected to get context gradient in the last block; the gate, like attn.out, not) and a tiny "
-               "config that checks it"),
+               "input_ids to V, attention removes each position's own value direction (exclusive self-attention, "
+               "alpha), a sigmoid gate from the layer input scales the output projection, and its RMSNorms have no "
+               "gain. Measured on a tiny model: in the last block q_proj, gate_proj, o_proj and the MLP get exactly "
+               "zero gradient from context positions, k_proj, v_proj and the value embeddings do not "
+               "(tests/test_families_extra_inputs.py). It takes an adapter naming gate_proj (zero, like attn.q) "
+               "and value_embeddings (a model-level Embedding read by two layers) beyond the standard sublayers, "
+               "family tests that allow pre-norm blocks without norm gains, and a tiny config built through "
+               "NeoMMEConfig (its layer_types, per-layer windows and rope parameters are derived at construction)"),
 }
 
 
