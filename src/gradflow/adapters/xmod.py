@@ -26,7 +26,9 @@ from gradflow.adapters.bert import BERT, BERT_SUBLAYERS
 
 
 def xmod_refusal(config: object) -> str | None:
-    """Why an X-MOD config cannot be recorded, or None."""
+    """Why an X-MOD config cannot be recorded, or None (also for a stand-in without X-MOD's attributes)."""
+    if not hasattr(config, "languages"):
+        return None  # e.g. the coverage table's config with only a model_type: nothing to judge
     if getattr(config, "default_language", None) is None:
         languages = ", ".join(map(str, getattr(config, "languages", ())))
         return ("X-MOD picks a language adapter per input and gradflow passes no lang_ids, so it needs "
