@@ -9,6 +9,8 @@ mode against F.linear/F.layer_norm, the refusal of its quantised mode, and ``gra
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -73,13 +75,32 @@ def test_outside_biases_are_split_by_role_and_sum_to_autograd():
 
 
 def test_relative_position_projections_get_only_relpos_gradient():
-    """pos_proj (c2p) maps the relative-position embeddings: its whole gradient is relpos, in every block."""
-    result = check_batch(tiny_model("deberta"), tiny_batch())
-    rows = [p for p in result.params if p.sublayer == "attention.self.pos_proj"]
-    assert len(rows) == 3 and all(set(p.n_positions) == {"relpos"} for p in rows)
-    assert all(p.contribution["relpos"] > 0 for p in rows)
-    unsplit = {row["parameter"] for row in result.unsplit}
-    assert not {"attention.self.q_bias", "attention.self.v_bias"} & unsplit  # attributed as attn.q/v's bias
+    """pos_proj (c2p) and pos_q_proj (p2c) map the relative-position embeddings: their whole gradient is
+    relpos, in every block, and equals autograd's (pos_q_proj's output is scaled in place by the model:
+    the recorder hands the model a copy of non-token outputs, so its hook still sees the gradient)."""
+    model = tiny_model("deberta")
+    batch = tiny_batch()
+    extra = {"pos_k": SublayerSpec("attention.self.pos_proj"), "pos_q": SublayerSpec("attention.self.pos_q_proj")}
+    adapter = replace(adapter_for(model), sublayers={**adapter_for(model).sublayers, **extra})
+    with GradFlowRecorder(model, RecorderConfig(materialize=True), adapter=adapter) as rec:
+        record = rec.record(batch)
+    model.zero_grad(set_to_none=True)
+    mlm_loss(model(**batch.model_inputs()).logits, batch).backward()
+    for depth, layer in enumerate(model.deberta.encoder.layer):
+        for name, module in (("pos_k", layer.attention.self.pos_proj), ("pos_q", layer.attention.self.pos_q_proj)):
+            for param in ("weight", "bias"):
+                keys = [k for k in record.matrices if k[:3] == (depth, name, param)]
+                if getattr(module, param) is None:
+                    assert not keys
+                    continue
+                assert [k[3] for k in keys] == ["relpos"], (name, param)
+                ref = getattr(module, param).grad
+                torch.testing.assert_close(record.matrices[keys[0]], ref, rtol=1e-5, atol=1e-10)
+                assert float(ref.norm()) > 0
+    result = check_batch(model, batch)
+    rows = [p for p in result.params if p.sublayer in ("attention.self.pos_proj", "attention.self.pos_q_proj")]
+    assert len(rows) == 9 and all(set(p.n_positions) == {"relpos"} and p.contribution["relpos"] > 0 for p in rows)
+    assert result.unsplit == []  # q_bias, v_bias: attributed as attn.q's and attn.v's bias
 
 
 # ---------------------------------------------------------------------------------------------- SqueezeBERT

@@ -214,8 +214,9 @@ class GradFlowRecorder:
         """``sequence_first``: the module reads and writes (T, B, ...) tensors (Longformer's q/k/v)."""
         channels_first = self.adapter.channels_first
 
-        def hook(mod: nn.Module, inputs: tuple, output: object) -> None:
+        def hook(mod: nn.Module, inputs: tuple, output: object) -> object:
             state, depth = self._batch, self.sites.depths.current
+            raw = output
             if isinstance(output, tuple) and output:  # (output, scaling factor): I-BERT's modules
                 output = output[0]
             if state is None or depth is None or not isinstance(output, torch.Tensor):
@@ -238,8 +239,11 @@ class GradFlowRecorder:
                 sublayer_stats(state, depth, mod, served, x, grad.transpose(1, 2) if channels_first else grad, token)
 
             output.register_hook(on_grad)
-            if not token:
+            if not token:  # the model gets a copy, so that changing it in place (DeBERTa's pos_q_proj output:
+                # pos_query_layer /= scale) cannot drop the hook; non-token (relative-position) outputs are small
                 state.extra_targets.append(output)
+                copy = output.clone()
+                return (copy, *raw[1:]) if isinstance(raw, tuple) else copy
             return None
 
         return hook
