@@ -180,6 +180,16 @@ def test_tapas_tokenizer_gives_the_text_segment_zero_in_every_channel(tmp_path):
     assert torch.count_nonzero(types[~text][:, 1:3]) > 0  # table cells do carry column and row ids
 
 
+def test_tapas_text_without_table_is_bert_wordpiece_on_its_vocabulary(tmp_path):
+    pd = pytest.importorskip("pandas")
+    from transformers import BertTokenizerFast, TapasTokenizer
+
+    text = "The cats sat on the mat, 12 cats"
+    tapas = TapasTokenizer(_vocab_file(tmp_path))(table=pd.DataFrame(), queries=text)
+    assert tapas["input_ids"] == BertTokenizerFast(_vocab_file(tmp_path))(text)["input_ids"]
+    assert not any(any(channels) for channels in tapas["token_type_ids"])
+
+
 def test_tapas_without_token_types_is_the_all_zero_input():
     model = _build("tapas")
     batch = tiny_batch()

@@ -12,7 +12,9 @@
   id), so :func:`token_inputs` derives them from the batch's (corrupted) input ids with the
   tokenizer's own tables, and :func:`gradflow.inputs.masking.mask_batch` puts them in
   ``MaskedBatch.extra_inputs``. A batch built without the tokenizer carries none and the model then
-  embeds shape and pronunciation id 0 (its padding rows) at every position.
+  embeds shape and pronunciation id 0 (its padding rows) at every position. Both tokenizers are slow
+  only, and corpus jobs window documents with a fast tokenizer's overflow: TAPAS's BertTokenizerFast
+  on the same vocabulary gives the same ids; RoCBert is recorded through the Python API.
 - **Nystromformer** computes exact softmax attention when ``num_landmarks == segment_means_seq_len``
   (the published uw-madison configurations: 64 and 64, whatever the input length), and adds
   ``attention.self.conv``, a depthwise convolution of the values over ``conv_kernel_size``
@@ -36,7 +38,9 @@ TAPAS = replace(
     BERT, family="tapas", model_types=("tapas",),
     notes="post-LN; text only: token_type_ids are not passed, so all 7 table channels are 0 at every position, "
           "as TapasTokenizer sets them for the text segment ([CLS] text [SEP]) of a text with an empty table; "
-          "table cells (segment 1, column/row ids, ranks, numeric relations) are not carried",
+          "table cells (segment 1, column/row ids, ranks, numeric relations) are not carried. TapasTokenizer (slow "
+          "only; its first argument is a table) cannot feed corpus jobs, which need a fast tokenizer: save the "
+          "checkpoint with BertTokenizerFast on its vocab.txt, which gives a text without table TapasTokenizer's ids",
 )
 
 ROC_BERT = replace(
@@ -44,7 +48,9 @@ ROC_BERT = replace(
     notes="post-LN; input_shape_ids and input_pronunciation_ids are derived from the batch's input ids with the "
           "tokenizer's word_shape and word_pronunciation tables, as RoCBertTokenizer derives them (a masked "
           "position gets the [MASK] token's ids, a random replacement its token's); a batch built without the "
-          "tokenizer carries none and the model embeds id 0 (the padding row) instead",
+          "tokenizer carries none and the model embeds id 0 (the padding row) instead. RoCBertTokenizer is slow "
+          "only and corpus jobs (record, check) window documents with a fast tokenizer's overflow, so RoCBert is "
+          "recorded through the Python API (mask_batch on texts of at most max_length tokens)",
 )
 
 
