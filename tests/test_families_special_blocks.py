@@ -9,12 +9,15 @@ appends and its global attention, FNet's all-zero last block, and ``gradflow che
 from __future__ import annotations
 
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 import torch
+from transformers import AutoConfig
 
 from gradflow import GradFlowRecorder, RecorderConfig, mlm_loss
 from gradflow.adapters import adapter_for, block_modules
+from gradflow.adapters.special_blocks import mobilebert_refusal
 from gradflow.errors import RecorderError, UnsupportedArchitectureError
 from gradflow.roles import ALL_ROLES, Role
 from gradflow.runs.check import check_batch
@@ -123,6 +126,8 @@ def test_mobilebert_other_layouts_are_refused_with_the_attribute():
         model = tiny_model("mobilebert", **overrides)
         with pytest.raises(UnsupportedArchitectureError, match=named):
             adapter_for(model)
+    assert adapter_for(AutoConfig.for_model("mobilebert")).family == "mobilebert"  # the published layout
+    assert mobilebert_refusal(SimpleNamespace(model_type="mobilebert")) is None  # a stand-in (the coverage table)
 
 
 # ---------------------------------------------------------------------------------------------- Longformer

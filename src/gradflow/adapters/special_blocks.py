@@ -34,9 +34,10 @@ _BOTTLENECK_KEYS = ("bottleneck.attention.dense", "bottleneck.attention.LayerNor
 
 
 def mobilebert_refusal(config: object) -> str | None:
-    """Why a MobileBERT config's block layout is not the described one, or None."""
-    wrong = [f"{key}={getattr(config, key, None)!r}" for key, value in MOBILEBERT_LAYOUT.items()
-             if getattr(config, key, None) != value]
+    """Why a MobileBERT config's block layout is not the described one, or None (an attribute it lacks
+    counts as the described value: a stand-in config with only ``model_type``)."""
+    wrong = [f"{key}={getattr(config, key)!r}" for key, value in MOBILEBERT_LAYOUT.items()
+             if getattr(config, key, value) != value]
     if not wrong:
         return None
     expected = ", ".join(f"{key}={value!r}" for key, value in MOBILEBERT_LAYOUT.items())
