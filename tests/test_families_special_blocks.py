@@ -229,3 +229,17 @@ def test_check_agrees_with_the_theory(family, overrides, not_called):
     unsplit = {row["parameter"].rpartition(".")[0] for row in result.unsplit if row["layer"] == last}
     assert unsplit == not_called
     assert all("not called" in row["reason"] for row in result.unsplit)
+
+
+def test_check_counts_longformers_padded_token_calls_as_token_calls():
+    """Longformer pads T = 12 to 16 inside the model: its block Linears run on B * 16 rows and still count
+    as token calls (at the batch's real tokens), so the FLOP terms are those of an unpadded batch of the
+    same tokens: nothing lands in ``non_token`` and the block term is the same as without padding."""
+    model = tiny_model("longformer")
+    batch = tiny_batch()  # T = 12, attention_window 8 (family table): padded to 16
+    flops = check_batch(model, batch).flops
+    assert flops.non_token == 0.0 and flops.blocks_linear > 0.0
+    bert_like = tiny_model("bert")  # the same block shapes, no padding inside the model
+    reference = check_batch(bert_like, batch).flops
+    assert flops.blocks_linear == pytest.approx(reference.blocks_linear, rel=1e-12)
+    assert flops.skippable == pytest.approx(reference.skippable, rel=1e-12)

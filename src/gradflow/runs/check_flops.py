@@ -130,7 +130,10 @@ def count_flops(model: nn.Module, adapter: Adapter, blocks: Sequence[nn.Module],
     terms = dict.fromkeys(("blocks_linear", "encoder_other", "head", "non_token", "head_unselected"), 0.0)
     for module_id, fan_in, fan_out, rows in calls.calls:
         per_token = 2.0 * fan_in * fan_out * FORWARD_BACKWARD
-        if rows not in (b * t, n):
+        # a model that pads the sequence itself (adapter.appends_padding: Longformer) runs its token calls
+        # on B * T' rows, T' >= T; they are token calls, counted like every token call at the n real tokens
+        padded = adapter.appends_padding and module_id in base_ids and rows % b == 0 and rows > b * t
+        if rows not in (b * t, n) and not padded:
             terms["non_token"] += per_token * rows
         elif module_id in block_ids:
             terms["blocks_linear"] += per_token * n
