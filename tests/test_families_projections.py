@@ -18,7 +18,8 @@ from transformers import AutoConfig
 
 from gradflow import GradFlowRecorder, RecorderConfig, mlm_loss
 from gradflow.adapters import SublayerSpec, adapter_for, get_module
-from gradflow.errors import UnsupportedArchitectureError
+from gradflow.errors import SiteError, UnsupportedArchitectureError
+from gradflow.hooks.sites import SiteLayer
 from gradflow.roles import ALL_ROLES
 from gradflow.runs.check import check_batch
 from tiny import tiny_batch, tiny_model
@@ -179,6 +180,14 @@ def test_channels_first_sites_are_the_blocks_own_states():
         torch.testing.assert_close(grad, grads[depth].norm(dim=1), rtol=1e-5, atol=1e-9)
         torch.testing.assert_close(record.site(f"blocks.{depth}.out")[1], out.hidden_states[depth + 1].norm(dim=-1),
                                    rtol=1e-5, atol=1e-6)
+
+
+def test_channels_first_mid_must_be_a_module_output():
+    """A transposed copy of a module's input would miss the gradient of the input's other uses (the residual)."""
+    model = tiny_model("squeezebert")
+    adapter = replace(adapter_for(model), mid=("post_attention", "input"))
+    with pytest.raises(SiteError, match="channels_first"):
+        SiteLayer(model, adapter)
 
 
 # ---------------------------------------------------------------------------------------------- I-BERT

@@ -162,18 +162,13 @@ def _output_hook(callback: SiteCallback, site: Callable[[], str | None], channel
     return hook
 
 
-def _input_hook(callback: SiteCallback, site: Callable[[], str | None],
-                channels_first: bool = False) -> Callable[[nn.Module, tuple], tuple | None]:
-    """Forward pre-hook: ``callback(site(), first input)`` and the input replaced by its result
-    (``channels_first``: as in :func:`_output_hook`)."""
+def _input_hook(callback: SiteCallback, site: Callable[[], str | None]) -> Callable[[nn.Module, tuple], tuple | None]:
+    """Forward pre-hook: ``callback(site(), first input)`` and the input replaced by its result."""
     def hook(module: nn.Module, args: tuple) -> tuple | None:
         name = site()
         if name is None or not args:
             return None
-        hidden = args[0].transpose(1, 2) if channels_first else args[0]
-        new = callback(name, hidden)
-        if channels_first:
-            return ((hidden if new is None else new).transpose(1, 2), *args[1:])
+        new = callback(name, args[0])
         return None if new is None else (new, *args[1:])
 
     return hook
@@ -214,6 +209,9 @@ class SiteLayer:
         self.blocks = block_modules(self.adapter, self.base)
         self.num_blocks = len(self.blocks)
         self.mid = mid and self.adapter.mid is not None
+        if self.mid and self.adapter.channels_first and self.adapter.mid[1] != "output":
+            # a transposed copy of an input would miss the gradient of the input's other uses (the residual)
+            raise SiteError("an adapter with channels_first must name its mid point as a module's output")
         self.names = site_names(self.num_blocks, self.mid)
         self.depths = DepthStack(depth_occurrences(self.blocks))
         self._entered = 0
@@ -259,7 +257,7 @@ class SiteLayer:
                 module = get_module(block, path)
                 handles.append(module.register_forward_hook(_output_hook(callback, self._mid_site, transposed))
                                if kind == "output" else
-                               module.register_forward_pre_hook(_input_hook(callback, self._mid_site, transposed)))
+                               module.register_forward_pre_hook(_input_hook(callback, self._mid_site)))
         if at_blocks:
             first = self.blocks[0] if entry_path is None else get_module(self.blocks[0], entry_path)
             handles.append(first.register_forward_pre_hook(_block_input_hook(callback, self._first_block),
