@@ -64,7 +64,7 @@ STEPS: tuple[Step, ...] = (
                 "--batch", "2", "--length", "16")),
     Step("bench_callback", "GradFlowCallback overhead in transformers.Trainer MLM training",
          _bench("bench_callback", "--device", "cuda"),
-         _bench("bench_callback", "--device", "cpu", "--steps", "2", "--every", "1", "--rounds", "1", "--layers", "1",
+         _bench("bench_callback", "--device", "cpu", "--steps", "4", "--every", "3", "--rounds", "1", "--layers", "1",
                 "--hidden", "64", "--vocab", "2000", "--batch", "2", "--seq", "16")),
     Step("bench_memory", "peak memory of gradflow record on a corpus and on one 10x larger",
          _bench("bench_memory", "--device", "cuda"),
@@ -82,7 +82,7 @@ STEPS: tuple[Step, ...] = (
          _bench("long_document", "--device", "cpu", "--mb", "1", "--small-mb", "1", "--jsonl-mb", "1")),
     Step("bench_explore", "explorer response time against its bare forward+backward",
          _bench("bench_explore", "--device", "cuda"),
-         _bench("bench_explore", "--device", "cpu", "--rounds", "1", "--tokens", "8")),
+         _bench("bench_explore", "--device", "cpu", "--rounds", "1", "--tokens", "12")),
 )
 
 
