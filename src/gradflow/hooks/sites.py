@@ -65,8 +65,6 @@ def hidden_state(output: object) -> torch.Tensor:
     hidden = getattr(output, "last_hidden_state", None)
     if isinstance(hidden, torch.Tensor):
         return hidden
-    if type(output) is dict and output and isinstance(next(iter(output.values())), torch.Tensor):
-        return next(iter(output.values()))  # a plain dict's first value (SqueezeBERT's {"feature_map": ...})
     raise SiteError(f"cannot find the hidden state in a module output of type {type(output).__name__}")
 
 
@@ -80,8 +78,6 @@ def replace_hidden_state(output: object, new: torch.Tensor) -> object:
         return [new, *output[1:]]
     if isinstance(getattr(output, "last_hidden_state", None), torch.Tensor):
         return type(output)(**{**output, "last_hidden_state": new})
-    if type(output) is dict and output and isinstance(next(iter(output.values())), torch.Tensor):
-        return {**output, next(iter(output)): new}
     raise SiteError(f"cannot replace the hidden state in a module output of type {type(output).__name__}")
 
 
