@@ -189,6 +189,17 @@ def test_torchrun_two_processes_killed_then_resumed_is_identical(tmp_path, tiny_
     assert torchrun(run, 29752, fault="kill_at_batch:4").returncode != 0
     # (a rank slower than the one killed may have no checkpoint yet: it starts its shard over)
     assert {p.name for p in (run / ".checkpoint").iterdir()} & {"rank0", "rank1"}
+    # at each checkpoint every process rewrote its own partial tables and meta.json; rank 0's is meta.json too
+    partial = [r for r in range(2) if (run / f"meta.rank{r}.json").is_file()]
+    assert partial and set(partial) <= {int(p.name[4:]) for p in (run / ".checkpoint").iterdir()}
+    for r in partial:
+        meta = json.loads((run / f"meta.rank{r}.json").read_text())
+        assert meta["complete"] is False and meta["world_size"] == 2 and meta["progress"]["sequences"] == 4
+        assert meta["counts"]["sequences_recorded"] == 4
+        channels = pd.read_csv(run / f"channels.rank{r}.csv")
+        assert channels["n_positions"].sum() > 0 and (run / f"sublayers.rank{r}.csv").is_file()
+    if 0 in partial:
+        assert json.loads((run / "meta.json").read_text())["complete"] is False
     proc = torchrun(run, 29753, "--resume")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads((run / "meta.json").read_text())["world_size"] == 2

@@ -1,9 +1,9 @@
 """``gradflow atlas``: record, check, diagnose and probe several checkpoints; merge them into one atlas.
 
 ``gradflow atlas MODEL... --out DIR [--shard I/N]`` runs each model into ``DIR/<slug>/`` (resumable:
-finished models are skipped, interrupted ones redone) and, unsharded, writes ``DIR/atlas.csv`` and the
-figures; ``gradflow atlas --merge DIR... --out OUT`` merges finished directories (e.g. the shards of
-a cluster array job). See :mod:`gradflow.runs.atlas`.
+finished models are skipped, interrupted ones resume their record and diagnostics steps) and,
+unsharded, writes ``DIR/atlas.csv`` and the figures; ``gradflow atlas --merge DIR... --out OUT``
+merges finished directories (e.g. the shards of a cluster array job). See :mod:`gradflow.runs.atlas`.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from gradflow.cli.options import (
     AT_LEAST_ONE,
     FORMATS_DEFAULT,
     CheckedAction,
+    add_checkpointing,
     add_device,
     add_dtype,
     add_limit,
@@ -66,6 +67,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--format", default=FORMATS_DEFAULT, help="comma-separated figure formats (default %(default)s)")
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     add_trust_remote_code(p)
+    add_checkpointing(p, resume=False)  # an interrupted model's record and diagnostics steps always resume
     p.set_defaults(run=run)
 
 
@@ -83,7 +85,8 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
         dtype=args.dtype, pressure=args.pressure, probes=args.probes, probe_task=args.probe_task,
         probe_limit=args.probe_limit, data_root=args.data_root, resamples=args.resamples,
         formats=formats(args.format), quiet=args.quiet, trust_remote_code=args.trust_remote_code,
-        command=command_line(argv))
+        command=command_line(argv), checkpoint_every=args.checkpoint_every,
+        checkpoint_minutes=args.checkpoint_minutes)
     summary = run_atlas(config)
     print(f"atlas {args.out}: {len(summary.ran)} model(s) run, {len(summary.skipped)} finished before"
           + (f" (shard {args.shard[0]}/{args.shard[1]}: merge with gradflow atlas --merge)" if args.shard[1] > 1

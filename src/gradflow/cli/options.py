@@ -184,6 +184,18 @@ def add_seed(parser: argparse.ArgumentParser, default: int = 0, meaning: str = "
     add_number(parser, "--seed", int, NON_NEGATIVE, meaning, default)
 
 
+def add_checkpointing(parser: argparse.ArgumentParser, resume: bool = True) -> None:
+    """``--resume`` (with ``resume``), ``--checkpoint-every`` and ``--checkpoint-minutes`` of the resumable jobs."""
+    if resume:
+        parser.add_argument("--resume", action="store_true",
+                            help="continue the unfinished run in --out from its last checkpoint (same options; the "
+                                 "finished tables are those of an uninterrupted run)")
+    add_number(parser, "--checkpoint-every", int, AT_LEAST_ONE, "checkpoint every this many sequences (or every "
+               "--checkpoint-minutes, whichever comes first); a kill loses at most the work since the last", 1024)
+    add_number(parser, "--checkpoint-minutes", float, POSITIVE, "checkpoint every this many minutes (or every "
+               "--checkpoint-every sequences, whichever comes first)", 10.0)
+
+
 def add_device(parser: argparse.ArgumentParser, default: str = "cpu") -> None:
     """``--device``: the torch device the model runs on (any name torch accepts; checked when it is used)."""
     parser.add_argument("--device", default=default,

@@ -6,12 +6,11 @@ import argparse
 from collections.abc import Sequence
 
 from gradflow.cli.options import (
-    AT_LEAST_ONE,
     FRACTION,
     NON_NEGATIVE,
-    POSITIVE,
     CheckedAction,
     add_adapter,
+    add_checkpointing,
     add_corpus,
     add_device,
     add_dtype,
@@ -50,13 +49,7 @@ def _add_record_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--norms-only", action="store_true", help="skip the per-role sublayer split")
     p.add_argument("--overwrite", action="store_true",
                    help="replace the run files in a non-empty --out (an unfinished run's checkpoints too)")
-    p.add_argument("--resume", action="store_true",
-                   help="continue the unfinished run in --out from its last checkpoint (same options; the finished "
-                        "tables are those of an uninterrupted run)")
-    add_number(p, "--checkpoint-every", int, AT_LEAST_ONE, "checkpoint every this many sequences (or every "
-               "--checkpoint-minutes, whichever comes first); a kill loses at most the work since the last", 1024)
-    add_number(p, "--checkpoint-minutes", float, POSITIVE, "checkpoint every this many minutes (or every "
-               "--checkpoint-every sequences, whichever comes first)", 10.0)
+    add_checkpointing(p)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     add_trust_remote_code(p)
     add_adapter(p)

@@ -8,8 +8,11 @@ context pressure), ``check/`` (``check.json``, :func:`gradflow.runs.check.check_
 task, when the model's vocabulary fits the task's words; otherwise the reason is recorded), each
 with its ``meta.json``, then the model's own ``meta.json`` and, last, ``atlas_done.json``.
 
-Resumable: a model whose ``atlas_done.json`` exists is skipped; a model directory without it (an
-interrupted model) is removed and redone from scratch. ``shard=(i, n)`` runs only the models at
+Resumable: a model whose ``atlas_done.json`` exists is skipped. A model directory without it (an
+interrupted model) started with the same settings (``atlas_started.json``) keeps its record, pressure and
+diagnostics steps: a finished step is kept, an unfinished one resumes from its last checkpoint (the tables
+of an uninterrupted run); everything else in it is redone. Started with other settings, it is redone
+from scratch. ``shard=(i, n)`` runs only the models at
 positions i-1, i-1+n, i-1+2n, ... of the list (1-based i), so the n tasks of a cluster array job
 cover the list once between them; :func:`gradflow.runs.atlas_merge.merge_atlas` builds the table.
 """
@@ -33,12 +36,14 @@ from gradflow.models.zoo import example_inputs_path
 from gradflow.provenance import portable_path
 from gradflow.runs.atlas_merge import merge_atlas
 from gradflow.runs.check import check_model
+from gradflow.runs.checkpoint import has_checkpoint
 from gradflow.runs.diagnose import diagnose_corpus
 from gradflow.runs.files import write_meta
 from gradflow.runs.meta import JobInputs, JobOutcome, job_meta
 from gradflow.runs.probe import ProbeConfig, resolve_task, run_probes
 from gradflow.runs.probe_features import tokenised_words
 from gradflow.runs.record import RecordConfig, record_corpus
+from gradflow.runs.resume import DEFAULT_EVERY, DEFAULT_MINUTES, plain
 from gradflow.schema import ATLAS_DONE_FILE, ATLAS_STARTED_FILE, ATLAS_STEP_DIRS, CHECK_FILE, META_FILE
 
 ZOO_PREFIX = "zoo:"
@@ -76,6 +81,8 @@ class AtlasConfig:
     quiet: bool = False
     trust_remote_code: bool = False
     command: str = ""
+    checkpoint_every: int = DEFAULT_EVERY
+    checkpoint_minutes: float = DEFAULT_MINUTES
 
 
 @dataclass(frozen=True)
@@ -177,12 +184,10 @@ def parse_texts(items: tuple[str, ...], specs: tuple[str, ...], labels: list[str
     return per_model, every
 
 
-
 def resolve_probe_task(config: AtlasConfig) -> LabelledSplits | None:
     """The probe task (loaded once, cut to ``probe_limit`` sentences per split), or None without probes."""
     if not config.probes:
         return None
-
     try:
         task = resolve_task(config.probe_task, config.seed, config.data_root)
     except TaskError as err:
@@ -196,7 +201,6 @@ def resolve_probe_task(config: AtlasConfig) -> LabelledSplits | None:
 
 def vocabulary_fit(tokenizer, task: LabelledSplits, max_length: int = 128) -> dict:
     """How the tokenizer splits the task's words: ``pieces_per_word``, ``unknown_fraction`` and ``fits``."""
-
     unk = getattr(tokenizer, "unk_token_id", None)
     words = pieces = unknown = 0
     for ids, positions in tokenised_words(tokenizer, task.train.head(FIT_SENTENCES), max_length):
@@ -255,14 +259,51 @@ def _say(config: AtlasConfig, text: str) -> None:
         print(text, flush=True)
 
 
-def _fresh_model_dir(path: Path) -> None:
-    """Remove an interrupted model's directory (only one the atlas started, or an empty one)."""
+RESUMABLE_STEPS = ("record", "pressure", "diagnostics")  # kept when finished, else resumed; the others redone
+UNSETTLED = ("models", "out", "command", "texts", "quiet", "shard", "formats", "resamples", "checkpoint_every",
+             "checkpoint_minutes")
+"""Atlas options that do not change a model's recorded and diagnosed steps."""
+
+
+def _settings(model: AtlasModel, config: AtlasConfig) -> dict:
+    """What an interrupted model's kept steps must share with this run (``atlas_started.json``'s ``settings``)."""
+    options = {k: v for k, v in asdict(config).items() if k not in UNSETTLED}
+    return plain({**options, "spec": model.spec, "texts": model.texts, "max_length": model.max_length})
+
+
+def _prepare_model_dir(path: Path, settings: dict, say) -> bool:
+    """Make ``path`` ready for the model's steps; True when an interrupted model's steps are kept (same settings),
+    False when it starts from scratch. A directory the atlas did not start is refused, never removed."""
     if not path.exists():
-        return
+        return False
     if not path.is_dir() or (any(path.iterdir()) and not (path / ATLAS_STARTED_FILE).is_file()):
         raise OutputDirError(f"{path} exists but was not made by gradflow atlas (no {ATLAS_STARTED_FILE}); move it "
                              "away or choose another --out.")
-    shutil.rmtree(path)
+    try:
+        started = json.loads((path / ATLAS_STARTED_FILE).read_text(encoding="utf-8")).get("settings")
+    except (OSError, ValueError, AttributeError):
+        started = None
+    if started != settings:
+        shutil.rmtree(path)
+        return False
+    keep = {ATLAS_STARTED_FILE, *(ATLAS_STEP_DIRS[step] for step in RESUMABLE_STEPS)}
+    for item in [p for p in path.iterdir() if p.name not in keep]:
+        if item.is_dir():
+            shutil.rmtree(item)
+        else:
+            item.unlink()
+    say("resuming the interrupted model (finished steps kept, unfinished ones from their checkpoints)")
+    return True
+
+
+def _step_state(out: Path) -> str:
+    """``done`` (a finished step's directory), ``resume`` (it has a checkpoint) or ``new``."""
+    if has_checkpoint(out):
+        return "resume"
+    try:
+        return "done" if json.loads((out / META_FILE).read_text(encoding="utf-8")).get("complete") is True else "new"
+    except (OSError, ValueError, AttributeError):
+        return "new"
 
 
 def run_model(model: AtlasModel, config: AtlasConfig, task: LabelledSplits | None, out: Path,
@@ -270,13 +311,14 @@ def run_model(model: AtlasModel, config: AtlasConfig, task: LabelledSplits | Non
     """Every step of one model into ``out/<slug>/`` from scratch; ``atlas_done.json`` last. Returns the marker."""
     start = time.time()
     path = out / model.slug
-    if path.exists():
-        _fresh_model_dir(path)  # refuses a foreign directory before the model is even loaded
+    settings = _settings(model, config)
+    resumed = _prepare_model_dir(path, settings, say)  # refuses a foreign directory before the model is loaded
     loaded = load_model(model.spec, config.device, config.dtype, config.trust_remote_code)
     max_length = min(model.max_length or DEFAULT_MAX_LENGTH, loaded.max_positions())
-    path.mkdir(parents=True)
-    write_meta(path / ATLAS_STARTED_FILE, {"model": model.label, "slug": model.slug, "index": model.index,
-                                           "started": time.strftime("%Y-%m-%dT%H:%M:%S")})
+    if not resumed:
+        path.mkdir(parents=True)
+        write_meta(path / ATLAS_STARTED_FILE, {"model": model.label, "slug": model.slug, "index": model.index,
+                                               "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "settings": settings})
     steps: dict[str, dict] = {}
     for loss, step in (("mlm", "record"), *((("all-positions", "pressure"),) if config.pressure else ())):
         say(f"{step} ({loss} loss)")
@@ -306,16 +348,21 @@ def run_model(model: AtlasModel, config: AtlasConfig, task: LabelledSplits | Non
 
 def _record(model: AtlasModel, config: AtlasConfig, loaded: LoadedModel, out: Path, loss: str,
             max_length: int) -> dict:
-
-    summary = record_corpus(RecordConfig(
-        out=str(out), model=model.spec, texts=model.texts, seed=config.seed, max_length=max_length,
-        batch_size=config.batch_size, limit=config.limit, device=config.device, dtype=config.dtype, loss=loss,
-        quiet=True, trust_remote_code=config.trust_remote_code, command=config.command), loaded)
-    return {"status": "done", "dir": out.name, "loss": loss, "sequences": summary.sequences}
+    """The record step: kept when finished before, resumed from its checkpoint, or run (over what is there)."""
+    state = _step_state(out)
+    if state == "done":
+        sequences = json.loads((out / META_FILE).read_text(encoding="utf-8"))["counts"]["sequences_recorded"]
+    else:
+        sequences = record_corpus(RecordConfig(
+            out=str(out), model=model.spec, texts=model.texts, seed=config.seed, max_length=max_length,
+            batch_size=config.batch_size, limit=config.limit, device=config.device, dtype=config.dtype, loss=loss,
+            quiet=True, trust_remote_code=config.trust_remote_code, command=config.command,
+            resume=state == "resume", overwrite=state == "new", checkpoint_every=config.checkpoint_every,
+            checkpoint_minutes=config.checkpoint_minutes), loaded).sequences
+    return {"status": "done", "dir": out.name, "loss": loss, "sequences": sequences}
 
 
 def _check(model: AtlasModel, config: AtlasConfig, loaded: LoadedModel, out: Path, max_length: int) -> dict:
-
     start = time.time()
     result = check_model(loaded, model.texts, seed=config.seed, batch_size=config.batch_size, max_length=max_length)
     out.mkdir(parents=True)
@@ -334,9 +381,13 @@ def _check(model: AtlasModel, config: AtlasConfig, loaded: LoadedModel, out: Pat
 
 
 def _diagnose(model: AtlasModel, config: AtlasConfig, loaded: LoadedModel, out: Path, max_length: int) -> dict:
-
-    diagnose_corpus(loaded, model.texts, out, max_length=max_length, batch_size=config.batch_size,
-                    limit=config.limit, seed=config.seed, command=config.command)
+    """The diagnostics step: kept when finished before, resumed from its checkpoint, or run."""
+    state = _step_state(out)
+    if state != "done":
+        diagnose_corpus(loaded, model.texts, out, max_length=max_length, batch_size=config.batch_size,
+                        limit=config.limit, seed=config.seed, command=config.command, resume=state == "resume",
+                        overwrite=True, checkpoint_every=config.checkpoint_every,
+                        checkpoint_minutes=config.checkpoint_minutes)
     return {"status": "done", "dir": out.name}
 
 
@@ -355,7 +406,6 @@ def _probe(model: AtlasModel, config: AtlasConfig, loaded: LoadedModel, task: La
                   f"most {MAX_UNKNOWN_FRACTION}) on its first {FIT_SENTENCES} train sentences")
         say(f"probes skipped: {reason}")
         return {"status": "skipped", "reason": reason, "vocabulary_fit": fit}
-
     loaded = probe_ready(loaded, config.trust_remote_code)
     say(f"probes ({task.name})")
     config_ = ProbeConfig(model=model.spec, task=config.probe_task, out=str(out), limit=config.probe_limit,

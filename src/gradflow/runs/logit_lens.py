@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -18,7 +19,7 @@ from gradflow.errors import DiagnosticsError
 from gradflow.hooks.states import SiteStates
 from gradflow.inputs.masking import MaskedBatch
 from gradflow.roles import TOKEN_ROLES
-from gradflow.runs.representations import diagnostic_role_masks, sorted_by_layer_and_role
+from gradflow.runs.representations import diagnostic_role_masks, keyed_arrays, keyed_state, sorted_by_layer_and_role
 from gradflow.schema import DIAGNOSTIC_COLUMNS as TABLE_COLUMNS
 from gradflow.site_names import layer_site
 
@@ -135,6 +136,15 @@ class LogitLensAccumulator:
         if not correct:
             return torch.zeros(0, dtype=torch.bool), torch.zeros(0)
         return torch.cat(correct), torch.cat(logprob)
+
+    def state_dict(self) -> dict[str, Any]:
+        """[n, correct, log-prob sum] per layer and role (float64 tensors, in insertion order) and the lens's
+        checked difference (a resumed job does not check the lens again)."""
+        return {**keyed_state("stats", self.stats), "max_abs_diff": self.lens.max_abs_diff}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.stats = keyed_arrays("stats", state)
+        self.lens.max_abs_diff = state["max_abs_diff"]
 
     def frame(self) -> pd.DataFrame:
         rows = [{"layer": layer, "site": layer_site(layer), "role": role, "n_positions": int(s[0]),

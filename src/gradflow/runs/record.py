@@ -23,7 +23,7 @@ from gradflow.hooks.recorder import BatchRecord, GradFlowRecorder, RecorderConfi
 from gradflow.inputs.corpus import CorpusCounts, check_corpus_path, default_texts
 from gradflow.inputs.masking import BertMasking, MaskedBatch, TokenizerInfo
 from gradflow.models import DEFAULT_MODEL, LoadedModel, load_model
-from gradflow.provenance import is_local_input, portable_path
+from gradflow.provenance import portable_path
 from gradflow.runs.aggregate import (
     SiteAggregator,
     SublayerAggregator,
@@ -43,7 +43,7 @@ from gradflow.runs.files import (
     write_meta,
 )
 from gradflow.runs.job import CorpusJob, open_job
-from gradflow.runs.meta import JobInputs, input_hash, job_meta
+from gradflow.runs.meta import JobInputs, job_meta
 from gradflow.runs.record_stats import NONFINITE_REASON, RecordProgress, RecordStats
 from gradflow.runs.resume import (
     DEFAULT_EVERY,
@@ -52,9 +52,9 @@ from gradflow.runs.resume import (
     check_resumable,
     disk_errors,
     open_resume,
-    plain,
     restore_aggregators,
     restore_fields,
+    settings_fingerprint,
     state_tensors,
     stats_state,
 )
@@ -185,21 +185,19 @@ def record_corpus(config: RecordConfig, loaded: LoadedModel | None = None) -> Ru
         summary = job.summary()  # the disk that failed the run fails the flush too: the checkpoint stands
     if corpus.complete and rank == 0:  # (rank 0's "complete" is every rank's, and the tables are written)
         shutil.rmtree(out / CHECKPOINT_DIR, ignore_errors=True)
+        for partial in [p for n in (CHANNELS_FILE, SUBLAYERS_FILE, META_FILE) for p in out.glob(_ranked(n, "*"))]:
+            partial.unlink(missing_ok=True)  # the processes' partial tables of an unfinished torchrun
     corpus.reraise()
     return summary
 
 
 def _fingerprint(job: _Job, texts: str) -> dict:
     """What a resumed job must share with its checkpoint (see docs: model, tokenizer, corpus, masking, ...)."""
-    cfg, loaded = job.config, job.loaded
-    return plain({
-        "model": input_hash(loaded.path) if is_local_input(loaded.path) else cfg.model,
-        "config_hash": loaded.config_hash, "tokenizer_hash": loaded.tokenizer_info()["hash"],
-        "texts_sha256": input_hash(texts) if is_local_input(texts) else texts, "masking": job.corpus.policy.describe(),
-        "seed": cfg.seed, "max_length": cfg.max_length, "batch_size": cfg.batch_size, "limit": cfg.limit,
-        "loss": cfg.loss, "reduction": cfg.reduction, "sublayers": cfg.sublayers, "dtype": cfg.dtype,
-        "world_size": job.corpus.world,
-    })
+    cfg = job.config
+    return settings_fingerprint(job.loaded, cfg.model, texts, job.corpus.policy, seed=cfg.seed,
+                                max_length=cfg.max_length, batch_size=cfg.batch_size, limit=cfg.limit, loss=cfg.loss,
+                                reduction=cfg.reduction, sublayers=cfg.sublayers, dtype=cfg.dtype,
+                                world_size=job.corpus.world)
 
 
 def _restore(job: _Job, saved: Checkpoint, start: float) -> None:
@@ -248,14 +246,24 @@ def _checkpoint(job: _Job, writers: list) -> None:
     tensors, keys = state_tensors(job.sites, job.subs)
     progress = {"sequences": job.stats.sequences, "windows": job.next_index, "parts": parts,
                 "checkpoint_utc": datetime.now(timezone.utc).isoformat(timespec="seconds")}
-    state = {"fingerprint": job.fingerprint, "next_index": job.next_index, "stats": stats_state(job.stats),
-             "wall_s": time.time() - job.corpus.start, "sublayer_keys": keys, "progress": progress}
+    state = {"job": "record", "fingerprint": job.fingerprint, "next_index": job.next_index,
+             "stats": stats_state(job.stats), "wall_s": time.time() - job.corpus.start, "sublayer_keys": keys,
+             "progress": progress}
     save_checkpoint(rank_dir(job.out, job.corpus.rank), Checkpoint(state, tensors))
     job.checkpointed = progress
     fault("kill_after_checkpoint")
     if job.corpus.world == 1:
         _write_tables(job)
+    else:  # each process its own partial tables; rank 0's meta.json says the run is unfinished
+        meta = _write_tables(job, job.corpus.rank)
+        if job.corpus.rank == 0:
+            write_meta(job.out / META_FILE, meta)
     job.checkpoint_s += time.perf_counter() - began
+
+
+def _ranked(name: str, rank: int | str | None) -> str:
+    """Process ``rank``'s partial copy of table ``name`` (``channels.rank1.csv``; ``"*"``: a glob); None: ``name``."""
+    return name if rank is None else name.replace(".", f".rank{rank}.", 1)
 
 
 def _part(job: _Job, name: str, rank: int) -> Path:
@@ -337,12 +345,13 @@ def _finish(job: _Job) -> RunSummary:
     return job.summary(meta)
 
 
-def _write_tables(job: _Job) -> dict:
-    """channels.csv, sublayers.csv and meta.json from the accumulators as they stand; the meta."""
-    write_csv(job.sites.frame(), job.out / CHANNELS_FILE, CHANNEL_COLUMNS)
-    write_csv(job.subs.frame(), job.out / SUBLAYERS_FILE, SUBLAYER_COLUMNS)
+def _write_tables(job: _Job, rank: int | None = None) -> dict:
+    """channels.csv, sublayers.csv and meta.json from the accumulators as they stand; the meta. ``rank``: an
+    unfinished process's own partial tables under torchrun, ``<name>.rank<r>.<ext>``."""
+    write_csv(job.sites.frame(), job.out / _ranked(CHANNELS_FILE, rank), CHANNEL_COLUMNS)
+    write_csv(job.subs.frame(), job.out / _ranked(SUBLAYERS_FILE, rank), SUBLAYER_COLUMNS)
     meta = _meta(job)
-    write_meta(job.out / META_FILE, meta)
+    write_meta(job.out / _ranked(META_FILE, rank), meta)
     return meta
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -33,6 +34,29 @@ def diagnostic_role_masks(roles: torch.Tensor) -> dict[str, torch.Tensor]:
     masks = {name: roles == code for code, name in enumerate(TOKEN_ROLES) if name in DIAG_ROLES}
     masks[LOSS] = roles <= Role.KEPT
     return masks
+
+
+def array_tensor(array: np.ndarray) -> torch.Tensor:
+    """A numpy array as a contiguous tensor of the same dtype and values (for a checkpoint)."""
+    return torch.from_numpy(np.ascontiguousarray(array))
+
+
+def tensor_array(tensor: torch.Tensor) -> np.ndarray:
+    """A checkpoint's tensor back as a writable numpy array of the same dtype and values."""
+    return tensor.numpy().copy()
+
+
+def keyed_state(prefix: str, entries: dict[tuple[int, str], np.ndarray]) -> dict[str, Any]:
+    """``{(layer, role): array}`` as ``prefix.keys`` (JSON, in insertion order) and one tensor per entry."""
+    state: dict[str, Any] = {f"{prefix}.keys": [list(key) for key in entries]}
+    state.update({f"{prefix}.{k}": array_tensor(value) for k, value in enumerate(entries.values())})
+    return state
+
+
+def keyed_arrays(prefix: str, state: dict[str, Any]) -> dict[tuple[int, str], np.ndarray]:
+    """The inverse of :func:`keyed_state`."""
+    return {(int(layer), str(role)): tensor_array(state[f"{prefix}.{k}"])
+            for k, (layer, role) in enumerate(state[f"{prefix}.keys"])}
 
 
 def sorted_by_layer_and_role(frame: pd.DataFrame) -> pd.DataFrame:
@@ -82,6 +106,18 @@ class Reservoir:
         """(n, H) the current sample, in key order (a random order)."""
         return self.values if self.values is not None else np.empty((0, 0))
 
+    def state_dict(self) -> dict[str, Any]:
+        """Keys, sample, count and the generator's state (plain tensors, ints and dicts): :meth:`load_state_dict`
+        continues the stream exactly."""
+        return {"keys": array_tensor(self.keys), "values": None if self.values is None else array_tensor(self.values),
+                "seen": self.seen, "rng": self.rng.bit_generator.state}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.keys = tensor_array(state["keys"])
+        self.values = None if state["values"] is None else tensor_array(state["values"])
+        self.seen = int(state["seen"])
+        self.rng.bit_generator.state = state["rng"]
+
 
 class RunningMoments:
     """Count, mean and scatter matrix of a stream of vectors (Chan et al. merge, float64)."""
@@ -108,6 +144,16 @@ class RunningMoments:
         self.mean = self.mean + delta * (nb / n)
         self.m2 = self.m2 + m2b + np.outer(delta, delta) * (self.n * nb / n)
         self.n = n
+
+    def state_dict(self) -> dict[str, Any]:
+        """Count, mean and scatter matrix (float64 tensors; None before the first vector)."""
+        return {"n": self.n, "mean": None if self.mean is None else array_tensor(self.mean),
+                "m2": None if self.m2 is None else array_tensor(self.m2)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.n = int(state["n"])
+        self.mean = None if state["mean"] is None else tensor_array(state["mean"])
+        self.m2 = None if state["m2"] is None else tensor_array(state["m2"])
 
     def covariance(self) -> np.ndarray:
         """Unbiased (H, H) covariance (needs n >= 2)."""
@@ -183,6 +229,20 @@ class InputShiftAccumulator:
                 self.reservoirs[(i, g)].add(x.astype(np.float32))
                 self.moments[(i, g)].add(x)
 
+    def state_dict(self) -> dict[str, Any]:
+        """Every block's and group's reservoir and moments, flat: ``reservoir.<i>.<group>.<field>``, ``moments...``."""
+        state: dict[str, Any] = {}
+        for kind, parts in (("reservoir", self.reservoirs), ("moments", self.moments)):
+            for (i, group), part in parts.items():
+                state.update({f"{kind}.{i}.{group}.{k}": v for k, v in part.state_dict().items()})
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for kind, parts in (("reservoir", self.reservoirs), ("moments", self.moments)):
+            for (i, group), part in parts.items():
+                prefix = f"{kind}.{i}.{group}."
+                part.load_state_dict({k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)})
+
     def frame(self) -> pd.DataFrame:
         rows = []
         for i in sorted({i for i, _ in self.moments}):
@@ -234,6 +294,14 @@ class AnisotropyAccumulator:
                 self.sums[key] = self.sums.get(key, 0.0) + total
                 self.counts[key] = self.counts.get(key, 0) + n
 
+    def state_dict(self) -> dict[str, Any]:
+        """The running sums (one float64 tensor per layer and role, in insertion order) and counts."""
+        return {**keyed_state("sums", self.sums), "counts": [self.counts[key] for key in self.sums]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.sums = keyed_arrays("sums", state)
+        self.counts = {key: int(n) for key, n in zip(self.sums, state["counts"])}
+
     def frame(self) -> pd.DataFrame:
         rows = [{"layer": layer, "site": layer_site(layer), "role": role, "n_positions": self.counts[(layer, role)],
                  "mean_pairwise_cosine": mean_pairwise_cosine(s, self.counts[(layer, role)])}
@@ -262,6 +330,13 @@ class TransformationAccumulator:
                 if values.numel():
                     entry = self.stats.setdefault((i, role), np.zeros(3))
                     entry += (values.numel(), float(values.sum()), float((values * values).sum()))
+
+    def state_dict(self) -> dict[str, Any]:
+        """[count, sum, sum of squares] per block and role (float64 tensors, in insertion order)."""
+        return keyed_state("stats", self.stats)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.stats = keyed_arrays("stats", state)
 
     def frame(self) -> pd.DataFrame:
         rows = []

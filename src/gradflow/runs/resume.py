@@ -7,9 +7,10 @@ restored from it and fed the batches that follow gives the same bytes as one tha
 
 from __future__ import annotations
 
+import hashlib
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -19,8 +20,12 @@ import numpy as np
 import torch
 
 from gradflow.errors import RunError, UsageError
+from gradflow.inputs.masking import MaskingPolicy
+from gradflow.models import LoadedModel
+from gradflow.provenance import is_local_input
 from gradflow.runs.aggregate import SiteAggregator, SublayerAggregator
 from gradflow.runs.checkpoint import CHECKPOINT_DIR, Checkpoint, check_fingerprint, latest_checkpoint, rank_dir
+from gradflow.runs.meta import input_hash
 from gradflow.schema import META_FILE
 
 SITE_ARRAYS = ("count", "grad_mean", "grad_m2", "act_mean", "act_m2", "grad_hist", "act_hist")
@@ -84,10 +89,30 @@ def plain(value: Any) -> Any:
     return json.loads(json.dumps(value, sort_keys=True, default=str))
 
 
-def open_resume(out: Path, rank: int, world: int) -> Checkpoint | None:
+def settings_fingerprint(loaded: LoadedModel, model: str, texts: str | Sequence[str], policy: MaskingPolicy,
+                         **settings: Any) -> dict[str, Any]:
+    """What a resumed job must share with its checkpoint: the model (a local one by content hash), its config
+    and tokenizer, the corpus (a local one by content hash, a list of texts by the hash of its strings), the
+    masking, and the job's own ``settings`` (seed, max length, ...), as JSON gives them back."""
+    if isinstance(texts, (str, Path)):
+        corpus = input_hash(str(texts)) if is_local_input(texts) else str(texts)
+    else:
+        corpus = "sha256:" + hashlib.sha256(json.dumps(list(texts)).encode()).hexdigest()
+    return plain({"model": input_hash(loaded.path) if is_local_input(loaded.path) else model,
+                  "config_hash": loaded.config_hash, "tokenizer_hash": loaded.tokenizer_info()["hash"],
+                  "texts_sha256": corpus, "masking": policy.describe(), **settings})
+
+
+def split_state(state: Mapping[str, Any]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """A flat ``state_dict()`` as (its tensors, the rest: JSON-able values), for a :class:`Checkpoint`."""
+    tensors = {k: v for k, v in state.items() if isinstance(v, torch.Tensor)}
+    return tensors, {k: v for k, v in state.items() if k not in tensors}
+
+
+def open_resume(out: Path, rank: int, world: int, job: str = "record") -> Checkpoint | None:
     """The checkpoint process ``rank`` of ``world`` resumes from: None when this process had written none yet
     while others had (it starts its shard over); :class:`UsageError` when the run has none at all, or when it
-    was checkpointed by another number of processes."""
+    was checkpointed by another number of processes. ``job``: the command, for the messages."""
     if not out.is_dir():
         raise UsageError(f"--resume: {out} does not exist; run without --resume to start a new recording there.")
     saved_ranks = sorted((out / CHECKPOINT_DIR).glob("rank*")) if (out / CHECKPOINT_DIR).is_dir() else []
@@ -100,7 +125,7 @@ def open_resume(out: Path, rank: int, world: int) -> Checkpoint | None:
         if done:
             raise UsageError(f"--resume: the run in {out} is complete; there is nothing to resume.")
         raise UsageError(f"--resume: {out} holds no checkpoint (the run stopped before its first one, or it is not "
-                         "a gradflow record run); pass --overwrite instead of --resume to start over.")
+                         f"a gradflow {job} run); pass --overwrite instead of --resume to start over.")
     ranks = [int(p.name[4:]) for p in saved_ranks if p.name[4:].isdigit()]
     if ranks and max(ranks) >= world:
         raise UsageError(f"cannot resume {out}: it was checkpointed by {max(ranks) + 1} process(es) and this job "
@@ -114,8 +139,13 @@ def open_resume(out: Path, rank: int, world: int) -> Checkpoint | None:
     return checkpoint
 
 
-def check_resumable(checkpoint: Checkpoint, fingerprint: dict[str, Any], out: Path) -> None:
-    """Refuse (one sentence, naming what differs) a job whose settings are not the checkpoint's."""
+def check_resumable(checkpoint: Checkpoint, fingerprint: dict[str, Any], out: Path, job: str = "record") -> None:
+    """Refuse (one sentence, naming what differs) a job whose settings are not the checkpoint's, or a checkpoint
+    of another command (``job``: ``record`` or ``diagnose``; a checkpoint without ``job`` is record's)."""
+    saved = checkpoint.state.get("job", "record")
+    if saved != job:
+        raise UsageError(f"cannot resume {out} with gradflow {job}: its checkpoint was written by gradflow {saved}; "
+                         f"run gradflow {saved} --resume there, or give gradflow {job} another --out.")
     check_fingerprint(checkpoint.state["fingerprint"], plain(fingerprint), out)
 
 
@@ -127,7 +157,8 @@ def disk_errors(out: Path, checkpointed: Callable[[], dict | None]) -> Iterator[
         yield
     except OSError as err:
         last = checkpointed()
-        done = f"the last checkpoint ({last['sequences']} sequences) is intact" if last else "no checkpoint was written yet"
+        done = (f"the last checkpoint ({last['sequences']} sequences) is intact" if last
+                else "no checkpoint was written yet")
         raise RunError(f"could not write the run directory {out} ({err.strerror or err}); {done}: free space and "
                        "rerun the same command with --resume.") from err
 
@@ -137,5 +168,6 @@ def stats_state(stats: Any) -> dict[str, Any]:
     return asdict(stats)
 
 
-__all__ = ["DEFAULT_EVERY", "DEFAULT_MINUTES", "SITE_ARRAYS", "Cadence", "check_resumable", "disk_errors", "open_resume", "plain",
-           "restore_aggregators", "restore_fields", "state_tensors", "stats_state"]
+__all__ = ["DEFAULT_EVERY", "DEFAULT_MINUTES", "SITE_ARRAYS", "Cadence", "check_resumable", "disk_errors",
+           "open_resume", "plain", "restore_aggregators", "restore_fields", "settings_fingerprint", "split_state",
+           "state_tensors", "stats_state"]
