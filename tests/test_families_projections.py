@@ -253,3 +253,30 @@ def test_hooks_are_removed(family):
             with rec.capture(tiny_batch().roles):
                 raise RuntimeError("boom")
     assert count() == before
+
+
+@pytest.mark.parametrize("family, overrides", [
+    ("ibert", {}),
+    ("squeezebert", dict(q_groups=1, k_groups=1, v_groups=1, post_attention_groups=1, intermediate_groups=1,
+                         output_groups=1)),
+])
+def test_check_counts_conv_and_quant_linear_flops_like_linear(family, overrides):
+    """QuantLinear (float mode) and ungrouped pointwise Conv1d cost what BERT's Linears of the same shapes
+    cost: the block and attention FLOP terms and the last block's skippable FLOPs equal BERT's."""
+    batch = tiny_batch()
+    flops = check_batch(tiny_model(family, **overrides), batch).flops
+    reference = check_batch(tiny_model("bert"), batch).flops
+    for term in ("blocks_linear", "attention", "skippable", "skippable_attention"):
+        assert getattr(flops, term) == pytest.approx(getattr(reference, term), rel=1e-12), term
+    assert flops.share > 0.0  # (SqueezeBERT's pooler, on the B [CLS] rows, is a non-token call: not compared)
+
+
+def test_check_counts_grouped_convs_per_group():
+    """SqueezeBERT's grouped convs (4 groups in q, k, v and the FFN input) cost a quarter of a dense one."""
+    batch = tiny_batch()
+    grouped = check_batch(tiny_model("squeezebert"), batch).flops
+    dense = check_batch(tiny_model("squeezebert", q_groups=1, k_groups=1, v_groups=1, intermediate_groups=1), batch).flops
+    h, ffn, blocks = 32, 48, 3
+    n = int(batch.attention_mask.sum())  # real tokens: token calls count there
+    saved = 2 * 3 * n * blocks * (3 * h * h + h * ffn) * (1 - 1 / 4)
+    assert dense.blocks_linear - grouped.blocks_linear == pytest.approx(saved, rel=1e-12)

@@ -1,6 +1,7 @@
 """Matmul FLOPs of one masked batch, counted analytically from the model's shapes (for ``gradflow check``).
 
-Every ``nn.Linear`` call of the forward pass is seen by a forward hook, which only reads its shape:
+Every matmul-per-position call of the forward pass (``nn.Linear``, pointwise ``nn.Conv1d``, Linear-shaped
+modules: :func:`matmul_features`) is seen by a forward hook, which only reads its shape:
 ``in`` and ``out`` features and the rows it ran on. A Linear costs ``2 * in * out`` FLOPs per token
 forward and three times that forward + backward (the backward forms the input and the weight
 gradients, one matmul each of the forward's size). Token calls (the batch's ``B * T`` rows) are
@@ -88,17 +89,34 @@ class LinearCalls:
     calls: list[tuple[int, int, int, int]]
 
 
+def matmul_features(module: nn.Module) -> tuple[int, int] | None:
+    """(inputs per output, outputs) of a module that is one matmul per position, else None: an
+    ``nn.Linear``, a pointwise (kernel 1) ``nn.Conv1d`` on (B, C, T) (per group: ``in / groups`` inputs
+    per output, SqueezeBERT), or a Linear-shaped module that is no ``nn.Linear`` (I-BERT's QuantLinear)."""
+    if isinstance(module, nn.Conv1d):
+        if module.kernel_size == (1,):
+            return module.in_channels // module.groups, module.out_channels
+        return None
+    weight = getattr(module, "weight", None)
+    if isinstance(module, nn.Linear) or (isinstance(weight, torch.Tensor) and weight.dim() == 2
+                                         and hasattr(module, "in_features") and hasattr(module, "out_features")):
+        return module.in_features, module.out_features
+    return None
+
+
 @contextmanager
 def count_linear_calls(model: nn.Module) -> Iterator[LinearCalls]:
-    """Record the shape of every ``nn.Linear`` call made inside the block (hooks removed on exit)."""
+    """Record the shape of every matmul-per-position call (``matmul_features``) of a forward (hooks removed on exit)."""
     seen = LinearCalls([])
 
     def hook(module: nn.Module, args: tuple, output: object) -> None:
         x = args[0] if args else None
         if isinstance(x, torch.Tensor):
-            seen.calls.append((id(module), module.in_features, module.out_features, x.numel() // x.shape[-1]))
+            fan_in, fan_out = matmul_features(module)
+            channels = x.shape[1] if isinstance(module, nn.Conv1d) else x.shape[-1]
+            seen.calls.append((id(module), fan_in, fan_out, x.numel() // channels))
 
-    handles = [m.register_forward_hook(hook) for m in model.modules() if isinstance(m, nn.Linear)]
+    handles = [m.register_forward_hook(hook) for m in model.modules() if matmul_features(m) is not None]
     try:
         yield seen
     finally:
@@ -107,11 +125,12 @@ def count_linear_calls(model: nn.Module) -> Iterator[LinearCalls]:
 
 
 def out_width(block: nn.Module, spec: SublayerSpec | None) -> int:
-    """Output width of a Linear sublayer (its row chunk for a fused one); 0 if it is not a Linear."""
+    """Output width of a matmul sublayer (its row chunk for a fused one); 0 if it is not one."""
     module = get_module(block, spec.path) if spec is not None else None
-    if not isinstance(module, nn.Linear):
+    features = matmul_features(module) if module is not None else None
+    if features is None:
         return 0
-    return module.out_features // (spec.chunk[1] if spec.chunk else 1)
+    return features[1] // (spec.chunk[1] if spec.chunk else 1)
 
 
 def count_flops(model: nn.Module, adapter: Adapter, blocks: Sequence[nn.Module], calls: LinearCalls,
@@ -148,7 +167,7 @@ def count_flops(model: nn.Module, adapter: Adapter, blocks: Sequence[nn.Module],
     total = terms["blocks_linear"] + attention + terms["encoder_other"] + terms["head"] + terms["non_token"]
     last = blocks[-1]
     skip_names = tuple(name for name in zero_sublayers if out_width(last, adapter.sublayers.get(name)))
-    per_token = sum(2.0 * get_module(last, adapter.sublayers[name].path).in_features
+    per_token = sum(2.0 * matmul_features(get_module(last, adapter.sublayers[name].path))[0]
                     * out_width(last, adapter.sublayers[name]) for name in skip_names)
     skippable = per_token * FORWARD_BACKWARD * n_unsel
     unselected = (real & ~loss).sum(dim=1).to(torch.float64)
@@ -163,4 +182,5 @@ def count_flops(model: nn.Module, adapter: Adapter, blocks: Sequence[nn.Module],
     )
 
 
-__all__ = ["FORWARD_BACKWARD", "FlopCount", "LinearCalls", "count_flops", "count_linear_calls", "out_width"]
+__all__ = ["FORWARD_BACKWARD", "FlopCount", "LinearCalls", "count_flops", "count_linear_calls", "matmul_features",
+           "out_width"]
