@@ -13,7 +13,10 @@ the FLOP shares ``gradflow check`` computes for the same model and batch
 (:func:`gradflow.runs.check.check_batch`): ``share`` (the last block's zero-context Linear sublayers at
 the unselected positions, of the sparse-head total), ``share_with_attention`` (also their attention
 rows), and the predicted step-FLOP saving of each mode against the dense step (whose head runs at
-every position: ``head_unselected``). Not a test: numbers are printed, never asserted.
+every position: ``head_unselected``). Each mode's wall time and process CPU time (all threads; less
+sensitive to other processes on a loaded machine: run with ``OMP_WAIT_POLICY=passive`` so that idle
+OpenMP threads do not spin) are printed with the load average. Not a test: numbers are printed, never
+asserted.
 
     python benchmarks/bench_sparse_training.py [--rounds 3] [--steps 2] [--threads 2] [--shapes mini,base]
 """
@@ -89,8 +92,10 @@ def train_step(mode: str, model: torch.nn.Module, opt: torch.optim.Optimizer, ba
     opt.zero_grad(set_to_none=True)
 
 
-def measure(model: torch.nn.Module, batch: MaskedBatch, rounds: int, steps: int) -> dict[str, list[float]]:
-    """Seconds per step of each mode, one value per round (modes interleaved; one warm-up step each)."""
+def measure(model: torch.nn.Module, batch: MaskedBatch, rounds: int,
+            steps: int) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """Wall and process-CPU seconds per step of each mode, one value per round (modes interleaved; one
+    warm-up step each). CPU time counts the work of every thread, so it is less sensitive to other load."""
     model.train()
     for module in model.modules():  # dropout off: the same computation in every mode
         if isinstance(module, torch.nn.Dropout):
@@ -99,13 +104,15 @@ def measure(model: torch.nn.Module, batch: MaskedBatch, rounds: int, steps: int)
     for mode in MODES:
         train_step(mode, model, opt, batch)
     times: dict[str, list[float]] = {m: [] for m in MODES}
+    cpu: dict[str, list[float]] = {m: [] for m in MODES}
     for _ in range(rounds):
         for mode in MODES:
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.process_time()
             for _ in range(steps):
                 train_step(mode, model, opt, batch)
             times[mode].append((time.perf_counter() - start) / steps)
-    return times
+            cpu[mode].append((time.process_time() - start_cpu) / steps)
+    return times, cpu
 
 
 def main() -> None:
@@ -121,11 +128,13 @@ def main() -> None:
     print(f"torch {torch.__version__}, {args.threads} thread(s), {args.rounds} rounds x {args.steps} steps, "
           f"load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f} on {os.cpu_count()} CPUs")
     for name, model, batch in shapes(args.shapes.split(",")):
+        print(f"\n{name}: starting at load average {os.getloadavg()[0]:.1f}", flush=True)
         tokens = int(batch.attention_mask.sum())
         loss_tokens = int((batch.labels != -100).sum())
         pred = predicted(model, batch)
-        times = measure(model, batch, args.rounds, args.steps)
+        times, cpu = measure(model, batch, args.rounds, args.steps)
         median = {m: statistics.median(v) for m, v in times.items()}
+        median_cpu = {m: statistics.median(v) for m, v in cpu.items()}
         print(f"\n{name}: {tokens} tokens, {loss_tokens} loss positions")
         print(f"  gradflow check: skippable share {pred['share']:.1%} (with attention rows "
               f"{pred['share_with_attention']:.1%})")
@@ -134,9 +143,11 @@ def main() -> None:
             saving = "" if mode == "dense" else (f", measured time saving {1 - 1 / speedup:.1%}, predicted FLOP "
                                                  f"saving {pred[mode]:.1%}")
             print(f"  {mode:5s}: {tokens / median[mode]:8.0f} tokens/s  step {median[mode]:.3f} s  "
-                  f"[{min(times[mode]):.3f}-{max(times[mode]):.3f}]  speed-up {speedup:.3f}x{saving}")
+                  f"[{min(times[mode]):.3f}-{max(times[mode]):.3f}]  speed-up {speedup:.3f}x{saving}; CPU time "
+                  f"{median_cpu[mode]:.3f} s/step, speed-up {median_cpu['dense'] / median_cpu[mode]:.3f}x")
         if args.json:
-            print(json.dumps({"shape": name, "tokens": tokens, "times": times, "predicted": pred, "load": load}))
+            print(json.dumps({"shape": name, "tokens": tokens, "times": times, "cpu": cpu, "predicted": pred,
+                              "load": os.getloadavg()}))
 
 
 if __name__ == "__main__":

@@ -150,3 +150,39 @@ def test_windows_match_pretrain_py(straight: Path, corpus: Path) -> None:
     tok = BertTokenizerFast.from_pretrained(corpus / "tokenizer")
     ours = encode_windows(tok, corpus / "valid.txt", 32)
     assert torch.equal(torch.from_numpy(ours).long(), windows(tok, corpus / "valid.txt", 32))
+
+
+def test_pretrain_py_sparse_loss_is_the_dense_loss() -> None:
+    """pretrain.py --sparse: the same loss and gradients as its dense head-gathering loss (float32, no cut)."""
+    from analyses.pretraining.pretrain import mlm_loss, sparse_loss
+    from transformers import RoFormerConfig, RoFormerForMaskedLM
+
+    torch.manual_seed(0)
+    model = RoFormerForMaskedLM(RoFormerConfig(vocab_size=64, hidden_size=32, embedding_size=32, num_hidden_layers=2,
+                                               num_attention_heads=2, intermediate_size=48, max_position_embeddings=32))
+    model.eval()  # no dropout: both losses see the same computation
+    ids = torch.randint(5, 64, (3, 20))
+    attention = torch.ones_like(ids)
+    attention[2, 15:] = 0
+    labels = torch.full_like(ids, -100)
+    labels[:, [2, 7]] = ids[:, [2, 7]]
+    labels[1, 11] = ids[1, 11]
+    dense, _, _ = mlm_loss(model, ids, labels, attention, ids.numel())
+    sparse = sparse_loss(model, ids, labels, attention)
+    assert abs(sparse.item() - dense.item()) <= 1e-5 * dense.item()
+    params = [p for p in model.parameters() if p.requires_grad]
+    for g_dense, g_sparse in zip(torch.autograd.grad(dense, params), torch.autograd.grad(sparse, params)):
+        assert float((g_sparse - g_dense).norm()) <= 1e-5 * float(g_dense.norm()) + 1e-9
+
+
+def test_pretrain_py_sparse_trains_and_refuses_alltoken(corpus: Path, tmp_path: Path) -> None:
+    from analyses.pretraining import pretrain
+
+    out = tmp_path / "run"
+    pretrain.main(["--corpus", str(corpus), "--tokenizer", str(tmp_path / "tok"), "--out", str(out), "--vocab-size",
+                   "256", "--steps", "2", "--warmup", "1", "--batch-size", "2", "--valid-windows", "4", "--sparse"])
+    with open(out / "training_log.csv") as fh:
+        rows = list(csv.DictReader(fh))
+    assert [r["step"] for r in rows] == ["1", "2"] and all(float(r["train_loss"]) > 0 for r in rows)
+    with pytest.raises(SystemExit):
+        pretrain.main(["--out", str(out), "--loss", "alltoken", "--sparse"])

@@ -19,7 +19,7 @@ from tiny import FAMILIES, tiny_batch, tiny_model
 
 BLOCK_FAMILIES = {"bert", "roberta", "xlm-roberta", "camembert", "electra", "ernie", "roformer", "data2vec-text",
                   "distilbert", "albert", "roberta-prelayernorm", "megatron-bert", "xlm-roberta-xl", "rembert",
-                  "big_bird"}
+                  "big_bird", "mpnet", "eurobert", "ultrabert"}
 """The families with a sparse last block (``Adapter.subset_block``); the others are refused."""
 
 RTOL = 1e-5
@@ -71,14 +71,15 @@ def test_sparse_head_and_block_equal_the_dense_model(family: str) -> None:
         assert torch.equal(out.labels, batch.labels[batch.labels != -100])  # row-major, as the dense loss reads them
 
 
-@pytest.mark.parametrize("family", ["xmod", "nystromformer"])
-def test_bert_adapter_variants_with_extra_modules_are_refused(family: str) -> None:
-    """Variants that reuse the BERT adapter but add computation to the block (a language adapter after the
-    FFN, a convolution over the values) are refused by the layout check instead of computed wrongly."""
+@pytest.mark.parametrize("family", ["xmod", "nystromformer", "esmc"])
+def test_adapter_variants_with_extra_modules_are_refused(family: str) -> None:
+    """Variants that reuse an adapter with a sparse block but add computation to the block (X-MOD's language
+    adapter after the FFN, Nystromformer's convolution over the values, ESMC's query and key norms) are
+    refused by the layout check instead of computed wrongly."""
     if family not in FAMILIES:
         pytest.skip(f"{family} is not in the tiny family table")
     batch = tiny_batch()
-    with pytest.raises(SparseTrainingError, match="beyond BERT's layout.*block=False"):
+    with pytest.raises(SparseTrainingError, match="beyond .* layout.*block=False"):
         sparse_mlm(tiny_model(family)).loss(batch.input_ids, batch.attention_mask, batch.labels)
 
 
@@ -163,6 +164,31 @@ def test_extra_inputs_and_every_role_with_token_types() -> None:
         out = sparse.loss(batch.input_ids, batch.attention_mask, batch.labels, token_type_ids=types)
     assert abs(out.item() - loss.item()) <= RTOL * loss.item()
     assert_same_gradients(gradients(model, out), dense)
+
+
+@pytest.mark.parametrize("family", ["roformer", "albert"])
+def test_fixed_rows_per_sequence_equal_the_dense_model(family: str) -> None:
+    """Constant shapes (the head at every one of B * width slots, padding slots outside the loss): same loss
+    and gradients; a row with more loss positions than the width is refused."""
+    model = tiny_model(family)
+    batch = tiny_batch()
+    loss, dense = dense_reference(model, batch)
+    out = sparse_mlm(model, rows_per_sequence=5)(batch.input_ids, batch.attention_mask, batch.labels)
+    assert abs(out.loss.item() - loss.item()) <= RTOL * loss.item()
+    assert_same_gradients(gradients(model, out.loss), dense)
+    assert out.logits.shape[0] == int((batch.labels != -100).sum())
+    with pytest.raises(SparseTrainingError, match="more than rows_per_sequence=1"):
+        sparse_mlm(model, rows_per_sequence=1).loss(batch.input_ids, batch.attention_mask, batch.labels)
+
+
+def test_bfloat16_autocast_runs_and_stays_close() -> None:
+    """Under CPU bfloat16 autocast (the recipe's setting) the sparse loss is the dense one to bfloat16 precision."""
+    model = tiny_model("roformer")
+    batch = tiny_batch()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        dense = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, labels=batch.labels).loss
+        sparse = sparse_mlm(model).loss(batch.input_ids, batch.attention_mask, batch.labels)
+    assert abs(sparse.item() - dense.item()) <= 2e-2 * dense.item()
 
 
 def test_trainer_compute_loss_is_the_dense_loss(tmp_path) -> None:

@@ -29,7 +29,10 @@ shipped config keeps dropout 0, as trained). The all-token twin gets the same *t
 MLM head runs at every position (16 x 128 rows of 8,192 logits per step instead of 16 x 32), so
 it trains for 2,700 steps (190 warm-up), with 6.7x more loss positions per token.
 Training tricks that change speed, not the model: bfloat16 autocast, logits computed only at the
-loss positions (a fixed number of rows per step). Every random draw comes from ``--seed``.
+loss positions (a fixed number of rows per step). ``--sparse`` (not used for the shipped models) also
+computes the last block's query, attention output and FFN at the loss positions only, with
+:func:`gradflow.training.sparse_mlm`: the same loss and gradients with less compute (docs/guides/sparse-training.md).
+Every random draw comes from ``--seed``.
 
     python -m analyses.corpus.fetch_corpus --out data/corpus
     python -m analyses.pretraining.pretrain --loss mlm --out build/gradflow-mini-en
@@ -43,12 +46,15 @@ import csv
 import json
 import math
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from tokenizers import BertWordPieceTokenizer
 from transformers import BertConfig, BertForMaskedLM, BertTokenizerFast
+
+from gradflow.training import sparse_mlm
 
 MAX_LEN = 128
 
@@ -130,6 +136,16 @@ def mlm_loss(model: BertForMaskedLM, inputs, labels, attention_mask, capacity: i
     return F.cross_entropy(logits.float(), targets, ignore_index=-100), logits[where], targets[where]
 
 
+def sparse_loss(model: torch.nn.Module, inputs, labels, attention_mask) -> torch.Tensor:
+    """The MLM loss with the head and the last block's query side at the loss positions only (``--sparse``).
+
+    Each row computes a multiple of 8 positions (the batch's largest count rounded up), so a run sees
+    a handful of shapes, not one per step.
+    """
+    width = 8 * math.ceil(int((labels != -100).sum(dim=1).max()) / 8)
+    return sparse_mlm(model, rows_per_sequence=min(width, labels.shape[1])).loss(inputs, attention_mask, labels)
+
+
 @torch.no_grad()
 def evaluate(model, tokenizer, valid: torch.Tensor, seed: int, batch: int = 128) -> dict:
     """Loss and top-1 accuracy at the *selected* positions of a fixed masking of ``valid``."""
@@ -157,7 +173,7 @@ def sinusoids(n_positions: int, dim: int) -> torch.Tensor:
     return torch.cat([torch.sin(pos * freq), torch.cos(pos * freq)], dim=1)
 
 
-def main() -> None:
+def main(argv: Sequence[str] | None = None) -> None:
     p = argparse.ArgumentParser(description="Pretrain a gradflow-mini-en model.")
     p.add_argument("--corpus", type=Path, default=Path("data/corpus"))
     p.add_argument("--tokenizer", type=Path, default=Path("build/tokenizer-mini-en"))
@@ -186,7 +202,13 @@ def main() -> None:
     p.add_argument("--valid-windows", type=int, default=1024)
     p.add_argument("--stop-after", type=int, default=None,
                    help="stop after N steps (same schedule): for checking that a run reproduces a shipped log")
-    args = p.parse_args()
+    p.add_argument("--sparse", action="store_true",
+                   help="train with the MLM head and the last block's query, attention output and FFN at the loss "
+                        "positions only (gradflow.training.sparse_mlm): the same loss and gradients, less compute")
+    args = p.parse_args(argv)
+    if args.sparse and args.loss == "alltoken":
+        p.error("--sparse skips the positions outside the loss; with --loss alltoken every non-special position is "
+                "in the loss, so there is nothing to skip: drop --sparse")
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -239,8 +261,12 @@ def main() -> None:
                                  else (train, args.batch_size))
         ids = source[torch.randint(len(source), (rows_per_step,), generator=gen)]
         inputs, labels, _ = corrupt(ids, tokenizer, gen, alltoken=args.loss == "alltoken")
+        attention_mask = (ids != tokenizer.pad_token_id).long()
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            loss, _, _ = mlm_loss(model, inputs, labels, (ids != tokenizer.pad_token_id).long(), capacity)
+            if args.sparse:
+                loss = sparse_loss(model, inputs, labels, attention_mask)
+            else:
+                loss, _, _ = mlm_loss(model, inputs, labels, attention_mask, capacity)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()

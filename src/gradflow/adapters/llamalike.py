@@ -15,6 +15,7 @@ the decoder (``head``), all position-wise.
 from dataclasses import replace
 
 from gradflow.adapters.base import LM_HEAD, Adapter, HeadSpec, SublayerSpec
+from gradflow.adapters.subset import llama_subset
 
 EUROBERT = Adapter(
     family="eurobert",
@@ -38,6 +39,7 @@ EUROBERT = Adapter(
     final_norm="norm",
     notes="pre-norm with RMSNorm gains (split by role exactly), rotary positions, grouped-query attention, "
           "gated FFN",
+    subset_block=llama_subset,
 )
 
 ULTRABERT = replace(

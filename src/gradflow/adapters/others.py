@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from gradflow.adapters.base import LM_HEAD, Adapter, HeadSpec, SublayerSpec
-from gradflow.adapters.subset import distilbert_subset
+from gradflow.adapters.subset import distilbert_subset, mpnet_subset
 
 
 def deberta_head(model: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
@@ -102,4 +102,5 @@ MPNET = Adapter(
     },
     attn_norm="post",
     head=LM_HEAD,
+    subset_block=mpnet_subset,
 )

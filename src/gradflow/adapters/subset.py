@@ -17,6 +17,7 @@ block computes what its ``forward`` computes at those positions.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 
 import torch
@@ -55,6 +56,8 @@ def split_heads(x: torch.Tensor, head_size: int) -> torch.Tensor:
 def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None,
            scale: float, dropout: float) -> torch.Tensor:
     """softmax(q k^T * scale + mask) v for (B, heads, n, d) queries over (B, heads, T, d) keys -> (B, n, heads * d)."""
+    if mask is not None and mask.is_floating_point() and mask.dtype != query.dtype:  # autocast: bfloat16 queries
+        mask = mask.to(query.dtype)
     out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout, scale=scale)
     return out.transpose(1, 2).reshape(out.shape[0], out.shape[2], -1)
 
@@ -83,13 +86,17 @@ the values, a language adapter after the FFN) is computation :func:`bert_layout`
 
 def check_bert_layout(block: nn.Module) -> None:
     """Refuse a block that has modules beyond the BERT layout's (a variant that reuses the BERT adapter)."""
-    for parent, allowed in BERT_LAYOUT_MODULES.items():
+    _check_layout(block, BERT_LAYOUT_MODULES, "BERT's")
+
+
+def _check_layout(block: nn.Module, layout: dict[str, set[str]], name: str) -> None:
+    for parent, allowed in layout.items():
         extra = sorted({name for name, _ in get_module(block, parent).named_children()} - allowed)
         if extra:
             where = f"{parent}." if parent else ""
             names = ", ".join(where + e for e in extra)
             raise SparseTrainingError(f"the last block ({type(block).__name__}) has {names} "
-                                      "beyond BERT's layout, which the sparse last block would leave out: not "
+                                      f"beyond {name} layout, which the sparse last block would leave out: not "
                                       "implemented for this family yet; train with block=False (the sparse head)")
 
 
@@ -137,6 +144,60 @@ def distilbert_subset(block: nn.Module, call: dict, index: torch.Tensor) -> torc
     return block.output_layer_norm(block.ffn(attention) + attention)
 
 
+def mpnet_subset(block: nn.Module, call: dict, index: torch.Tensor) -> torch.Tensor:
+    """MPNet's ``MPNetLayer``: ``attention.attn.{q,k,v,o}`` with the relative-position bias the encoder
+    passes (``position_bias``, (B, heads, T, T): the selected queries' rows), ``attention.LayerNorm``, FFN."""
+    hidden = call["hidden_states"]
+    att = block.attention.attn
+    d = att.attention_head_size
+    rows = select_rows(hidden, index)
+    query = split_heads(att.q(rows), d)
+    key, value = split_heads(att.k(hidden), d), split_heads(att.v(hidden), d)
+    bias = mask_rows(call.get("position_bias"), index)
+    mask = mask_rows(call.get("attention_mask"), index)
+    if mask is not None and not mask.is_floating_point():  # a boolean mask (True: attend) as an additive one
+        blocked = ~mask
+        mask = torch.zeros(mask.shape, dtype=query.dtype, device=mask.device)
+        mask = mask.masked_fill(blocked, torch.finfo(query.dtype).min)
+    bias = mask if bias is None else bias if mask is None else bias + mask
+    dropout = att.dropout.p if att.training else 0.0
+    context = attend(query, key, value, bias, d ** -0.5, dropout)
+    attention = block.attention.LayerNorm(block.attention.dropout(att.o(context)) + rows)
+    return block.output(block.intermediate(attention), attention)
+
+
+LLAMA_LAYOUT_MODULES = {
+    "": {"self_attn", "mlp", "input_layernorm", "post_attention_layernorm"},
+    "self_attn": {"q_proj", "k_proj", "v_proj", "o_proj"},
+}
+"""The child modules a Llama-style encoder block may have (ESMC's query/key norms are refused)."""
+
+
+def llama_subset(block: nn.Module, call: dict, index: torch.Tensor) -> torch.Tensor:
+    """The Llama-style pre-norm block (EuroBERT, UltraBERT): ``input_layernorm`` at every position (keys and
+    values need it), rotary positions (``position_embeddings`` = (cos, sin), (B or 1, T, d)) applied with the
+    modeling module's own ``apply_rotary_pos_emb`` at the selected queries' rows, grouped-query attention."""
+    _check_layout(block, LLAMA_LAYOUT_MODULES, "Llama-style")
+    hidden = call["hidden_states"]
+    att = block.self_attn
+    d = att.head_dim
+    normed = block.input_layernorm(hidden)
+    query = split_heads(att.q_proj(select_rows(normed, index)), d)
+    key, value = split_heads(att.k_proj(normed), d), split_heads(att.v_proj(normed), d)
+    cos, sin = call["position_embeddings"]
+    rotate = sys.modules[type(att).__module__].apply_rotary_pos_emb
+    batch = hidden.shape[0]
+    query = rotate(query, query, select_rows(cos.expand(batch, -1, -1), index),
+                   select_rows(sin.expand(batch, -1, -1), index))[0]
+    key = rotate(key, key, cos, sin)[1]
+    groups = att.num_key_value_groups
+    key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
+    dropout = att.attention_dropout if att.training else 0.0
+    context = attend(query, key, value, mask_rows(call.get("attention_mask"), index), att.scaling, dropout)
+    attention = select_rows(hidden, index) + att.o_proj(context)
+    return attention + block.mlp(block.post_attention_layernorm(attention))
+
+
 def albert_subset(block: nn.Module, call: dict, index: torch.Tensor) -> torch.Tensor:
     """ALBERT's ``AlbertLayer`` (its last application: the earlier ones run densely, as they must)."""
     hidden = call["hidden_states"]
@@ -151,5 +212,6 @@ def albert_subset(block: nn.Module, call: dict, index: torch.Tensor) -> torch.Te
     return block.full_layer_layer_norm(block.ff_chunk(attention) + attention)
 
 
-__all__ = ["BERT_LAYOUT_MODULES", "SubsetBlock", "albert_subset", "attend", "bert_layout", "check_bert_layout",
-           "distilbert_subset", "mask_rows", "select_rows", "split_heads"]
+__all__ = ["BERT_LAYOUT_MODULES", "LLAMA_LAYOUT_MODULES", "SubsetBlock", "albert_subset", "attend", "bert_layout",
+           "check_bert_layout", "distilbert_subset", "llama_subset", "mask_rows", "mpnet_subset", "select_rows",
+           "split_heads"]

@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from gradflow.adapters import Adapter, block_modules, get_module, resolve_adapter
+from gradflow.adapters.subset import select_rows
 from gradflow.errors import SparseTrainingError
 
 IGNORE = -100
@@ -60,8 +61,12 @@ class _StopAtLastBlock(Exception):
     """Raised by the patched last block to end the base model's forward once its arguments are captured."""
 
 
-def loss_index(labels: torch.Tensor, attention_mask: torch.Tensor | None = None) -> LossIndex:
-    """The per-row loss positions of ``labels`` (B, T); refuses a batch with nothing to skip or nothing to learn."""
+def loss_index(labels: torch.Tensor, attention_mask: torch.Tensor | None = None,
+               width: int | None = None) -> LossIndex:
+    """The per-row loss positions of ``labels`` (B, T); refuses a batch with nothing to skip or nothing to learn.
+
+    ``width``: a fixed n (constant shapes from batch to batch); a row with more loss positions is refused.
+    """
     loss_at = labels != IGNORE
     real = loss_at.new_ones(loss_at.shape) if attention_mask is None else attention_mask.to(torch.bool)
     if not bool(loss_at.any()):
@@ -72,6 +77,11 @@ def loss_index(labels: torch.Tensor, attention_mask: torch.Tensor | None = None)
                                   "sparse head and last block have nothing to skip; train the dense model")
     counts = loss_at.sum(dim=1)
     n = int(counts.max())
+    if width is not None and n > width:
+        raise SparseTrainingError(f"a row has {n} loss positions, more than rows_per_sequence={width}: raise it")
+    if width is not None and width > labels.shape[1]:
+        raise SparseTrainingError(f"rows_per_sequence={width} exceeds the sequence length {labels.shape[1]}")
+    n = n if width is None else width
     order = torch.argsort((~loss_at).to(torch.int8), dim=1, stable=True)[:, :n]  # loss positions first, in order
     valid = torch.arange(n, device=labels.device)[None, :] < counts[:, None]
     return LossIndex(torch.where(valid, order, torch.zeros_like(order)), valid)
@@ -89,11 +99,13 @@ def call_arguments(forward: Callable, args: tuple, kwargs: dict) -> dict:
 class SparseMLM:
     """A ``*ForMaskedLM`` trained with the sparse head (and last block): see :func:`sparse_mlm`."""
 
-    def __init__(self, model: nn.Module, adapter: Adapter, block: bool, head: bool):
+    def __init__(self, model: nn.Module, adapter: Adapter, block: bool, head: bool,
+                 rows_per_sequence: int | None = None):
         self.model = model
         self.adapter = adapter
         self.block = block
         self.head = head
+        self.rows_per_sequence = rows_per_sequence
         self._head = adapter.head.function(model)
 
     def __enter__(self) -> SparseMLM:
@@ -133,13 +145,12 @@ class SparseMLM:
                                       "adapter's block list does not match this model's forward")
         return last, seen[-1]
 
-    def hidden_at_loss(self, where: LossIndex, positions: torch.Tensor, **inputs: object) -> torch.Tensor:
-        """(N, H): the hidden state the head reads (after the final norm) at the loss ``positions`` (N, 2)."""
+    def hidden_at_slots(self, where: LossIndex, **inputs: object) -> torch.Tensor:
+        """(B, n, H): the hidden state the head reads (after the final norm) at ``where.index``."""
         if not self.block:
-            hidden = self.model.base_model(**inputs).last_hidden_state
-            return hidden[positions[:, 0], positions[:, 1]]
+            return select_rows(self.model.base_model(**inputs).last_hidden_state, where.index)
         block, call = self.last_block_call(**inputs)
-        hidden = self.adapter.subset_block(block, call, where.index)[where.valid]
+        hidden = self.adapter.subset_block(block, call, where.index)
         if self.adapter.final_norm is not None:
             hidden = get_module(self.model.base_model, self.adapter.final_norm)(hidden)
         return hidden
@@ -151,14 +162,20 @@ class SparseMLM:
         if labels.shape != input_ids.shape:
             raise SparseTrainingError(f"labels {tuple(labels.shape)} and input_ids {tuple(input_ids.shape)} differ "
                                       "in shape: give one label per token (-100 outside the loss)")
-        where = loss_index(labels, attention_mask)
+        where = loss_index(labels, attention_mask, self.rows_per_sequence)
         rows = torch.arange(labels.shape[0], device=labels.device)[:, None].expand_as(where.index)
         positions = torch.stack([rows[where.valid], where.index[where.valid]], dim=1)
-        hidden = self.hidden_at_loss(where, positions, input_ids=input_ids, attention_mask=attention_mask, **inputs)
-        logits = self._head(hidden)
+        hidden = self.hidden_at_slots(where, input_ids=input_ids, attention_mask=attention_mask, **inputs)
         targets = labels[positions[:, 0], positions[:, 1]]
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets)
-        return SparseMLMOutput(loss, logits, targets, positions)
+        if self.rows_per_sequence is None:  # the head at the N loss positions
+            logits = self._head(hidden[where.valid])
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets)
+            return SparseMLMOutput(loss, logits, targets, positions)
+        # fixed shapes: the head at all B * width slots, the padding slots outside the loss
+        slot_logits = self._head(hidden.reshape(-1, hidden.shape[-1]))
+        slot_targets = torch.where(where.valid, labels.gather(1, where.index), IGNORE).reshape(-1)
+        loss = F.cross_entropy(slot_logits, slot_targets, ignore_index=IGNORE)
+        return SparseMLMOutput(loss, slot_logits[where.valid.reshape(-1)], targets, positions)
 
     __call__ = forward
 
@@ -169,13 +186,15 @@ class SparseMLM:
 
 
 def sparse_mlm(model: nn.Module, *, block: bool = True, head: bool = True,
-               adapter: Adapter | str | None = None) -> SparseMLM:
+               adapter: Adapter | str | None = None, rows_per_sequence: int | None = None) -> SparseMLM:
     """Sparse MLM training for ``model`` (a ``*ForMaskedLM``); refuses where it would not be exact.
 
     ``head``: the MLM head at the loss positions only; ``block``: also the last block's query side
     (needs ``head``). Refusals (:class:`~gradflow.errors.SparseTrainingError`, with the reason): a
     head that mixes positions, a family without a sparse last block (``block=False`` still gives the
     sparse head), a model without a separate base model. Usable as a context manager.
+    ``rows_per_sequence``: compute a fixed number of positions per sequence (every batch then has the
+    same shapes, which keeps CPU kernel caches from growing; rows with more loss positions are refused).
     """
     adapter = resolve_adapter(model, adapter)
     if not head:
@@ -190,7 +209,9 @@ def sparse_mlm(model: nn.Module, *, block: bool = True, head: bool = True,
         raise SparseTrainingError(f"the sparse last block is not implemented for the {adapter.family} family yet "
                                   "(its adapter has no subset_block); use sparse_mlm(model, block=False) for the "
                                   "sparse head alone")
-    return SparseMLM(model, adapter, block=block, head=head)
+    if rows_per_sequence is not None and rows_per_sequence < 1:
+        raise SparseTrainingError(f"rows_per_sequence must be positive, got {rows_per_sequence}")
+    return SparseMLM(model, adapter, block=block, head=head, rows_per_sequence=rows_per_sequence)
 
 
 __all__ = ["IGNORE", "LossIndex", "SparseMLM", "SparseMLMOutput", "call_arguments", "loss_index", "sparse_mlm"]
