@@ -5,6 +5,7 @@ resumed, finishes with the tables of an uninterrupted run: every CSV byte-identi
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import subprocess
@@ -140,6 +141,30 @@ def test_refusals_name_what_to_do(tmp_path, reference, monkeypatch, capsys, tiny
     # --overwrite starts over deliberately: the checkpoints go
     assert main(args(model, out, "--overwrite", "--checkpoint-every", "1000")) == 0
     assert not (out / ".checkpoint").exists()
+    assert_same_run(reference, out)
+
+
+def test_full_disk_names_the_directory_and_keeps_the_checkpoint(tmp_path, reference, tiny_mlm_dir, monkeypatch,
+                                                                 capsys):
+    from gradflow.runs import diagnose
+
+    real, calls = diagnose.save_checkpoint, {"n": 0}
+
+    def full(folder, checkpoint):
+        calls["n"] += 1
+        if calls["n"] == 2:  # the second checkpoint: the first (8 sequences) is durable
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(folder, checkpoint)
+
+    monkeypatch.setattr(diagnose, "save_checkpoint", full)
+    out = tmp_path / "full"
+    assert main(args(tiny_mlm_dir, out)) == 2
+    err = capsys.readouterr().err
+    assert str(out) in err and "No space left on device" in err and "8 sequences" in err and "--resume" in err
+    assert "Traceback" not in err
+    assert latest_checkpoint(rank_dir(out, 0)).state["progress"]["sequences"] == 8
+    monkeypatch.setattr(diagnose, "save_checkpoint", real)
+    assert main(args(tiny_mlm_dir, out, "--resume")) == 0
     assert_same_run(reference, out)
 
 
