@@ -323,3 +323,40 @@ def test_neomme_last_block_zero_pattern_for_its_future_adapter():
         assert torch.count_nonzero(grads[name][context]) > 0, name
     with pytest.raises(UnsupportedArchitectureError, match="not supported yet: NeoMME"):
         adapter_for(model)
+
+
+def test_slow_tokenizer_documents_are_windowed_like_fast_overflow(roc_tokenizer):
+    """A tokenizer without a fast version (RoCBert's) is windowed by the corpus reader: consecutive runs of
+    max_length - 2 pieces, each in [CLS] ... [SEP], together exactly the document's pieces; the masked
+    batches built from them carry the shape and pronunciation ids (corpus jobs work for RoCBert)."""
+    from gradflow.inputs.corpus import Document, document_windows
+    from gradflow.inputs.masking import BertMasking
+    from gradflow.inputs.pipeline import masked_batches
+
+    text = " ".join(["the cat sat on the mat", "a cats 12 sat"] * 7)
+    pieces = roc_tokenizer(text, add_special_tokens=False)["input_ids"]
+    windows = document_windows(roc_tokenizer, Document(0, text, "mem", 1), max_length=10)
+    cls, sep = roc_tokenizer.cls_token_id, roc_tokenizer.sep_token_id
+    assert [w["input_ids"][0] for w in windows] == [cls] * len(windows)
+    assert [w["input_ids"][-1] for w in windows] == [sep] * len(windows)
+    assert all(len(w["input_ids"]) <= 10 for w in windows) and len(windows) == -(-len(pieces) // 8)
+    assert [i for w in windows for i in w["input_ids"][1:-1]] == pieces
+    assert all(w["special_tokens_mask"] == [True] + [False] * (len(w["input_ids"]) - 2) + [True] for w in windows)
+    documents = [Document(0, text, "mem", 1)]
+    batch = next(masked_batches(roc_tokenizer, documents, BertMasking(seed=0), max_length=10, batch_size=4))
+    assert batch.input_ids.shape == (4, 10)
+    assert set(batch.extra_inputs) == {"input_shape_ids", "input_pronunciation_ids"}
+
+
+def test_finetuning_passes_the_derived_token_inputs(roc_tokenizer):
+    """gradflow finetune (and the probes' feature pass) give RoCBert its shape and pronunciation ids, the
+    same as the tokenizer builds, instead of letting the model embed id 0 at every position."""
+    from gradflow.interventions.finetune.train import model_inputs
+
+    enc = roc_tokenizer(["the cat sat", "cats"], padding=True, return_tensors="pt")
+    batch = {"input_ids": enc["input_ids"], "attention_mask": enc["attention_mask"]}
+    inputs = model_inputs(batch, roc_tokenizer)
+    assert set(inputs) == {"input_ids", "attention_mask", "input_shape_ids", "input_pronunciation_ids"}
+    assert torch.equal(inputs["input_shape_ids"], enc["input_shape_ids"])
+    assert torch.equal(inputs["input_pronunciation_ids"], enc["input_pronunciation_ids"])
+    assert set(model_inputs(batch)) == {"input_ids", "attention_mask"}

@@ -193,6 +193,8 @@ def document_windows(tokenizer, document: Document, max_length: int) -> list[dic
     n_special = tokenizer.num_special_tokens_to_add(pair=False)
     if max_length - n_special < 1:
         raise CorpusError(f"max_length={max_length} leaves no room for tokens next to {n_special} special tokens")
+    if not getattr(tokenizer, "is_fast", False):
+        return slow_document_windows(tokenizer, document, max_length - n_special)
     enc = tokenizer(document.text, add_special_tokens=True, truncation=True, max_length=max_length,
                     return_overflowing_tokens=True, stride=0, return_special_tokens_mask=True)
     out = []
@@ -205,6 +207,22 @@ def document_windows(tokenizer, document: Document, max_length: int) -> list[dic
         except (ValueError, AttributeError):
             words = [None] * len(ids)
         out.append({"input_ids": list(ids), "special_tokens_mask": special, "word_ids": list(words)})
+    return out
+
+
+def slow_document_windows(tokenizer, document: Document, body: int) -> list[dict]:
+    """:func:`document_windows` for a tokenizer without a fast (Rust) version (TAPAS, RoCBert): the
+    document's pieces cut into consecutive runs of ``body`` tokens, each wrapped in the tokenizer's own
+    special tokens, as the fast tokenizers' overflow windows are. ``word_ids`` are None (slow tokenizers
+    do not give them), so word-level features are unavailable for these models."""
+    ids = tokenizer(document.text, add_special_tokens=False, verbose=False)["input_ids"]
+    out = []
+    for start in range(0, len(ids), body):
+        piece = ids[start : start + body]
+        window = tokenizer.build_inputs_with_special_tokens(piece)
+        # the template's own tokens only (an [UNK] in the text is a token, as in the fast tokenizers' mask)
+        special = [bool(s) for s in tokenizer.get_special_tokens_mask(piece)]
+        out.append({"input_ids": list(window), "special_tokens_mask": special, "word_ids": [None] * len(window)})
     return out
 
 

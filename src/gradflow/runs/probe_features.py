@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from gradflow.adapters.extra_inputs import token_inputs
 from gradflow.errors import TaskError
 from gradflow.hooks.sites import SiteLayer, model_device
 from gradflow.inputs.corpus import batches
@@ -125,7 +126,9 @@ def extract_split(loaded: LoadedModel, sentences: LabelledSentences, label_ids: 
                     ids[b, : len(item.ids)] = torch.tensor(item.ids)
                     attention[b, : len(item.ids)] = 1
                 device = model_device(model)
-                model(input_ids=ids.to(device), attention_mask=attention.to(device))
+                extra = token_inputs(tokenizer, ids, attention)  # RoCBert's shape and pronunciation ids
+                model(input_ids=ids.to(device), attention_mask=attention.to(device),
+                      **{name: value.to(device) for name, value in extra.items()})
                 weights, batch_keys = _pooling_matrix(batch, width, pooling)
                 for site in sites.names:
                     hidden = store[site].float().cpu().reshape(len(batch) * width, -1)

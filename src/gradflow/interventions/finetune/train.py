@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from gradflow.adapters import adapter_for
+from gradflow.adapters.extra_inputs import token_inputs
 from gradflow.errors import GradflowError, UnsupportedArchitectureError
 from gradflow.inputs.tasks import Task, check_rows, load_split, load_task, score
 from gradflow.interventions.finetune.data import (
@@ -240,9 +241,18 @@ def task_loss(logits: torch.Tensor, labels: torch.Tensor, weights: torch.Tensor 
     return F.cross_entropy(flat, labels.reshape(-1), weight=weights, ignore_index=IGNORE)
 
 
+def model_inputs(batch: dict[str, torch.Tensor], tokenizer: object = None) -> dict[str, torch.Tensor]:
+    """The model's inputs for a collated batch: ids, attention and what the tokenizer derives per token
+    (RoCBert's shape and pronunciation ids: :func:`gradflow.adapters.extra_inputs.token_inputs`)."""
+    inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+    if tokenizer is not None:
+        inputs.update(token_inputs(tokenizer, batch["input_ids"], batch["attention_mask"]))
+    return inputs
+
+
 @torch.no_grad()
 def evaluate(model: nn.Module, task: Task, rows: list[dict], examples: list[Encoded], pad_id: int,
-             batch_size: int, device: str) -> dict[str, float]:
+             batch_size: int, device: str, tokenizer: object = None) -> dict[str, float]:
     """Loss (unweighted) and the task's metrics on one split."""
     was_training = model.training
     model.eval()
@@ -250,7 +260,7 @@ def evaluate(model: nn.Module, task: Task, rows: list[dict], examples: list[Enco
     loss_sum, loss_n = 0.0, 0
     for idx in eval_batches(examples, batch_size):
         batch = {k: v.to(device) for k, v in collate([examples[i] for i in idx], pad_id).items()}
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        logits = model(**model_inputs(batch, tokenizer)).logits
         n = int((batch["labels"] != IGNORE).sum())
         loss_sum += float(task_loss(logits, batch["labels"])) * n
         loss_n += n
@@ -340,7 +350,7 @@ def finetune(config: FinetuneConfig, *, task: Task | None = None,
         idx = next(batches)
         batch = {k: v.to(config.device) for k, v in collate([encoded["train"][i] for i in idx], pad_id).items()}
         with autocast_context(config):
-            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+            logits = model(**model_inputs(batch, tokenizer)).logits
         loss = task_loss(logits, batch["labels"], weights)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -357,7 +367,7 @@ def finetune(config: FinetuneConfig, *, task: Task | None = None,
             running = []
             with autocast_context(config):
                 metrics = evaluate(model, task, rows[config.eval_split], encoded[config.eval_split], pad_id,
-                                   config.eval_batch_size, config.device)
+                                   config.eval_batch_size, config.device, tokenizer)
             result.history.append(EvalRecord(step, config.eval_split, metrics))
             write_history(result, out)
             if keeper is not None and keeper.update(model, step, metrics):
@@ -373,7 +383,7 @@ def finetune(config: FinetuneConfig, *, task: Task | None = None,
             continue
         with autocast_context(config):
             result.final[split] = evaluate(model, task, rows[split], encoded[split], pad_id,
-                                           config.eval_batch_size, config.device)
+                                           config.eval_batch_size, config.device, tokenizer)
     result.seconds = time.perf_counter() - start
     write_outputs(result, out, model, tokenizer)
     return result
