@@ -19,7 +19,7 @@ from tiny import FAMILIES, tiny_batch, tiny_model
 
 BLOCK_FAMILIES = {"bert", "roberta", "xlm-roberta", "camembert", "electra", "ernie", "roformer", "data2vec-text",
                   "distilbert", "albert", "roberta-prelayernorm", "megatron-bert", "xlm-roberta-xl", "rembert",
-                  "big_bird", "mpnet", "eurobert", "ultrabert"}
+                  "big_bird", "mpnet", "eurobert", "ultrabert", "esm"}
 """The families with a sparse last block (``Adapter.subset_block``); the others are refused."""
 
 RTOL = 1e-5

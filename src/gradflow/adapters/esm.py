@@ -9,6 +9,7 @@ from torch import nn
 
 from gradflow.adapters.base import LM_HEAD, Adapter, SublayerSpec
 from gradflow.adapters.llamalike import EUROBERT
+from gradflow.adapters.subset import esm_subset
 from gradflow.errors import SurgeryError
 
 
@@ -53,6 +54,7 @@ ESM = Adapter(
     head=LM_HEAD,
     final_norm="encoder.emb_layer_norm_after",
     drop_extras=trim_contact_head,
+    subset_block=esm_subset,
 )
 
 def esmc_drop(model: nn.Module, k: int) -> tuple[int, str]:

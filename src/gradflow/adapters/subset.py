@@ -166,6 +166,38 @@ def mpnet_subset(block: nn.Module, call: dict, index: torch.Tensor) -> torch.Ten
     return block.output(block.intermediate(attention), attention)
 
 
+ESM_LAYOUT_MODULES = {
+    "": {"attention", "intermediate", "output", "LayerNorm"},
+    "attention": {"self", "output", "LayerNorm"},
+    "attention.self": {"query", "key", "value"},
+}
+"""The child modules of ESM's pre-LN block (``attention.LayerNorm`` feeds Q, K and V; ``LayerNorm`` the FFN)."""
+
+
+def esm_subset(block: nn.Module, call: dict, index: torch.Tensor) -> torch.Tensor:
+    """ESM's ``EsmLayer``: the attention norm at every position, the query scaled by ``d ** -0.5`` before the
+    rotary positions (``position_embeddings`` = (cos, sin)) as ESM does, at the selected queries' rows."""
+    _no_cross_attention(call)
+    _check_layout(block, ESM_LAYOUT_MODULES, "ESM's")
+    hidden = call["hidden_states"]
+    att = block.attention.self
+    d = att.attention_head_size
+    normed = block.attention.LayerNorm(hidden)
+    query = split_heads(att.query(select_rows(normed, index)), d) * d ** -0.5
+    key, value = split_heads(att.key(normed), d), split_heads(att.value(normed), d)
+    if att.position_embedding_type == "rotary":
+        cos, sin = call["position_embeddings"]
+        rotate = sys.modules[type(att).__module__].apply_rotary_pos_emb
+        batch = hidden.shape[0]
+        query = rotate(query, query, select_rows(cos.expand(batch, -1, -1), index),
+                       select_rows(sin.expand(batch, -1, -1), index))[0]
+        key = rotate(key, key, cos, sin)[1]
+    dropout = att.dropout if att.training else 0.0
+    context = attend(query, key, value, mask_rows(call.get("attention_mask"), index), att.scaling, dropout)
+    attention = block.attention.output(context, select_rows(hidden, index))
+    return block.feed_forward_chunk(attention)
+
+
 LLAMA_LAYOUT_MODULES = {
     "": {"self_attn", "mlp", "input_layernorm", "post_attention_layernorm"},
     "self_attn": {"q_proj", "k_proj", "v_proj", "o_proj"},
@@ -212,6 +244,6 @@ def albert_subset(block: nn.Module, call: dict, index: torch.Tensor) -> torch.Te
     return block.full_layer_layer_norm(block.ff_chunk(attention) + attention)
 
 
-__all__ = ["BERT_LAYOUT_MODULES", "LLAMA_LAYOUT_MODULES", "SubsetBlock", "albert_subset", "attend", "bert_layout",
-           "check_bert_layout", "distilbert_subset", "llama_subset", "mask_rows", "mpnet_subset", "select_rows",
-           "split_heads"]
+__all__ = ["BERT_LAYOUT_MODULES", "ESM_LAYOUT_MODULES", "LLAMA_LAYOUT_MODULES", "SubsetBlock", "albert_subset",
+           "attend", "bert_layout", "check_bert_layout", "distilbert_subset", "esm_subset", "llama_subset",
+           "mask_rows", "mpnet_subset", "select_rows", "split_heads"]
