@@ -19,7 +19,8 @@ from tiny import FAMILIES, tiny_batch, tiny_model
 
 BLOCK_FAMILIES = {"bert", "roberta", "xlm-roberta", "camembert", "electra", "ernie", "roformer", "data2vec-text",
                   "distilbert", "albert", "roberta-prelayernorm", "megatron-bert", "xlm-roberta-xl", "rembert",
-                  "big_bird", "mpnet", "eurobert", "ultrabert", "esm"}
+                  "big_bird", "mpnet", "eurobert", "ultrabert", "esm", "gte", "nomic_bert",
+                  "jina_embeddings_v3"}
 """The families with a sparse last block (``Adapter.subset_block``); the others are refused."""
 
 RTOL = 1e-5

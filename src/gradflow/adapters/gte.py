@@ -8,6 +8,7 @@ GTE (Alibaba's new-impl encoders), NomicBERT and Jina-Embeddings-v3 share it: re
 from dataclasses import replace
 
 from gradflow.adapters.base import LM_HEAD, Adapter, HeadSpec, SublayerSpec
+from gradflow.adapters.subset import gte_subset
 
 _ATTN = {
     "attn.q": SublayerSpec("self_attn.q_proj"),
@@ -29,6 +30,7 @@ GTE = Adapter(
     attn_norm="post",
     head=LM_HEAD,
     notes="post-LN, rotary positions, gated FFN",
+    subset_block=gte_subset,
 )
 
 NOMIC_BERT = replace(GTE, family="nomic_bert", model_types=("nomic_bert",), head=HeadSpec(("cls",)))

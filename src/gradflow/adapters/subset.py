@@ -205,29 +205,52 @@ LLAMA_LAYOUT_MODULES = {
 """The child modules a Llama-style encoder block may have (ESMC's query/key norms are refused)."""
 
 
-def llama_subset(block: nn.Module, call: dict, index: torch.Tensor) -> torch.Tensor:
-    """The Llama-style pre-norm block (EuroBERT, UltraBERT): ``input_layernorm`` at every position (keys and
-    values need it), rotary positions (``position_embeddings`` = (cos, sin), (B or 1, T, d)) applied with the
-    modeling module's own ``apply_rotary_pos_emb`` at the selected queries' rows, grouped-query attention."""
-    _check_layout(block, LLAMA_LAYOUT_MODULES, "Llama-style")
-    hidden = call["hidden_states"]
-    att = block.self_attn
+def _rotary_context(att: nn.Module, normed: torch.Tensor, call: dict, index: torch.Tensor) -> torch.Tensor:
+    """Attention of the selected queries over every position for ``self_attn.{q,k,v}_proj`` blocks with rotary
+    positions (``position_embeddings`` = (cos, sin), (B or 1, T, d), applied with the modeling module's own
+    ``apply_rotary_pos_emb``) and grouped-query attention -> (B, n, heads * d), before ``o_proj``."""
     d = att.head_dim
-    normed = block.input_layernorm(hidden)
     query = split_heads(att.q_proj(select_rows(normed, index)), d)
     key, value = split_heads(att.k_proj(normed), d), split_heads(att.v_proj(normed), d)
     cos, sin = call["position_embeddings"]
     rotate = sys.modules[type(att).__module__].apply_rotary_pos_emb
-    batch = hidden.shape[0]
+    batch = normed.shape[0]
     query = rotate(query, query, select_rows(cos.expand(batch, -1, -1), index),
                    select_rows(sin.expand(batch, -1, -1), index))[0]
     key = rotate(key, key, cos, sin)[1]
-    groups = att.num_key_value_groups
+    groups = getattr(att, "num_key_value_groups", 1)
     key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
     dropout = att.attention_dropout if att.training else 0.0
-    context = attend(query, key, value, mask_rows(call.get("attention_mask"), index), att.scaling, dropout)
-    attention = select_rows(hidden, index) + att.o_proj(context)
+    return attend(query, key, value, mask_rows(call.get("attention_mask"), index), att.scaling, dropout)
+
+
+def llama_subset(block: nn.Module, call: dict, index: torch.Tensor) -> torch.Tensor:
+    """The Llama-style pre-norm block (EuroBERT, UltraBERT): ``input_layernorm`` at every position (keys and
+    values need it), rotary positions at the selected queries' rows, grouped-query attention."""
+    _check_layout(block, LLAMA_LAYOUT_MODULES, "Llama-style")
+    hidden = call["hidden_states"]
+    context = _rotary_context(block.self_attn, block.input_layernorm(hidden), call, index)
+    attention = select_rows(hidden, index) + block.self_attn.o_proj(context)
     return attention + block.mlp(block.post_attention_layernorm(attention))
+
+
+GTE_LAYOUT_MODULES = {
+    "": {"self_attn", "mlp", "post_attention_layernorm", "post_mlp_layernorm", "post_attention_dropout",
+         "post_mlp_dropout"},
+    "self_attn": {"q_proj", "k_proj", "v_proj", "o_proj"},
+}
+"""The child modules of the GTE layout's post-LN block (GTE, NomicBERT, Jina-Embeddings-v3)."""
+
+
+def gte_subset(block: nn.Module, call: dict, index: torch.Tensor) -> torch.Tensor:
+    """The GTE layout (post-LN, rotary positions): attention, ``post_attention_layernorm``, MLP,
+    ``post_mlp_layernorm``, each with its dropout, at the selected positions."""
+    _check_layout(block, GTE_LAYOUT_MODULES, "the GTE")
+    hidden = call["hidden_states"]
+    context = _rotary_context(block.self_attn, hidden, call, index)
+    rows = select_rows(hidden, index)
+    attention = block.post_attention_layernorm(rows + block.post_attention_dropout(block.self_attn.o_proj(context)))
+    return block.post_mlp_layernorm(attention + block.post_mlp_dropout(block.mlp(attention)))
 
 
 def albert_subset(block: nn.Module, call: dict, index: torch.Tensor) -> torch.Tensor:
@@ -244,6 +267,6 @@ def albert_subset(block: nn.Module, call: dict, index: torch.Tensor) -> torch.Te
     return block.full_layer_layer_norm(block.ff_chunk(attention) + attention)
 
 
-__all__ = ["BERT_LAYOUT_MODULES", "ESM_LAYOUT_MODULES", "LLAMA_LAYOUT_MODULES", "SubsetBlock", "albert_subset",
-           "attend", "bert_layout", "check_bert_layout", "distilbert_subset", "esm_subset", "llama_subset",
-           "mask_rows", "mpnet_subset", "select_rows", "split_heads"]
+__all__ = ["BERT_LAYOUT_MODULES", "ESM_LAYOUT_MODULES", "GTE_LAYOUT_MODULES", "LLAMA_LAYOUT_MODULES", "SubsetBlock",
+           "albert_subset", "attend", "bert_layout", "check_bert_layout", "distilbert_subset", "esm_subset",
+           "gte_subset", "llama_subset", "mask_rows", "mpnet_subset", "select_rows", "split_heads"]
