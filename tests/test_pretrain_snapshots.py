@@ -69,3 +69,45 @@ def test_a_stopped_and_resumed_run_writes_the_same_snapshot_bytes(corpus: Path, 
     assert [int(r["step"]) for r in read_index(out)] == [2, 4]
     assert run(config(corpus, out)) == EXIT_DONE
     assert read_index(out) == read_index(straight)
+
+
+def test_sparse_recipe_loss_and_gradients_are_the_dense_ones(corpus: Path, straight: Path):
+    """--sparse (the last block's query side at the loss rows only): the recipe's loss and every gradient
+    equal its dense loss's on a real batch of the run (float32, relative 1e-5)."""
+    from analyses.pretraining.recipe.data import SpecialIds, TokenStream, load_windows, train_tokenizer
+    from analyses.pretraining.recipe.model import build_model, mlm_loss, sparse_mlm_loss
+
+    cfg = config(corpus, straight)
+    tokenizer = train_tokenizer(corpus, corpus / "tokenizer", cfg.vocab_size)
+    special = SpecialIds.of(tokenizer)
+    windows = load_windows(tokenizer, corpus / "train.txt", cfg.max_len, straight / "cache")
+    stream = TokenStream(windows, cfg.batch_size, cfg.seed, special, False, cfg.batch_size * cfg.max_len // 4)
+    batch = stream.batch(3)
+    model = build_model(cfg, len(tokenizer), special.pad)
+    dense = mlm_loss(model, batch)[0]
+    sparse = sparse_mlm_loss(model, batch)
+    assert abs(sparse.item() - dense.item()) <= 1e-5 * dense.item()
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    params = [p for _, p in named]
+    grads_dense = torch.autograd.grad(dense, params, allow_unused=True)
+    grads_sparse = torch.autograd.grad(sparse, params, allow_unused=True)
+    for (name, _), g_dense, g_sparse in zip(named, grads_dense, grads_sparse):
+        assert (g_dense is None) == (g_sparse is None), name
+        if g_dense is not None:
+            assert float((g_sparse - g_dense).norm()) <= 1e-5 * float(g_dense.norm()) + 1e-9, name
+
+
+def test_sparse_run_trains_and_alltoken_is_refused(corpus: Path, tmp_path: Path):
+    assert run(config(corpus, tmp_path / "sparse", sparse=True, stop_after=4)) == EXIT_STOPPED
+    assert run(config(corpus, tmp_path / "sparse", sparse=True)) == EXIT_DONE
+    with pytest.raises(ValueError, match="alltoken"):
+        config(corpus, tmp_path / "x", sparse=True, loss="alltoken")
+
+
+def test_a_checkpoint_without_a_newer_field_resumes_at_its_default():
+    from analyses.pretraining.recipe.config import identity_diff
+
+    new = RunConfig.from_arch("tiny", corpus="c", out="o").identity()
+    stored = {k: v for k, v in new.items() if k != "sparse"}
+    assert identity_diff(stored, new) == []
+    assert identity_diff(stored, {**new, "sparse": True}) == ["sparse: False -> True"]

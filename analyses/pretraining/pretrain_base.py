@@ -59,6 +59,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--max-minutes", type=float, default=None,
                    help="stop with a checkpoint (exit 75) after this much wall time since the command started")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    p.add_argument("--sparse", action="store_true",
+                   help="compute the last block's query side at the loss positions only "
+                        "(gradflow.training.sparse_mlm): the same loss and gradients, less compute; not with "
+                        "--loss alltoken")
     p.add_argument("--snapshots", type=int, default=0,
                    help="keep the weights at this many log-spaced steps in <out>/snapshots (0: none)")
     p.add_argument("--stop-after", type=int, default=None, help=argparse.SUPPRESS)  # test hook
@@ -76,6 +80,10 @@ def main(argv: list[str] | None = None) -> int:
                 "give --corpus a folder with train.txt and valid.txt (one document per line)")
         print(f"error: corpus {args.corpus} has no {' / '.join(missing)}: {hint}, or pass --corpus data/corpus "
               "for the small corpus (`make -C analyses corpus`).", file=sys.stderr)
+        return EXIT_CONFIG
+    if args.sparse and args.loss == "alltoken":
+        print("error: --sparse skips the positions outside the loss; with --loss alltoken there are none. Drop "
+              "--sparse for the all-token model.", file=sys.stderr)
         return EXIT_CONFIG
     fields = {k: v for k, v in vars(args).items() if k not in ("corpus", "out", "arch", "tokenizer")}
     cfg = RunConfig.from_arch(args.arch, corpus=str(args.corpus), out=str(args.out),

@@ -30,8 +30,8 @@ ARCHS: dict[str, ArchSizes] = {
 # training curve's values (only where output goes, how often it is written, and when to stop).
 # The tokenizer is compared by the hash of its tokenizer.json instead of its path.
 RUNTIME_FIELDS: frozenset[str] = frozenset(
-    {"out", "tokenizer", "checkpoint_every", "eval_every", "log_every", "max_minutes", "threads", "stop_after", "throttle_s",
-     "snapshots"}
+    {"out", "tokenizer", "checkpoint_every", "eval_every", "log_every", "max_minutes", "threads", "stop_after",
+     "throttle_s", "snapshots"}
 )
 
 
@@ -59,6 +59,7 @@ class RunConfig:
     seed: int = 0
     device: str = "cpu"
     dtype: str = "float32"  # "bfloat16": autocast of the forward pass; master weights stay float32
+    sparse: bool = False  # the last block's query side at the loss positions only (same gradients, less compute)
     valid_windows: int = 1024
     # runtime fields (RUNTIME_FIELDS): may differ between the commands of one run
     eval_every: int = 1_000
@@ -77,6 +78,8 @@ class RunConfig:
             raise ValueError(f"dtype must be float32 or bfloat16, not {self.dtype!r}")
         if self.hidden % self.heads:
             raise ValueError(f"hidden {self.hidden} is not a multiple of heads {self.heads}")
+        if self.sparse and self.loss == "alltoken":
+            raise ValueError("--sparse skips positions outside the loss; with --loss alltoken there are none")
         if not 0 < self.warmup < self.steps:
             raise ValueError(f"warmup must be in (0, steps): {self.warmup} vs {self.steps}")
 
@@ -93,7 +96,10 @@ class RunConfig:
 
 
 def identity_diff(stored: dict[str, object], new: dict[str, object]) -> list[str]:
-    """Human-readable differences ``name: stored -> new`` between two identity dicts."""
+    """Human-readable differences ``name: stored -> new`` between two identity dicts. A field the stored
+    identity lacks (added to RunConfig after the checkpoint was written) matches its default value."""
+    defaults = {f.name: f.default for f in fields(RunConfig)}
+    stored = {**{k: defaults[k] for k in new if k not in stored and k in defaults}, **stored}
     keys = sorted(set(stored) | set(new))
     return [f"{k}: {stored.get(k, '<absent>')!r} -> {new.get(k, '<absent>')!r}" for k in keys
             if stored.get(k, "<absent>") != new.get(k, "<absent>")]

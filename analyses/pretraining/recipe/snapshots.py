@@ -57,7 +57,8 @@ def write_snapshot(out: Path, model: torch.nn.Module, step: int, tokens: int) ->
         else:
             seen[key] = name
     tmp = folder / f".{path.name}.tmp{os.getpid()}"
-    save_file(tensors, str(tmp), metadata={"step": str(step), "tokens": str(tokens)})
+    # one metadata key: safetensors writes a map's keys in hash order, which would change the file's bytes
+    save_file(tensors, str(tmp), metadata={"gradflow_snapshot": f"step={step} tokens={tokens}"})
     with open(tmp, "rb") as fh:
         os.fsync(fh.fileno())
     os.replace(tmp, path)

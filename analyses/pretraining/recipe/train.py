@@ -24,10 +24,10 @@ import numpy as np
 import torch
 
 from .checkpoint import load_checkpoint, save_checkpoint, set_rng_state
-from .snapshots import snapshot_steps, write_snapshot
 from .config import RunConfig, identity_diff
 from .data import Batch, SpecialIds, TokenStream, file_sha256, get_tokenizer, load_windows, validation_batches
-from .model import autocast, build_model, mlm_loss
+from .model import autocast, build_model, mlm_loss, sparse_mlm_loss
+from .snapshots import snapshot_steps, write_snapshot
 
 EXIT_DONE, EXIT_CONFIG, EXIT_STOPPED = 0, 2, 75
 CURVE_FIELDS = ["step", "tokens", "train_loss", "lr", "valid_loss", "valid_top1", "valid_positions", "elapsed_s"]
@@ -78,7 +78,7 @@ def train_step(model: torch.nn.Module, opt: torch.optim.Optimizer, schedule: tor
                batch: Batch, cfg: RunConfig) -> torch.Tensor:
     """One optimiser step on a batch already on the device; returns the (detached) loss."""
     with autocast(cfg):
-        loss, _, _ = mlm_loss(model, batch)
+        loss = sparse_mlm_loss(model, batch) if cfg.sparse else mlm_loss(model, batch)[0]
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
     opt.step()
