@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -19,19 +20,26 @@ class RolePartition:
     """The positions of a (B, T) batch flattened to B * T rows, split by role.
 
     ``codes``: (B * T,) long role code per row; ``index``: NUM_ROLES tensors of row indices;
-    ``counts``: (NUM_ROLES,) long number of rows per role.
+    ``counts``: (NUM_ROLES,) long number of rows per role; ``onehot``: (NUM_ROLES, B * T) float32
+    indicator of each row's role (per-role sums as one matrix product).
     """
 
     codes: torch.Tensor
     index: list[torch.Tensor]
     counts: torch.Tensor
+    onehot: torch.Tensor
 
     @classmethod
     def of_roles(cls, roles: torch.Tensor) -> "RolePartition":
         """The partition of (B, T) role codes."""
-        flat = roles.reshape(-1).long()
+        return cls.of_codes(roles.reshape(-1).long())
+
+    @classmethod
+    def of_codes(cls, flat: torch.Tensor) -> "RolePartition":
+        """The partition of (N,) long role codes."""
         index = [torch.nonzero(flat == code).squeeze(1) for code in range(NUM_ROLES)]
-        return cls(flat, index, torch.bincount(flat, minlength=NUM_ROLES))
+        onehot = torch.nn.functional.one_hot(flat, NUM_ROLES).T.to(torch.float32).contiguous()
+        return cls(flat, index, torch.bincount(flat, minlength=NUM_ROLES), onehot)
 
 
 @dataclass
@@ -43,7 +51,10 @@ class BatchState:
     of a sublayer module; ``sublayers``: (depth, sublayer, param) -> :data:`SublayerStats`;
     ``matrices``: (depth, sublayer, param, role) -> summed gradient, when materialised;
     ``emb_out``: the embeddings output and ``extra_targets`` the non-token sublayer outputs
-    (the targets of ``torch.autograd.grad``); ``loss``: the loss value.
+    (the targets of ``torch.autograd.grad``); ``loss``: the loss value; ``module_calls``: calls
+    per id(module) over all depths; ``deferred``: id(weight) -> the statistics of a Linear call
+    that wait for autograd's weight gradient: call it with that gradient, or None to compute directly
+    (:mod:`gradflow.hooks.sublayer_stats`).
     """
 
     config: RecorderConfig
@@ -58,6 +69,8 @@ class BatchState:
     emb_out: torch.Tensor | None = None
     extra_targets: list[torch.Tensor] = field(default_factory=list)
     loss: float = float("nan")
+    module_calls: dict[int, int] = field(default_factory=dict)
+    deferred: dict[int, Callable[[torch.Tensor | None], None]] = field(default_factory=dict)
 
     @classmethod
     def start(cls, config: RecorderConfig, roles: torch.Tensor, sequence_index: torch.Tensor | None,
@@ -83,6 +96,7 @@ class BatchState:
         """Drop the references into the autograd graph (the embeddings output, extra targets)."""
         self.emb_out = None
         self.extra_targets = []
+        self.deferred = {}
 
 
 __all__ = ["BatchState", "RolePartition", "SublayerStats"]

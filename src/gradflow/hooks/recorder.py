@@ -10,16 +10,22 @@ summed per-position magnitudes and the position counts (:mod:`gradflow.hooks.sub
 
 Hooks are forward hooks plus tensor hooks (never ``register_full_backward_hook``); they are
 installed on ``__enter__`` and removed on ``__exit__``, also on exceptions. Gradient work happens
-inside the tensor hooks, so no activation outlives the autograd graph that saved it.
+inside the tensor hooks, so no activation outlives the autograd graph that saved it. Under
+``loss.backward()`` a tensor hook on each Linear sublayer's weight receives the weight gradient
+autograd computes anyway, and the largest role's contribution is that minus the other roles'
+(:mod:`gradflow.hooks.sublayer_stats`); ``rec.record()`` computes no weight gradient and takes
+every role's own product.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 
 import torch
 from torch import nn
+from torch.autograd.graph import get_gradient_edge
 
 from gradflow.adapters import Adapter, get_module
 from gradflow.errors import RecorderError
@@ -72,6 +78,7 @@ class GradFlowRecorder:
         self._site_index = {name: i for i, name in enumerate(self.site_names)}
         self._hooks: ExitStack | None = None
         self._batch: BatchState | None = None
+        self._weight_nodes: dict[int, object] = {}  # id(Linear) -> its weight's AccumulateGrad node
 
     # ------------------------------------------------------------------ hooks in and out
     def __enter__(self) -> "GradFlowRecorder":
@@ -83,7 +90,14 @@ class GradFlowRecorder:
             raise RecorderError("gradient checkpointing re-runs forward passes and would record twice: "
                                 "call model.gradient_checkpointing_disable() before recording")
         hooks = ExitStack()
-        hooks.enter_context(self.sites.hooks(self._on_site, extra=self._sublayer_hooks()))
+        try:
+            sublayer_hooks = self._sublayer_hooks()
+            hooks.enter_context(self.sites.hooks(self._on_site, extra=sublayer_hooks))
+            hooks.callback(self._weight_nodes.clear)
+            self._watch_weights([module for module, _ in sublayer_hooks], hooks)
+        except BaseException:
+            hooks.close()
+            raise
         self._hooks = hooks
         return self
 
@@ -91,6 +105,28 @@ class GradFlowRecorder:
         hooks, self._hooks, self._batch = self._hooks, None, None
         if hooks is not None:
             hooks.close()
+
+    def _watch_weights(self, modules: list[nn.Module], hooks: ExitStack) -> None:
+        """A tensor hook on the weight of every Linear sublayer module whose weight gradient comes from
+        that module alone (a leaf float32 weight, not shared): under ``loss.backward()`` the largest role's
+        contribution is then taken from autograd's weight gradient (:func:`sublayer_stats`)."""
+        uses = Counter(id(p) for _, p in self.model.named_parameters(remove_duplicate=False))
+        for module in modules:
+            weight = getattr(module, "weight", None)
+            if (not isinstance(module, nn.Linear) or not isinstance(weight, nn.Parameter) or not weight.requires_grad
+                    or weight.dtype != torch.float32 or uses[id(weight)] != 1):
+                continue
+            self._weight_nodes[id(module)] = get_gradient_edge(weight).node
+            hooks.callback(weight.register_hook(self._make_weight_hook(id(weight))).remove)
+
+    def _make_weight_hook(self, key: int) -> Callable[[torch.Tensor], None]:
+        def on_weight_grad(grad: torch.Tensor) -> None:
+            state = self._batch
+            finish = state.deferred.pop(key, None) if state is not None else None
+            if finish is not None:
+                finish(grad)
+
+        return on_weight_grad
 
     def _sublayer_hooks(self) -> list[tuple[nn.Module, ForwardHook]]:
         """One forward hook per distinct Linear/LayerNorm/RMSNorm-like sublayer module (none without sublayers)."""
@@ -126,6 +162,8 @@ class GradFlowRecorder:
             raise
         finally:
             if self._batch is not None:
+                for finish in list(self._batch.deferred.values()):  # no weight gradient came: direct products
+                    finish(None)
                 self._batch.release_graph()
 
     def result(self) -> BatchRecord:
@@ -223,6 +261,7 @@ class GradFlowRecorder:
                 return None
             call = state.calls.get((depth, id(mod)), 0)
             state.calls[(depth, id(mod))] = call + 1
+            state.module_calls[id(mod)] = state.module_calls.get(id(mod), 0) + 1
             x = inputs[0].detach()
             if channels_first:  # (B, C, T) -> (B, T, C): one row per position
                 x = x.transpose(1, 2)
@@ -236,7 +275,11 @@ class GradFlowRecorder:
 
             def on_grad(grad: torch.Tensor) -> None:
                 grad = grad.transpose(0, 1) if sequence_first else grad
-                sublayer_stats(state, depth, mod, served, x, grad.transpose(1, 2) if channels_first else grad, token)
+                node = self._weight_nodes.get(id(mod))
+                subtract = (token and node is not None and state.module_calls[id(mod)] == 1
+                            and _engine_runs(node))
+                sublayer_stats(state, depth, mod, served, x, grad.transpose(1, 2) if channels_first else grad, token,
+                               subtract=subtract)
 
             output.register_hook(on_grad)
             if not token:  # the model gets a copy, so that changing it in place (DeBERTa's pos_q_proj output:
@@ -247,6 +290,15 @@ class GradFlowRecorder:
             return None
 
         return hook
+
+
+def _engine_runs(node: object) -> bool:
+    """Whether the running backward executes ``node`` (a weight's AccumulateGrad): ``loss.backward()`` does,
+    ``torch.autograd.grad`` towards activations does not. False where torch cannot tell."""
+    try:
+        return bool(torch._C._will_engine_execute_node(node))
+    except (AttributeError, RuntimeError):
+        return False
 
 
 def _model_positions(state: BatchState) -> int:

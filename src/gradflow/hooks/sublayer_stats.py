@@ -5,15 +5,18 @@ contribution of a role r is ``G_r = sum_{t in r} g_t x_t^T``; the contributions 
 ``relpos`` for non-token inputs) sum exactly to ``W.grad``. Per (depth, sublayer, parameter, role):
 
 - ``contribution_norm``: ``||G_r||_F``, from the Gram identity ``||G_r||^2 = <G G^T, X X^T>``
-  when that is cheaper, else from ``G_r`` itself;
+  when that is cheaper, else from ``G_r`` itself; for the role with the most rows (context, usually)
+  under ``loss.backward()``, ``G_r`` is autograd's own weight gradient minus the other rows' product
+  (it is computed anyway; checked, and replaced by ``G_r``'s own product where that is not exact enough);
 - ``magnitude_sum``: ``sum_{t in r} ||g_t|| * ||x_t||`` (per-position Frobenius norms, additive);
 - ``n_positions`` and ``n_nonzero`` (positions whose per-position contribution ``g_t x_t^T`` has a
   nonzero element, i.e. ``g_t`` and ``x_t`` both have one).
 
 For a LayerNorm ``y = gamma * xhat + beta`` the gain's per-position contribution is
 ``g_t * xhat_t`` and the bias's is ``g_t``; for an RMSNorm-like module (no bias, or one) ``xhat`` is
-the module's own output with unit gain and zero bias (:func:`gradflow.adapters.norms.unit_affine`). Roles none of whose per-position contributions has a
-nonzero element get an exactly zero contribution (no arithmetic is done on them). Zero is decided
+the module's own output with unit gain and zero bias (:func:`gradflow.adapters.norms.unit_affine`).
+Roles none of whose per-position contributions has a nonzero element get an exactly zero contribution
+(no arithmetic is done on them). Zero is decided
 from the elements, never from a norm, and norms are safe from underflow and overflow (see
 :mod:`gradflow.hooks.safe_norms`). Results accumulate in
 :attr:`BatchState.sublayers` (and ``matrices`` when materialised).
@@ -21,6 +24,7 @@ from the elements, never from a norm, and norms are safe from underflow and over
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -30,9 +34,20 @@ from torch import nn
 
 from gradflow.adapters.base import SublayerSpec
 from gradflow.adapters.norms import splittable, unit_affine
-from gradflow.hooks.batch_state import BatchState
+from gradflow.hooks.batch_state import BatchState, RolePartition
 from gradflow.hooks.safe_norms import gram_float64, in_safe_range, safe_norm
 from gradflow.roles import ALL_ROLES, NUM_ROLES, Role
+
+EPS32 = 2.0 ** -24
+"""Float32 unit roundoff."""
+SUBTRACTION_RTOL = 1e-5
+"""A role's contribution taken as autograd's weight gradient minus the other rows' product is kept when
+its rounding-error bound ``EPS32 * sum_t ||g_t|| ||x_t||`` (all rows; the error measured on BERT-shaped
+and tiny models was at most 0.75 of it) is at most this fraction of its norm; else its own product."""
+PROBE_TOL = 64.0
+"""Autograd's weight gradient ``W`` times a fixed random ``v`` must equal ``sum_t g_t (x_t . v)`` within
+``PROBE_TOL * EPS32 * sum_t ||g_t|| ||x_t||`` (measured: under 2); a larger difference means something
+else added to ``W`` (a penalty on the weight, another use of it), and the own product is used."""
 
 
 @dataclass(frozen=True)
@@ -49,61 +64,104 @@ class SublayerEntry:
 
 
 def sublayer_stats(state: BatchState, depth: int, mod: nn.Module, entries: list[SublayerEntry], x: torch.Tensor,
-                   grad: torch.Tensor, token: bool) -> None:
+                   grad: torch.Tensor, token: bool, subtract: bool = False) -> None:
     """Add one call's statistics. ``x``: the module's input (..., D_in); ``grad``: the loss gradient
     w.r.t. its output (..., D_out); ``token``: the rows are the batch's B * T positions (else
-    ``relpos`` rows). A Conv1d of kernel size 1 takes ``x`` and ``grad`` already as (B, T, C)."""
+    ``relpos`` rows). A Conv1d of kernel size 1 takes ``x`` and ``grad`` already as (B, T, C).
+    ``subtract``: an ``nn.Linear`` whose weight gradient autograd computes in this backward, from this
+    call alone: the caller passes it to ``state.deferred[id(mod.weight)]`` when it arrives."""
     if pointwise_conv(mod):
         _grouped_stats(state, depth, mod, entries, x, grad, token)
     elif isinstance(mod, nn.Linear) or entries[0].acts_as == "linear":
-        _linear_stats(state, depth, mod, entries, x, grad, token)
+        _linear_stats(state, depth, mod, entries, x, grad, token, subtract and isinstance(mod, nn.Linear))
     else:
         _norm_stats(state, depth, mod, entries, x, grad, token)
 
 
+def _role_rows(state: BatchState, rows: int, token: bool) -> RolePartition:
+    """The role partition of one sublayer call's rows: the batch's positions, or all ``relpos``."""
+    if token:
+        return state.partition
+    device = state.partition.codes.device
+    return RolePartition.of_codes(torch.full((rows,), int(Role.RELPOS), dtype=torch.long, device=device))
+
+
 def _partition(state: BatchState, rows: int, token: bool) -> tuple[torch.Tensor, list[torch.Tensor], torch.Tensor]:
     """(role code per row, row indices per role, count per role) for one sublayer call."""
-    if token:
-        return state.partition.codes, state.partition.index, state.partition.counts
-    device = state.partition.codes.device
-    codes = torch.full((rows,), int(Role.RELPOS), dtype=torch.long, device=device)
-    index = [torch.empty(0, dtype=torch.long, device=device)] * NUM_ROLES
-    index[Role.RELPOS] = torch.arange(rows, device=device)
-    counts = torch.zeros(NUM_ROLES, dtype=torch.long, device=device)
-    counts[Role.RELPOS] = rows
-    return codes, index, counts
+    part = _role_rows(state, rows, token)
+    return part.codes, part.index, part.counts
 
 
 def _linear_stats(state: BatchState, depth: int, mod: nn.Linear, entries: list[SublayerEntry], x: torch.Tensor,
-                  grad: torch.Tensor, token: bool) -> None:
-    """Linear weight (``G_r`` norms) and bias (per-role gradient sums) of each served name."""
+                  grad: torch.Tensor, token: bool, subtract: bool = False) -> None:
+    """Linear weight (``G_r`` norms) and bias (per-role gradient sums) of each served name.
+
+    The rows of every role but the largest (``big``, usually context) are gathered once, ordered by
+    role; each small role's norm comes from its slice. ``big``'s contribution, when its own product
+    is the cheaper way, is either that product or, with ``subtract`` (autograd computes this call's
+    weight gradient ``W``, see :func:`sublayer_stats`), ``W`` minus the other rows' product, finished
+    when ``W`` arrives (:attr:`BatchState.deferred`).
+    """
     x2 = x.reshape(-1, x.shape[-1])
     g2 = grad.reshape(-1, grad.shape[-1])
-    codes, index, counts = _partition(state, x2.shape[0], token)
+    part = _role_rows(state, x2.shape[0], token)
+    counts = part.counts.tolist()
     xn = safe_norm(x2, dim=-1)
     x_nonzero = xn > 0  # a safe norm is 0 exactly for a row without a nonzero element
-    x_gram: dict[int, torch.Tensor] = {}
+    live = _scatter((x_nonzero & (g2 != 0).any(dim=1)).float(), part.codes).tolist()
+    big = max(range(NUM_ROLES), key=lambda code: (live[code], counts[code]))
+    order = sorted((code for code in range(NUM_ROLES) if code != big and counts[code]), key=counts.__getitem__)
+    rest = torch.cat([part.index[code] for code in order]) if order else part.index[big][:0]
+    starts = dict(zip(order, itertools.accumulate([counts[code] for code in order], initial=0)))
+    xs = x2[rest].float()
+    subtract = subtract and x2.dtype == g2.dtype == torch.float32 and not state.config.materialize
+    x_gram: dict[int, torch.Tensor] = {}  # role code (or -n: the first n rest rows) -> Gram matrix of its x rows
+    pending: list[tuple] = []
     for entry in entries:
         g = g2 if entry.chunk is None else _rows(g2, entry.chunk, entry.groups)
+        d_out, d_in = g.shape[1], x2.shape[1]
         gn = safe_norm(g, dim=-1)
         mag = gn * xn
         g_nonzero = gn > 0
         contributes = g_nonzero & x_nonzero  # g_t x_t^T has a nonzero element
-        n_contributing = _scatter(contributes.float(), codes).tolist()
+        n_contributing = _scatter(contributes.float(), part.codes).tolist()
+        gs = g[rest].float()
         norms = torch.zeros(NUM_ROLES)
+        deferred = False
+        together = _gram_together(state, order, counts, n_contributing, d_out, d_in, gn[rest], xn[rest], mag[rest])
+        if together:
+            n = sum(counts[code] for code in together)
+            if -n not in x_gram:
+                x_gram[-n] = xs[:n] @ xs[:n].T
+            codes = torch.cat([part.codes[part.index[code]] for code in together])
+            same = codes[:, None] == codes[None, :]  # (n, n): both rows of one role
+            within = ((gs[:n] @ gs[:n].T) * x_gram[-n] * same).sum(dim=1, dtype=torch.float64)
+            sums = torch.zeros(NUM_ROLES, dtype=torch.float64, device=within.device).index_add_(0, codes, within)
+            grams = sums.tolist()
+            for code in together:
+                norms[code] = math.sqrt(max(grams[code], 0.0))
         for code in range(NUM_ROLES):
-            if n_contributing[code] == 0:  # every g_t x_t^T of this role is exactly zero: so is G_r
-                if state.config.materialize and int(counts[code]):
-                    key = (depth, entry.name, "weight", ALL_ROLES[code])
-                    state.matrices[key] = torch.zeros(g.shape[1], x2.shape[1])
+            if code in together:
                 continue
-            idx = index[code]
-            gr, xr = g[idx].float(), x2[idx].float()
+            if n_contributing[code] == 0:  # every g_t x_t^T of this role is exactly zero: so is G_r
+                if state.config.materialize and counts[code]:
+                    state.matrices[(depth, entry.name, "weight", ALL_ROLES[code])] = torch.zeros(d_out, d_in)
+                continue
+            idx = part.index[code]
+            gram_cheaper = counts[code] * (d_out + d_in) < d_out * d_in
+            if code == big and subtract and not gram_cheaper and in_safe_range(gn, xn, mag):
+                deferred = True  # W - (the other rows' product), once autograd delivers W
+                continue
+            if code == big:
+                gr, xr = g[idx].float(), x2[idx].float()
+            else:
+                rows = slice(starts[code], starts[code] + counts[code])
+                gr, xr = gs[rows], xs[rows]
             if state.config.materialize:
                 matrix = gr.T @ xr
                 state.matrices[(depth, entry.name, "weight", ALL_ROLES[code])] = matrix.cpu()
                 norms[code] = float(safe_norm(matrix, dim=(-2, -1)))
-            elif idx.numel() * (g.shape[1] + x2.shape[1]) < g.shape[1] * x2.shape[1]:
+            elif gram_cheaper:
                 if in_safe_range(gn[idx], xn[idx], mag[idx]):
                     if code not in x_gram:
                         x_gram[code] = xr @ xr.T
@@ -113,15 +171,87 @@ def _linear_stats(state: BatchState, depth: int, mod: nn.Linear, entries: list[S
                 norms[code] = math.sqrt(max(float(gram), 0.0))
             else:
                 norms[code] = float(safe_norm(gr.T @ xr, dim=(-2, -1)))
-        _store(state, depth, entry.name, "weight", codes, counts, mag, contributes, norms)
+        if deferred:
+            pending.append((entry, g, gs, mag, contributes, norms))
+        else:
+            _store(state, depth, entry.name, "weight", part.codes, part.counts, mag, contributes, norms)
         if mod.bias is not None or entry.outside_bias:
-            sums = torch.zeros(NUM_ROLES, g.shape[1], dtype=torch.float32, device=g.device)
-            sums.index_add_(0, codes, g.float())
-            _store(state, depth, entry.name, "bias", codes, counts, gn, g_nonzero, safe_norm(sums, dim=-1).cpu())
+            sums = _role_sums(g, part)
+            _store(state, depth, entry.name, "bias", part.codes, part.counts, gn, g_nonzero,
+                   safe_norm(sums, dim=-1).cpu())
             if state.config.materialize:
                 for code in range(NUM_ROLES):
-                    if int(counts[code]):
+                    if counts[code]:
                         state.matrices[(depth, entry.name, "bias", ALL_ROLES[code])] = sums[code].cpu()
+    if pending:
+        def finish(weight_grad: torch.Tensor | None) -> None:
+            _finish_big_role(state, depth, part, big, x2, xs, pending, weight_grad)
+
+        state.deferred[id(mod.weight)] = finish
+
+
+def _gram_together(state: BatchState, order: list[int], counts: list[int], n_contributing: list[float], d_out: int,
+                   d_in: int, gn: torch.Tensor, xn: torch.Tensor, mag: torch.Tensor) -> list[int]:
+    """The roles (a prefix of ``order``, the small roles by ascending count) whose norms come from one
+    Gram product of all their rows: each has a nonzero contribution, their rows together are cheaper by
+    Gram than by a (D_out, D_in) product, and float32 products of those rows are safe (``gn``, ``xn``,
+    ``mag``: the rest rows' norms, in ``order``). Empty when materialising or for fewer than two roles."""
+    if state.config.materialize:
+        return []
+    together: list[int] = []
+    rows = 0
+    for code in order:
+        if n_contributing[code] == 0 or (rows + counts[code]) * (d_out + d_in) >= d_out * d_in:
+            break
+        together.append(code)
+        rows += counts[code]
+    if len(together) < 2 or not in_safe_range(gn[:rows], xn[:rows], mag[:rows]):
+        return []
+    return together
+
+
+def _finish_big_role(state: BatchState, depth: int, part: RolePartition, big: int, x2: torch.Tensor,
+                     xs: torch.Tensor, pending: list[tuple], weight_grad: torch.Tensor | None) -> None:
+    """Store the weight statistics of deferred entries, ``big``'s norm from autograd's (D_out, D_in)
+    ``weight_grad`` (see :func:`subtracted_norm`) or, where that is refused or None, its own product."""
+    if weight_grad is not None:
+        probe = torch.randn(x2.shape[1], generator=torch.Generator().manual_seed(0)).to(x2.device)
+        x_probe = x2 @ probe
+    for entry, g, gs, mag, contributes, norms in pending:
+        value = None
+        if weight_grad is not None:
+            w = weight_grad if entry.chunk is None else _rows(weight_grad.T, entry.chunk, entry.groups).T
+            value = subtracted_norm(w, g, gs, xs, mag, probe, x_probe)
+        if value is None:
+            idx = part.index[big]
+            value = float(safe_norm(g[idx].T @ x2[idx], dim=(-2, -1)))
+        norms[big] = value
+        _store(state, depth, entry.name, "weight", part.codes, part.counts, mag, contributes, norms)
+
+
+def subtracted_norm(w: torch.Tensor, g: torch.Tensor, gs: torch.Tensor, xs: torch.Tensor, mag: torch.Tensor,
+                    probe: torch.Tensor, x_probe: torch.Tensor) -> float | None:
+    """``||w - gs^T xs||_F``: one role's contribution as autograd's (D_out, D_in) weight gradient ``w``
+    minus the (n, D_out) ``gs`` by (n, D_in) ``xs`` product of all other rows, or None where not exact enough.
+
+    ``g`` (N, D_out) and ``mag`` (N,): every row's gradient and ``||g_t|| ||x_t||``; ``x_probe``: (N,)
+    ``x @ probe``. None when something else added to ``w`` (``w @ probe`` differs from ``g^T x_probe`` by
+    more than :data:`PROBE_TOL` rounding bounds) or the rounding bound is large against the norm
+    (:data:`SUBTRACTION_RTOL`)."""
+    bound = EPS32 * float(mag.sum(dtype=torch.float64))
+    if float(torch.linalg.vector_norm(w @ probe - g.T @ x_probe)) > PROBE_TOL * bound:
+        return None
+    value = float(safe_norm(torch.addmm(w, gs.T, xs, alpha=-1), dim=(-2, -1)))
+    return value if bound <= SUBTRACTION_RTOL * value else None
+
+
+def _role_sums(values: torch.Tensor, part: RolePartition) -> torch.Tensor:
+    """(NUM_ROLES, D) float32 sums of (N, D) ``values`` per role: one product with the role indicator
+    (a role whose rows are all zero gets exactly zero), or row by row if that is not finite (0 * inf)."""
+    sums = part.onehot @ values.float()
+    if not bool(torch.isfinite(sums).all()):
+        sums = torch.zeros_like(sums).index_add_(0, part.codes, values.float())
+    return sums
 
 
 def _norm_stats(state: BatchState, depth: int, mod: nn.Module, entries: list[SublayerEntry], x: torch.Tensor,
@@ -129,7 +259,8 @@ def _norm_stats(state: BatchState, depth: int, mod: nn.Module, entries: list[Sub
     """Norm gain and bias: per-position contributions ``g * xhat`` and ``g``, summed per role."""
     d = x.shape[-1]
     g2 = grad.reshape(-1, d).float()
-    codes, index, counts = _partition(state, g2.shape[0], token)
+    part = _role_rows(state, g2.shape[0], token)
+    codes, counts = part.codes, part.counts
     if isinstance(mod, nn.LayerNorm) or entries[0].acts_as == "layer_norm":
         xhat = F.layer_norm(x.reshape(-1, d).float(), (d,), eps=mod.eps)
     else:
@@ -138,8 +269,7 @@ def _norm_stats(state: BatchState, depth: int, mod: nn.Module, entries: list[Sub
         for param, per_pos in (("weight", g2 * xhat), ("bias", g2)):
             if getattr(mod, param, None) is None:
                 continue
-            sums = torch.zeros(NUM_ROLES, d, dtype=torch.float32, device=g2.device)
-            sums.index_add_(0, codes, per_pos)
+            sums = _role_sums(per_pos, part)
             mag = safe_norm(per_pos, dim=-1)
             _store(state, depth, entry.name, param, codes, counts, mag, mag > 0,
                    safe_norm(sums, dim=-1).cpu())
@@ -245,4 +375,4 @@ def _grouped_stats(state: BatchState, depth: int, mod: nn.Conv1d, entries: list[
                         state.matrices[(depth, entry.name, "bias", ALL_ROLES[code])] = sums[code].cpu()
 
 
-__all__ = ["SublayerEntry", "pointwise_conv", "split_by_role", "sublayer_stats"]
+__all__ = ["SublayerEntry", "pointwise_conv", "split_by_role", "subtracted_norm", "sublayer_stats"]
