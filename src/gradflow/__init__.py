@@ -8,6 +8,7 @@ The public API: what the Getting-started page uses, re-exported from the modules
 - record a corpus: :func:`record_corpus` with :class:`RecordConfig` -> :class:`RunSummary` (a run directory);
 - read a run: :func:`load_run` -> :class:`Run`; report it: :func:`write_report`, :func:`write_comparison`;
 - inside your own training: :class:`GradFlowCallback` (a transformers ``TrainerCallback``);
+- train a masked LM without the compute that gets no gradient: :func:`sparse_mlm`, :class:`SparseMLMTrainer`;
 - one sentence, interactively: :func:`channel_view` -> :class:`ChannelView`;
 - the contracts: position roles (:class:`Role`, :data:`TOKEN_ROLES`, ...), losses, adapters, errors.
 
@@ -43,6 +44,8 @@ if TYPE_CHECKING:  # the names below load on first use (see __getattr__)
     from gradflow.figures.report import write_comparison, write_report
     from gradflow.interventions.callback import GradFlowCallback
     from gradflow.runs.record import RecordConfig, RunSummary, record_corpus
+    from gradflow.training import sparse_mlm
+    from gradflow.training.trainer import SparseMLMTrainer
 
 # name -> the module that defines it; imported on first access (PEP 562)
 _ON_FIRST_USE = {
@@ -56,6 +59,8 @@ _ON_FIRST_USE = {
     "GradFlowCallback": "gradflow.interventions.callback",
     "ChannelView": "gradflow.explore.view",
     "channel_view": "gradflow.explore.view",
+    "sparse_mlm": "gradflow.training.sparse",
+    "SparseMLMTrainer": "gradflow.training.trainer",
 }
 
 
@@ -75,7 +80,7 @@ __all__ = [
     "ALL_ROLES", "LOSS_ROLES", "TOKEN_ROLES", "Adapter", "BatchRecord", "BertMasking", "ChannelView", "CorpusError",
     "ExplicitMasking", "GradFlowCallback", "GradFlowRecorder", "GradflowError", "LoadedModel", "MaskedBatch",
     "ModelLoadError", "RecordConfig", "RecorderConfig", "RecorderError", "Role", "Run", "RunError", "RunSummary",
-    "SublayerSpec", "TokenizerInfo", "UnsupportedArchitectureError", "UsageError", "__version__", "adapter_for",
+    "SparseMLMTrainer", "SublayerSpec", "TokenizerInfo", "UnsupportedArchitectureError", "UsageError", "__version__", "adapter_for",
     "all_positions_loss", "channel_view", "load_model", "load_run", "mask_batch", "mlm_loss", "record_corpus",
-    "register_adapter", "supported_model_types", "write_comparison", "write_report",
+    "register_adapter", "sparse_mlm", "supported_model_types", "write_comparison", "write_report",
 ]
