@@ -11,12 +11,13 @@ reached yet, and rewriting one that exists gives the same bytes (resume is bit-i
 from __future__ import annotations
 
 import csv
-import hashlib
 import os
 from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
+
+from gradflow.models.zoo import sha256 as file_sha256
 
 SNAPSHOT_DIR = "snapshots"
 INDEX_NAME = "snapshots.csv"
@@ -33,14 +34,6 @@ def snapshot_steps(steps: int, n: int) -> tuple[int, ...]:
     ratio = (steps / first) ** (1 / (n - 1)) if n > 1 else 1.0
     picked = sorted({min(steps, max(1, round(first * ratio ** i))) for i in range(n)} | {steps})
     return tuple(picked)
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def write_snapshot(out: Path, model: torch.nn.Module, step: int, tokens: int) -> Path:
@@ -63,7 +56,7 @@ def write_snapshot(out: Path, model: torch.nn.Module, step: int, tokens: int) ->
         os.fsync(fh.fileno())
     os.replace(tmp, path)
     rows = {row["step"]: row for row in read_index(out)}
-    rows[str(step)] = {"step": str(step), "tokens": str(tokens), "file": path.name, "sha256": _sha256(path)}
+    rows[str(step)] = {"step": str(step), "tokens": str(tokens), "file": path.name, "sha256": file_sha256(path)}
     index = folder / INDEX_NAME
     with open(index, "w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=INDEX_FIELDS)
