@@ -12,12 +12,13 @@ from dataclasses import replace
 
 from gradflow.adapters.base import LM_HEAD, HeadSpec
 from gradflow.adapters.bert import BERT
+from gradflow.adapters.subset_variants import convbert_subset, luke_subset, yoso_subset
 
 REMBERT = replace(BERT, family="rembert", model_types=("rembert",),
                   notes="post-LN; encoder.embedding_hidden_mapping_in (outside the blocks) maps the "
                         "input-embedding width to the hidden width, so embeddings.out has the embedding width")
 
-YOSO = replace(BERT, family="yoso", model_types=("yoso",), positions_after_padding=True, subset_block=None,
+YOSO = replace(BERT, family="yoso", model_types=("yoso",), positions_after_padding=True, subset_block=yoso_subset,
                notes="post-LN; position ids start at 2 (pad_token_id + 1 for YOSO's pad id 1); with "
                      "use_expectation=True (the default, tested) attention is the expected-LSH kernel computed "
                      "in PyTorch and forms each position's row from its own query; use_expectation=False "
@@ -28,12 +29,13 @@ BIG_BIRD = replace(BERT, family="big_bird", model_types=("big_bird",),
                          "back to full attention on short inputs); block-sparse attention still forms each "
                          "position's row from its own query, so the exact zeros are BERT's")
 
-LUKE = replace(BERT, family="luke", model_types=("luke",), head=LM_HEAD, positions_after_padding=True, subset_block=None,
+LUKE = replace(BERT, family="luke", model_types=("luke",), head=LM_HEAD, positions_after_padding=True,
+               subset_block=luke_subset,
                notes="post-LN; words only: with entity inputs the sublayers also run on entity positions, "
                      "which are not positions of the batch (gradflow passes no entity_ids)")
 
 CONVBERT = replace(
-    BERT, family="convbert", model_types=("convbert",), subset_block=None,
+    BERT, family="convbert", model_types=("convbert",), subset_block=convbert_subset,
     head=HeadSpec(("generator_predictions", "generator_lm_head")),
     notes="post-LN; mixed attention: half the heads are span-based dynamic convolution, in two modules "
           "outside the standard sublayers. attention.self.conv_out_layer (a per-position Linear whose output "

@@ -10,6 +10,7 @@ from torch import nn
 from gradflow.adapters.base import LM_HEAD, Adapter, SublayerSpec
 from gradflow.adapters.llamalike import EUROBERT
 from gradflow.adapters.subset import esm_subset
+from gradflow.adapters.subset_variants import esmc_subset
 from gradflow.errors import SurgeryError
 
 
@@ -69,6 +70,7 @@ ESMC = replace(
     family="esmc",
     model_types=("esmc",),
     drop_blocks=esmc_drop,
+    subset_block=esmc_subset,
     notes="pre-LN, rotary positions, gated FFN, residual branches scaled by sqrt(num_hidden_layers / 36) (so blocks are not dropped); attention also normalises the "
           "projected queries and keys (self_attn.q_norm, self_attn.k_norm, outside the standard sublayers): "
           "in the last block q_norm gets exactly zero gradient from context positions, like attn.q, and "

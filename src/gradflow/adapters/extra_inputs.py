@@ -33,6 +33,7 @@ from dataclasses import replace
 import torch
 
 from gradflow.adapters.bert import BERT
+from gradflow.adapters.subset_variants import nystromformer_subset
 
 TAPAS = replace(
     BERT, family="tapas", model_types=("tapas",),
@@ -69,6 +70,7 @@ def _nystrom_refusal(config: object) -> str | None:
 
 NYSTROMFORMER = replace(
     BERT, family="nystromformer", model_types=("nystromformer",), refuse=_nystrom_refusal,
+    subset_block=nystromformer_subset,
     notes="post-LN; exact softmax attention (num_landmarks == segment_means_seq_len; otherwise refused). "
           "attention.self.conv (a depthwise Conv2d over conv_kernel_size neighbouring positions of the values, "
           "added to the attention output) is outside the standard sublayers and, like attn.v, gets context "

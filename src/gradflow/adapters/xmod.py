@@ -23,6 +23,7 @@ from dataclasses import replace
 
 from gradflow.adapters.base import LM_HEAD, SublayerSpec
 from gradflow.adapters.bert import BERT, BERT_SUBLAYERS
+from gradflow.adapters.subset_variants import xmod_subset
 
 
 def xmod_refusal(config: object) -> str | None:
@@ -53,6 +54,7 @@ XMOD = replace(
                "adapter.norm": SublayerSpec("output.LayerNorm", call=0)},
     after_mixing_extra=("adapter.norm",),
     refuse=xmod_refusal,
+    subset_block=xmod_subset,
     notes="post-LN (RoBERTa layout) with a language adapter after the FFN; output.LayerNorm runs twice per block: "
           "its first call (before the adapter) is the sublayer adapter.norm, its second (the block's output) ffn.norm, "
           "each with its own role split (their contributions sum to the LayerNorm's gradient); the adapter's Linears "
