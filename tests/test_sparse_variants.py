@@ -130,3 +130,14 @@ def test_ibert_activation_ranges_in_training_mode() -> None:
     for name in ("key_activation", "value_activation"):
         assert torch.allclose(getattr(sparse_att, name).x_max, getattr(dense_att, name).x_max, rtol=1e-6)
     assert not torch.allclose(sparse_att.query_activation.x_max, dense_att.query_activation.x_max)
+
+
+def test_esmc_chains_mask_per_query_row() -> None:
+    """ESMC's sequence_id (chain ids, -1 padding) builds a block-diagonal mask (B, 1, T, T): each selected query
+    reads its own row of it (a loss position in the second chain attends to that chain only)."""
+    model = tiny_model("esmc")
+    input_ids, mask, labels = edge_batch()
+    chains = torch.tensor([[0] * 7 + [1] * 7, [0] * 14, [0] * 5 + [1] * 9, [0] * 10 + [-1] * 4])
+    assert_exact(model, input_ids, mask, labels, sequence_id=chains)
+    single = sparse_mlm(model).loss(input_ids, mask, labels)
+    assert abs(single.item() - sparse_mlm(model).loss(input_ids, mask, labels, sequence_id=chains).item()) > 1e-6
