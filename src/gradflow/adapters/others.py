@@ -7,6 +7,7 @@ from torch import nn
 
 from gradflow.adapters.base import LM_HEAD, Adapter, HeadSpec, SublayerSpec
 from gradflow.adapters.subset import distilbert_subset, mpnet_subset
+from gradflow.adapters.subset_relative import deberta_v2_subset, modernbert_subset
 
 
 def deberta_head(model: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
@@ -58,6 +59,7 @@ DEBERTA_V2 = Adapter(
           "that share of their weight gradient has role 'relpos'; encoder.LayerNorm normalises the "
           "relative-position embeddings and is no final norm",
     head=HeadSpec((), call=deberta_head),
+    subset_block=deberta_v2_subset,
 )
 
 MODERNBERT = Adapter(
@@ -82,6 +84,7 @@ MODERNBERT = Adapter(
     head=HeadSpec(("head", "decoder")),
     final_norm="final_norm",
     per_layer_config=("layer_types",),
+    subset_block=modernbert_subset,
 )
 
 MPNET = Adapter(

@@ -27,6 +27,8 @@ from dataclasses import replace
 from gradflow.adapters.base import LM_HEAD, Adapter, HeadSpec, SublayerSpec
 from gradflow.adapters.bert import BERT_SUBLAYERS
 from gradflow.adapters.others import deberta_head
+from gradflow.adapters.subset_relative import deberta_subset
+from gradflow.adapters.subset_variants import ibert_subset, squeezebert_subset
 
 
 def _ibert_sublayers() -> dict[str, SublayerSpec]:
@@ -70,6 +72,7 @@ DEBERTA = Adapter(
           "map relative-position embeddings, so their whole gradient has role 'relpos' (gradflow check lists "
           "them as other modules); the last block's zeros are BERT's",
     head=HeadSpec((), call=deberta_head),
+    subset_block=deberta_subset,
 )
 
 SQUEEZEBERT = Adapter(
@@ -95,6 +98,7 @@ SQUEEZEBERT = Adapter(
     channels_first=True,
     block_entry="attention",  # SqueezeBertEncoder calls layer.forward(...): the block's own hooks never run
     block_exit="output",
+    subset_block=squeezebert_subset,
 )
 
 IBERT = Adapter(
@@ -111,4 +115,5 @@ IBERT = Adapter(
     head=LM_HEAD,
     positions_after_padding=True,
     refuse=ibert_refusal,
+    subset_block=ibert_subset,
 )
