@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from gradflow.adapters.base import LM_HEAD, Adapter, SublayerSpec
 from gradflow.adapters.bert import BERT_SUBLAYERS
+from gradflow.adapters.subset_blocks import fnet_subset, longformer_subset, mobilebert_subset
 
 # ---------------------------------------------------------------------------------------------- MobileBERT
 
@@ -64,6 +65,7 @@ MOBILEBERT = Adapter(
           "bottleneck.input and output.bottleneck get exactly zero",
     refuse=mobilebert_refusal,
     after_mixing_extra=(*_BOTTLENECK_AFTER_MIXING, *_STACKED),
+    subset_block=mobilebert_subset,
 )
 
 # ---------------------------------------------------------------------------------------------- Longformer
@@ -92,6 +94,7 @@ LONGFORMER = Adapter(
     appends_padding=True,
     per_layer_config=("attention_window",),
     sequence_first=("attn.q", "attn.k", "attn.v"),
+    subset_block=longformer_subset,
 )
 
 # ---------------------------------------------------------------------------------------------- FNet
@@ -113,6 +116,7 @@ FNET = Adapter(
           "hidden units (no attention projections, no attention mask: padding is mixed in as the model does); "
           "attn.norm is the mixing's output LayerNorm. Every block parameter comes after the mixing, so in the "
           "last block all of them (attn.norm, ffn.in, ffn.out, ffn.norm) get exactly zero gradient from context",
+    subset_block=fnet_subset,
 )
 
 __all__ = ["FNET", "LONGFORMER", "MOBILEBERT", "MOBILEBERT_LAYOUT", "mobilebert_refusal"]
