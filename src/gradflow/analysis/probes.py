@@ -5,7 +5,8 @@ H hidden units), labels ``(N,)`` int in ``0..K-1`` (or any ints for :func:`fit_p
 ids ``(N,)`` (any values; tokens sharing an id form one bootstrap unit).
 
 - :func:`fit_probe`: a standardised multinomial logistic-regression probe, C chosen on validation
-  accuracy, scored on test (accuracy and a per-token correctness vector);
+  accuracy, scored on test (accuracy and a per-token correctness vector); the MLP family,
+  :func:`gradflow.analysis.mlp_probe.fit_mlp_probe`, returns the same :class:`ProbeResult`;
 - :func:`control_labels` and :func:`selectivity`: the Hewitt & Liang (2019) control task;
 - :func:`online_code_length`: the Voita & Titov (2020) prequential code length, in bits;
 - :func:`sentence_bootstrap_ci`, :func:`paired_difference_ci`, :func:`last_layer_drop_ci`: percentile
@@ -104,6 +105,25 @@ def _fit(model: Pipeline | LogisticRegression, x: np.ndarray, y: np.ndarray) -> 
         return model.fit(x, y)
 
 
+def checked_splits(train_x: np.ndarray, train_y: np.ndarray, val_x: np.ndarray, val_y: np.ndarray,
+                   test_x: np.ndarray, test_y: np.ndarray, Cs: Sequence[float]
+                   ) -> tuple[tuple[np.ndarray, np.ndarray], ...]:
+    """The three (features (N, H) float64, labels (N,) int64) pairs of a probe, checked (every probe family).
+
+    Raises :class:`UsageError` on bad shapes, unequal widths, fewer than 2 train labels or an empty ``Cs``.
+    """
+    train = _check_xy(train_x, train_y, "train")
+    val = _check_xy(val_x, val_y, "validation")
+    test = _check_xy(test_x, test_y, "test")
+    if not (train[0].shape[1] == val[0].shape[1] == test[0].shape[1]):
+        raise UsageError("train, validation and test features must have the same width H")
+    if np.unique(train[1]).size < 2:
+        raise UsageError("a probe needs at least 2 distinct labels in train")
+    if not Cs:
+        raise UsageError("Cs must name at least one regularisation strength")
+    return train, val, test
+
+
 def fit_probe(train_x: np.ndarray, train_y: np.ndarray, val_x: np.ndarray, val_y: np.ndarray,
               test_x: np.ndarray, test_y: np.ndarray, Cs: Sequence[float] = DEFAULT_CS,
               seed: int = 0, max_iter: int = 1000) -> ProbeResult:
@@ -112,15 +132,8 @@ def fit_probe(train_x: np.ndarray, train_y: np.ndarray, val_x: np.ndarray, val_y
     Features are (N_split, H), labels (N_split,) int. Ties in validation accuracy go to the smaller
     C (the stronger penalty). Raises :class:`UsageError` on bad shapes or fewer than 2 train labels.
     """
-    train_x, train_y = _check_xy(train_x, train_y, "train")
-    val_x, val_y = _check_xy(val_x, val_y, "validation")
-    test_x, test_y = _check_xy(test_x, test_y, "test")
-    if not (train_x.shape[1] == val_x.shape[1] == test_x.shape[1]):
-        raise UsageError("train, validation and test features must have the same width H")
-    if np.unique(train_y).size < 2:
-        raise UsageError("a probe needs at least 2 distinct labels in train")
-    if not Cs:
-        raise UsageError("Cs must name at least one regularisation strength")
+    (train_x, train_y), (val_x, val_y), (test_x, test_y) = checked_splits(
+        train_x, train_y, val_x, val_y, test_x, test_y, Cs)
     scaler = StandardScaler().fit(train_x)
     train_z, val_z, test_z = scaler.transform(train_x), scaler.transform(val_x), scaler.transform(test_x)
     # One estimator walks the C path from strong to weak penalty, each fit warm-started from the last
@@ -339,7 +352,7 @@ def code_length_drop_ci(token_bits_by_layer: Mapping[int, np.ndarray] | Sequence
     return float(low), float(high)
 
 
-__all__ = ["DEFAULT_CS", "DEFAULT_FRACTIONS", "CodeLength", "ProbeResult", "code_length_drop", "code_length_drop_ci",
-           "control_labels", "drop_difference_ci", "fit_probe",
+__all__ = ["DEFAULT_CS", "DEFAULT_FRACTIONS", "CodeLength", "ProbeResult", "checked_splits", "code_length_drop",
+           "code_length_drop_ci", "control_labels", "drop_difference_ci", "fit_probe",
            "last_layer_drop", "last_layer_drop_ci", "online_code_length", "paired_difference_ci",
            "selectivity", "sentence_bootstrap_ci"]

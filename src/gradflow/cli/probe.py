@@ -32,6 +32,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         "file with 'tokens' and 'labels', or a directory with train/validation/test files")
     add_figure_output(p, width=True)
     add_limit(p, "sentences read from each split (train, validation, test)", default=2000)
+    p.add_argument("--train-limit", type=_train_limit, default=None, metavar="N",
+                   help="sentences of the training split instead of --limit (a count, or 'all' for the whole split); "
+                        "validation and test stay the first --limit sentences, so the test words do not change")
+    p.add_argument("--probe", choices=("logistic", "mlp"), default="logistic",
+                   help="probe family: standardised logistic regression (default), or an MLP with one hidden layer "
+                        "of 256 ReLU units, early-stopped on validation; C chosen on validation for both")
     p.add_argument("--masked", action="store_true",
                    help="also probe with the probed word masked (one forward per word: slower)")
     p.add_argument("--pooling", choices=("first", "mean"), default="first",
@@ -54,6 +60,19 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--overwrite", action="store_true", help="replace the probe files in a non-empty --out")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(run=run)
+
+
+def _train_limit(text: str) -> int | str:
+    """``--train-limit``: an integer >= 1 or ``all``."""
+    if text == "all":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a count >= 1 or 'all', got {text!r}")
+    return value
 
 
 def _progress(quiet: bool) -> Callable[[str, int], Callable[[int], None]] | None:
@@ -82,7 +101,8 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
     config = ProbeConfig(model=args.model, task=args.task, out=args.out,
                          regimes=("unmasked", "masked") if args.masked else ("unmasked",), pooling=args.pooling,
-                         mid=args.mid, limit=args.limit, max_length=args.max_length, batch_size=args.batch_size,
+                         mid=args.mid, limit=args.limit, train_limit=args.train_limit, probe=args.probe,
+                         max_length=args.max_length, batch_size=args.batch_size,
                          seed=args.seed, n_resamples=args.resamples, code_length=args.code_length, code_c=args.code_c,
                          feature_dtype=args.feature_dtype, device=args.device, data_root=args.data_root,
                          overwrite=args.overwrite, command=["gradflow", *argv])

@@ -2,7 +2,8 @@
 
 For every regime (``unmasked``, and ``masked`` when asked) and every site, one probe recipe:
 :func:`gradflow.analysis.probes.fit_probe` (C chosen on validation, scored on test, sentence
-bootstrap CI), the Hewitt & Liang control task (word type -> random label) with the same probe
+bootstrap CI; with ``probe="mlp"``, :func:`gradflow.analysis.mlp_probe.fit_mlp_probe` instead),
+the Hewitt & Liang control task (word type -> random label) with the same probe
 (the C the task probe chose at that site),
 and the Voita & Titov online code length of the **train** labels (bits), with one fixed C
 (``code_c``) at every site so that code lengths compare across layers and models.
@@ -28,8 +29,10 @@ import numpy as np
 import pandas as pd
 
 from gradflow.adapters import block_modules
+from gradflow.analysis.mlp_probe import DEFAULT_MLP_CS, fit_mlp_probe
 from gradflow.analysis.probes import (
     DEFAULT_CS,
+    ProbeResult,
     code_length_drop,
     code_length_drop_ci,
     control_labels,
@@ -59,10 +62,19 @@ from gradflow.schema import (
 )
 from gradflow.site_names import layer_of, point_of
 
+PROBE_FAMILIES: dict[str, tuple[float, ...]] = {"logistic": DEFAULT_CS, "mlp": DEFAULT_MLP_CS}
+"""Probe families (``fit_probe``, ``fit_mlp_probe``; both return a ``ProbeResult``) -> their default Cs."""
+
 
 @dataclass
 class ProbeConfig:
-    """Options of one probe run (see ``gradflow probe --help`` for each)."""
+    """Options of one probe run (see ``gradflow probe --help`` for each).
+
+    ``limit`` sentences are read from each split; ``train_limit`` (when set) replaces it for train only: a
+    count, or ``"all"`` for the whole training split. Validation and test stay the first ``limit`` sentences,
+    so runs differing only in ``train_limit`` score the same test words. ``probe`` names the family
+    (:data:`PROBE_FAMILIES`); ``cs`` None means that family's default Cs.
+    """
 
     model: str
     task: str
@@ -71,11 +83,13 @@ class ProbeConfig:
     pooling: str = "first"
     mid: bool = False
     limit: int | None = 2000
+    train_limit: int | str | None = None
     max_length: int = 128
     batch_size: int = 32
     seed: int = 0
     n_resamples: int = 1000
-    cs: tuple[float, ...] = DEFAULT_CS
+    cs: tuple[float, ...] | None = None
+    probe: str = "logistic"
     code_length: bool = True
     code_c: float = 0.01
     feature_dtype: str = "float16"
@@ -109,6 +123,19 @@ def resolve_task(spec: str, seed: int = 0, data_root: str | Path | None = None) 
     return load_labelled(path, seed)
 
 
+def limited_splits(task: LabelledSplits, limit: int | None, train_limit: int | str | None = None) -> LabelledSplits:
+    """The first ``limit`` sentences of each split; train's first ``train_limit`` instead when it is set
+    (``"all"``: the whole split). Validation and test never depend on ``train_limit``."""
+    if train_limit is None:
+        train_limit = limit
+    elif train_limit == "all":
+        train_limit = None
+    elif not isinstance(train_limit, int) or isinstance(train_limit, bool) or train_limit < 1:
+        raise TaskError(f"train_limit must be a count >= 1 or 'all', got {train_limit!r}")
+    return LabelledSplits(task.name, task.train.head(train_limit), task.validation.head(limit),
+                          task.test.head(limit), task.labels, task.source)
+
+
 def run_probes(config: ProbeConfig, loaded: LoadedModel | None = None,
                progress: Callable[[str, int], Callable[[int], None]] | None = None) -> ProbeRun:
     """Extract features, fit every probe, write the tables and meta.json; return them.
@@ -119,9 +146,9 @@ def run_probes(config: ProbeConfig, loaded: LoadedModel | None = None,
     for regime in config.regimes:
         if regime not in PROBE_REGIMES:
             raise TaskError(f"unknown regime {regime!r}; choose from {', '.join(PROBE_REGIMES)}")
-    task = resolve_task(config.task, config.seed, config.data_root)
-    task = LabelledSplits(task.name, task.train.head(config.limit), task.validation.head(config.limit),
-                          task.test.head(config.limit), task.labels, task.source)
+    if config.probe not in PROBE_FAMILIES:
+        raise TaskError(f"unknown probe family {config.probe!r}; choose from {', '.join(PROBE_FAMILIES)}")
+    task = limited_splits(resolve_task(config.task, config.seed, config.data_root), config.limit, config.train_limit)
     if loaded is None:
         loaded = load_model(config.model, device=config.device)
     out = Path(config.out)
@@ -147,6 +174,8 @@ class _Job:
 
     def __init__(self, config: ProbeConfig, loaded: LoadedModel, task: LabelledSplits, out: Path, start: float):
         self.config, self.loaded, self.task, self.out, self.start = config, loaded, task, out, start
+        self.fit: Callable[..., ProbeResult] = fit_probe if config.probe == "logistic" else fit_mlp_probe
+        self.cs = tuple(config.cs) if config.cs is not None else PROBE_FAMILIES[config.probe]
         self.rows: list[dict] = []
         self.drops: list[dict] = []
         self.words: list[pd.DataFrame] = []
@@ -184,10 +213,10 @@ class _Job:
         correct_by_layer, bits_by_layer = {}, {}
         for site in sites:
             xs = {s: np.asarray(splits[s].features[site], dtype=np.float64) for s in splits}
-            result = fit_probe(xs["train"], splits["train"].labels, xs["validation"], splits["validation"].labels,
-                               xs["test"], splits["test"].labels, c.cs, seed=c.seed)
-            ctrl = fit_probe(xs["train"], control_split["train"], xs["validation"], control_split["validation"],
-                             xs["test"], control_split["test"], (result.best_c,), seed=c.seed)
+            result = self.fit(xs["train"], splits["train"].labels, xs["validation"], splits["validation"].labels,
+                              xs["test"], splits["test"].labels, self.cs, seed=c.seed)
+            ctrl = self.fit(xs["train"], control_split["train"], xs["validation"], control_split["validation"],
+                            xs["test"], control_split["test"], (result.best_c,), seed=c.seed)
             low, high = sentence_bootstrap_ci(result.correct, test_ids, c.n_resamples, c.seed)
             code = (online_code_length(xs["train"], splits["train"].labels, len(self.task.labels), c=c.code_c,
                                        seed=c.seed) if c.code_length else None)
@@ -254,6 +283,7 @@ class _Job:
                            seed=self.config.seed,
                            num_layers=len(block_modules(self.loaded.adapter, self.loaded.model.base_model)))
         options = {k: v for k, v in asdict(self.config).items() if k not in ("command", "model", "out", "overwrite")}
+        options["cs"] = list(self.cs)
         fields = {"kind": "probe", "task": {"name": self.task.name, "source": self.task.source,
                                             "labels": list(self.task.labels)},
                   "options": options, "counts": self.counts}
@@ -269,4 +299,5 @@ def _sklearn_version() -> str:
     return sklearn.__version__
 
 
-__all__ = ["BUILTIN_PROBE_TASKS", "ProbeConfig", "ProbeRun", "resolve_task", "run_probes"]
+__all__ = ["BUILTIN_PROBE_TASKS", "PROBE_FAMILIES", "ProbeConfig", "ProbeRun", "limited_splits", "resolve_task",
+           "run_probes"]
