@@ -177,7 +177,7 @@ def _row(family: str, size: str, drop: float, low: float, high: float) -> dict:
 def test_the_plans_rule_calls_a_drop_only_when_both_families_agree():
     from analyses.probes.robustness import verdict
 
-    sizes, families = ["300", "1500", "all"], ["logistic", "mlp"]
+    sizes, families = ["all", "300", "1500"], ["logistic", "mlp"]
     drop = [_row(f, s, -0.01, -0.02, -0.005) for f in families for s in ("1500", "all")]
     assert verdict(pd.DataFrame(drop), families, sizes) == "drop"
     flipped = [*drop[:3], _row("mlp", "all", 0.001, -0.002, 0.004)]

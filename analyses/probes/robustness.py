@@ -99,9 +99,14 @@ def table(out: str, models: dict[str, str], tasks: list[str], families: list[str
     return pd.DataFrame(rows, columns=list(COLUMNS))
 
 
+def largest_size(sizes: list[str]) -> str:
+    """The largest probe training size of ``sizes`` ('all' above every count)."""
+    return max(sizes, key=lambda s: float("inf") if s == "all" else int(s))
+
+
 def verdict(rows: pd.DataFrame, families: list[str], sizes: list[str]) -> str:
     """The plan's rule for one model and task: 'drop', 'gain', 'no drop', or 'undecided' with what is missing."""
-    largest = sizes[-1]
+    largest = largest_size(sizes)
     missing = [f"{f}-{s}" for f in families for s in dict.fromkeys([largest, RULE_SIZE])
                if rows[(rows.family == f) & (rows.train_size == s)].empty]
     if missing:
@@ -128,8 +133,8 @@ def markdown(frame: pd.DataFrame, expected: int, families: list[str], sizes: lis
                      f"{r.test_words:,} | {r.last_layer_drop:+.4f} [{r.ci_low:+.4f}, {r.ci_high:+.4f}] | "
                      f"{r.last_score:.4f} | {r.best_earlier_layer} ({r.best_earlier_score:.4f}) | "
                      f"{r.wall_s:.0f} |")
-    lines += ["", f"Rule (plan): a drop only if the 95% CI excludes 0 at the largest size ({sizes[-1]}) and the sign "
-              f"holds at {RULE_SIZE} sentences, with both families ({', '.join(families)}).", "",
+    lines += ["", f"Rule (plan): a drop only if the 95% CI excludes 0 at the largest size ({largest_size(sizes)}) "
+              f"and the sign holds at {RULE_SIZE} sentences, with both families ({', '.join(families)}).", "",
               "| model | task | verdict |", "|---|---|---|"]
     for (model, task), rows in frame.groupby(["model", "task"], sort=False):
         lines.append(f"| {model} | {task} | {verdict(rows, families, sizes)} |")
