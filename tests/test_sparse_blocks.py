@@ -58,6 +58,23 @@ def test_padded_rows_with_different_loss_counts_equal_the_dense_model(family: st
     assert_exact(model, sparse_mlm(model, rows_per_sequence=rows), *ragged_batch())
 
 
+@pytest.mark.parametrize("family", ["mobilebert", "longformer", "fnet"])
+def test_training_mode_without_dropout_equals_the_dense_model(family: str) -> None:
+    """Training mode (the dropout calls of the block's own modules, Longformer's attention dropout) with every
+    dropout probability 0: the same numbers as the dense model in training mode."""
+    model = tiny_model(family, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0).train()
+    assert_exact(model, sparse_mlm(model), *ragged_batch())
+
+
+def test_mobilebert_extra_bottleneck_modules_are_refused() -> None:
+    model = tiny_model("mobilebert")
+    ids, mask, _ = ragged_batch(t=16)
+    block, call, _ = block_call(model, ids, mask)
+    block.bottleneck.add_module("gate", torch.nn.Linear(32, 32))
+    with pytest.raises(SparseTrainingError, match="bottleneck.gate beyond MobileBERT's layout"):
+        mobilebert_subset(block, call, torch.zeros(3, 1, dtype=torch.long))
+
+
 class _Stop(Exception):
     pass
 
@@ -111,12 +128,18 @@ def test_xlm_last_depth_equals_the_dense_model(family: str) -> None:
     assert "forward" not in vars(last)
 
 
-def test_xlm_still_refuses_the_sparse_block_through_the_generic_call() -> None:
-    """Until SparseMLM captures the attentions call, XLM's adapter has no subset_block: a precise refusal."""
-    model = tiny_model("xlm")
-    batch = tiny_batch()
-    with pytest.raises(SparseTrainingError, match="not implemented for the xlm family.*block=False"):
-        sparse_mlm(model).loss(batch.input_ids, batch.attention_mask, batch.labels)
+@pytest.mark.parametrize("family", ["xlm", "flaubert"])
+def test_xlm_through_sparse_mlm_refuses_precisely_or_is_exact(family: str) -> None:
+    """Until SparseMLM captures the attentions call, XLM's adapter has no subset_block: a precise refusal; once it
+    has one (the proposed change), sparse_mlm itself is exact."""
+    model = tiny_model(family, dropout=0.0, attention_dropout=0.0).train()
+    ids, mask, labels = ragged_batch()
+    if adapter_for(model).subset_block is None:
+        with pytest.raises(SparseTrainingError, match="not implemented for the xlm family.*block=False"):
+            sparse_mlm(model).loss(ids, mask, labels)
+    else:
+        assert_exact(model, sparse_mlm(model), ids, mask, labels)
+    assert_exact(model, xlm_sparse(model), ids, mask, labels)  # training mode, dropout 0: the dense numbers
 
 
 def test_xlm_refuses_causal_masks_and_caches() -> None:
@@ -223,3 +246,15 @@ def test_longformer_refuses_a_mask_it_does_not_build() -> None:
     call["attention_mask"] = call["attention_mask"] == 0
     with pytest.raises(SparseTrainingError, match=r"not the \(B, T\) float mask.*block=False"):
         longformer_subset(block, call, torch.zeros(3, 1, dtype=torch.long))
+
+
+@pytest.mark.parametrize("family", ["mobilebert", "longformer", "fnet", "xlm"])
+def test_bfloat16_autocast_stays_close(family: str) -> None:
+    """CPU bfloat16 autocast (the recipe's setting): the masks cast to the queries' dtype, the loss the dense one
+    to bfloat16 precision."""
+    model = tiny_model(family)
+    ids, mask, labels = ragged_batch(t=24)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        dense = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+        sparse = (xlm_sparse(model) if family == "xlm" else sparse_mlm(model)).loss(ids, mask, labels)
+    assert abs(sparse.item() - dense.item()) <= 2e-2 * dense.item()

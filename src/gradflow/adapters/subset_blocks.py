@@ -47,9 +47,8 @@ def _additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 def mobilebert_subset(block: nn.Module, call: dict, index: torch.Tensor) -> torch.Tensor:
     """MobileBERT's ``MobileBertLayer`` at the selected positions: every bottleneck layout of its config."""
-    layout = {path: names for path, names in MOBILEBERT_LAYOUT_MODULES.items()
-              if path != "output" or hasattr(block.output, "bottleneck")}
-    _check_layout(block, layout, "MobileBERT's")
+    bottlenecks = {"bottleneck": {"input", "attention"}} if block.use_bottleneck else {}
+    _check_layout(block, {**MOBILEBERT_LAYOUT_MODULES, **bottlenecks}, "MobileBERT's")
     hidden = call["hidden_states"]
     rows = select_rows(hidden, index)
     shared, value, layer_input = hidden, hidden, rows  # no bottleneck: query, key, value and residual = the input
@@ -63,7 +62,7 @@ def mobilebert_subset(block: nn.Module, call: dict, index: torch.Tensor) -> torc
             if bottleneck.key_query_shared_bottleneck:  # a second bottleneck feeds the query and the key
                 shared = bottleneck.attention(hidden)
     att = block.attention.self
-    d = att.attention_head_size
+    d = att.attention_head_size  # of true_hidden_size (the bottleneck's width)
     query = split_heads(att.query(select_rows(shared, index)), d)
     key, value = split_heads(att.key(shared), d), split_heads(att.value(value), d)
     dropout = att.dropout.p if att.training else 0.0
