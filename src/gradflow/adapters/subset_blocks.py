@@ -118,7 +118,9 @@ def _longformer_context(att: nn.Module, hidden: torch.Tensor, call: dict, index:
 
 
 def longformer_subset(block: nn.Module, call: dict, index: torch.Tensor) -> torch.Tensor:
-    """Longformer's ``LongformerLayer`` at the selected positions (sliding-window and global attention)."""
+    """Longformer's ``LongformerLayer`` at the selected positions (sliding-window and global attention). The n
+    selected queries' scores are taken against all T keys and masked to the band: n * T products per head where the
+    dense band takes T * (attention_window + 1), fewer while n <= attention_window."""
     _check_layout(block, LONGFORMER_LAYOUT_MODULES, "Longformer's")
     hidden = call["hidden_states"]
     context = _longformer_context(block.attention.self, hidden, call, index)
