@@ -167,3 +167,15 @@ def test_bfloat16_autocast_stays_close_with_finite_gradients(family: str) -> Non
         sparse = sparse_mlm(model).loss(ids, attention, labels)
     assert abs(sparse.item() - dense.item()) <= 2e-2 * dense.item()
     assert all(bool(torch.isfinite(g).all()) for g in gradients(model, sparse).values())
+
+
+def test_deberta_z_steps_are_refused() -> None:
+    """A hand-set ``z_steps`` re-runs the last layer after the encoder: the sparse block would leave it out."""
+    from gradflow.errors import SparseTrainingError
+    from gradflow.training import sparse_mlm
+
+    model = tiny_model("deberta-v2")
+    model.base_model.z_steps = 2
+    with pytest.raises(SparseTrainingError, match="z_steps = 2"):
+        sparse_mlm(model)
+    assert sparse_mlm(model, block=False).block is False

@@ -23,7 +23,7 @@ BLOCK_FAMILIES = {"bert", "roberta", "xlm-roberta", "camembert", "electra", "ern
                   "big_bird", "mpnet", "eurobert", "ultrabert", "esm", "gte", "nomic_bert",
                   "mobilebert", "longformer", "fnet",
                   "jina_embeddings_v3", "yoso", "luke", "convbert", "xmod", "nystromformer", "esmc", "ibert",
-                  "squeezebert", "deberta-v2", "deberta", "modernbert", "modernvbert"}
+                  "squeezebert", "deberta-v2", "deberta", "modernbert", "modernvbert", "xlm", "flaubert"}
 """The families with a sparse last block (``Adapter.subset_block``); the others are refused."""
 
 RTOL = 1e-5

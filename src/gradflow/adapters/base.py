@@ -169,6 +169,9 @@ class Adapter:
     block_exit: str | None = None
     """With ``block_entry``: path in a block of the module whose output is the block's output (SqueezeBERT's encoder
     calls ``layer.forward``, so the block's own hooks never run)."""
+    subset_call: str | None = None
+    """Path in the last block of the module whose call ``subset_block`` receives (``call``), for blocks the model never
+    calls as one module (XLM's ``attentions``); None: the block's own call."""
 
     def after_mixing(self) -> tuple[str, ...]:
         """Sublayers of a block that see only the channel's own post-attention state.

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from torch import nn
 
 from gradflow.adapters.base import Adapter, HeadSpec, SublayerSpec, count_parameters, get_module
+from gradflow.adapters.subset_blocks import xlm_subset
 
 PARTS = ("attentions", "layer_norm1", "ffns", "layer_norm2")
 """The parallel lists of XLMModel and FlaubertModel, in call order within a depth."""
@@ -83,6 +84,8 @@ XLM = Adapter(
     blocks="attentions",
     expand_blocks=parallel_blocks(PARTS),
     block_entry="attentions",
+    subset_call="attentions",
+    subset_block=xlm_subset,
     mid=("layer_norm1", "output"),
     sublayers={
         "attn.q": SublayerSpec("attentions.q_lin"),

@@ -122,8 +122,10 @@ class SparseMLM:
         """
         blocks = block_modules(self.adapter, self.model.base_model)
         last = blocks[-1]
-        applications = sum(b is last for b in blocks)  # ALBERT applies one layer at every depth
-        original = last.forward
+        path = self.adapter.subset_call or ""  # XLM: the block is a view; its "attentions" module is called
+        called = get_module(last, path)
+        applications = sum(get_module(b, path) is called for b in blocks)  # ALBERT applies one layer at every depth
+        original = called.forward
         seen: list[dict] = []
 
         def forward(*args: object, **kwargs: object) -> object:
@@ -133,16 +135,17 @@ class SparseMLM:
             seen.append(call_arguments(original, args, kwargs))
             raise _StopAtLastBlock
 
-        last.forward = forward
+        called.forward = forward
         try:
             self.model.base_model(**inputs)
         except _StopAtLastBlock:
             pass
         finally:
-            del last.forward
+            del called.forward
         if len(seen) != applications or not seen[-1]:
             raise SparseTrainingError(f"the last block ran {len(seen)} time(s), expected {applications}: the "
-                                      "adapter's block list does not match this model's forward")
+                                      "adapter's block list does not match this model's forward, or the model skipped "
+                                      "blocks (layerdrop in training mode: set config.layerdrop = 0 to train sparsely)")
         return last, seen[-1]
 
     def hidden_at_slots(self, where: LossIndex, **inputs: object) -> torch.Tensor:
@@ -209,6 +212,10 @@ def sparse_mlm(model: nn.Module, *, block: bool = True, head: bool = True,
         raise SparseTrainingError(f"the sparse last block is not implemented for the {adapter.family} family yet "
                                   "(its adapter has no subset_block); use sparse_mlm(model, block=False) for the "
                                   "sparse head alone")
+    if block and getattr(model.base_model, "z_steps", 0) > 1:  # DeBERTa's hand-set re-runs of the last layer
+        raise SparseTrainingError(f"{type(model.base_model).__name__}.z_steps = {model.base_model.z_steps} runs the "
+                                  "last layer again after the encoder, which the sparse last block leaves out: set "
+                                  "z_steps = 0 or use sparse_mlm(model, block=False)")
     if rows_per_sequence is not None and rows_per_sequence < 1:
         raise SparseTrainingError(f"rows_per_sequence must be positive, got {rows_per_sequence}")
     return SparseMLM(model, adapter, block=block, head=head, rows_per_sequence=rows_per_sequence)
