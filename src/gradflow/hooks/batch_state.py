@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
 from gradflow.hooks.records import RecorderConfig
+from gradflow.hooks.split_linear import DirectSplit
 from gradflow.roles import NUM_ROLES
 
 SublayerStats = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, "torch.Tensor | None"]
@@ -53,8 +53,8 @@ class BatchState:
     ``emb_out``: the embeddings output and ``extra_targets`` the non-token sublayer outputs
     (the targets of ``torch.autograd.grad``); ``loss``: the loss value; ``module_calls``: calls
     per id(module) over all depths; ``deferred``: id(weight) -> the statistics of a Linear call
-    that wait for autograd's weight gradient: call it with that gradient, or None to compute directly
-    (:mod:`gradflow.hooks.sublayer_stats`).
+    that wait for the largest role's product, computed by the weight gradient's backward
+    (:mod:`gradflow.hooks.split_linear`); ``finish(None)`` computes it directly instead.
     """
 
     config: RecorderConfig
@@ -70,7 +70,7 @@ class BatchState:
     extra_targets: list[torch.Tensor] = field(default_factory=list)
     loss: float = float("nan")
     module_calls: dict[int, int] = field(default_factory=dict)
-    deferred: dict[int, Callable[[torch.Tensor | None], None]] = field(default_factory=dict)
+    deferred: dict[int, DirectSplit] = field(default_factory=dict)
 
     @classmethod
     def start(cls, config: RecorderConfig, roles: torch.Tensor, sequence_index: torch.Tensor | None,

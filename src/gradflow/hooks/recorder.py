@@ -20,7 +20,7 @@ every role's own product.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 
 import torch
@@ -41,6 +41,7 @@ from gradflow.hooks.sites import (
     model_device,
     point_of,
 )
+from gradflow.hooks.split_linear import DirectSplit, split_linear_forwards
 from gradflow.hooks.sublayer_stats import SublayerEntry, split_by_role, sublayer_stats
 from gradflow.inputs.masking import MaskedBatch
 from gradflow.losses import LossFn, get_loss
@@ -94,7 +95,7 @@ class GradFlowRecorder:
             sublayer_hooks = self._sublayer_hooks()
             hooks.enter_context(self.sites.hooks(self._on_site, extra=sublayer_hooks))
             hooks.callback(self._weight_nodes.clear)
-            self._watch_weights([module for module, _ in sublayer_hooks], hooks)
+            self._split_weights([module for module, _ in sublayer_hooks], hooks)
         except BaseException:
             hooks.close()
             raise
@@ -106,27 +107,30 @@ class GradFlowRecorder:
         if hooks is not None:
             hooks.close()
 
-    def _watch_weights(self, modules: list[nn.Module], hooks: ExitStack) -> None:
-        """A tensor hook on the weight of every Linear sublayer module whose weight gradient comes from
-        that module alone (a leaf float32 weight, not shared): under ``loss.backward()`` the largest role's
-        contribution is then taken from autograd's weight gradient (:func:`sublayer_stats`)."""
+    def _split_weights(self, modules: list[nn.Module], hooks: ExitStack) -> None:
+        """Route every Linear sublayer module whose weight gradient comes from that module alone (a leaf
+        float32 weight, not shared; ``nn.Linear``'s own forward) through
+        :class:`~gradflow.hooks.split_linear.RoleSplitLinear`: under ``loss.backward()`` the largest role's
+        contribution is then one of the two products the weight gradient is computed from."""
         uses = Counter(id(p) for _, p in self.model.named_parameters(remove_duplicate=False))
+        linears = []
         for module in modules:
             weight = getattr(module, "weight", None)
-            if (not isinstance(module, nn.Linear) or not isinstance(weight, nn.Parameter) or not weight.requires_grad
+            if (not isinstance(module, nn.Linear) or type(module).forward is not nn.Linear.forward
+                    or not isinstance(weight, nn.Parameter) or not weight.requires_grad
                     or weight.dtype != torch.float32 or uses[id(weight)] != 1):
                 continue
             self._weight_nodes[id(module)] = get_gradient_edge(weight).node
-            hooks.callback(weight.register_hook(self._make_weight_hook(id(weight))).remove)
+            linears.append(module)
+        hooks.enter_context(split_linear_forwards(linears, self._take_split, self._weight_runs))
 
-    def _make_weight_hook(self, key: int) -> Callable[[torch.Tensor], None]:
-        def on_weight_grad(grad: torch.Tensor) -> None:
-            state = self._batch
-            finish = state.deferred.pop(key, None) if state is not None else None
-            if finish is not None:
-                finish(grad)
+    def _take_split(self, weight: nn.Parameter) -> DirectSplit | None:
+        state = self._batch
+        return state.deferred.pop(id(weight), None) if state is not None else None
 
-        return on_weight_grad
+    def _weight_runs(self, module: nn.Linear) -> bool:
+        node = self._weight_nodes.get(id(module))
+        return node is not None and _engine_runs(node)
 
     def _sublayer_hooks(self) -> list[tuple[nn.Module, ForwardHook]]:
         """One forward hook per distinct Linear/LayerNorm/RMSNorm-like sublayer module (none without sublayers)."""
@@ -162,8 +166,8 @@ class GradFlowRecorder:
             raise
         finally:
             if self._batch is not None:
-                for finish in list(self._batch.deferred.values()):  # no weight gradient came: direct products
-                    finish(None)
+                for split in list(self._batch.deferred.values()):  # no weight gradient came: direct products
+                    split.finish(None)
                 self._batch.release_graph()
 
     def result(self) -> BatchRecord:
@@ -276,10 +280,10 @@ class GradFlowRecorder:
             def on_grad(grad: torch.Tensor) -> None:
                 grad = grad.transpose(0, 1) if sequence_first else grad
                 node = self._weight_nodes.get(id(mod))
-                subtract = (token and node is not None and state.module_calls[id(mod)] == 1
-                            and _engine_runs(node))
+                direct = (token and not sequence_first and node is not None and state.module_calls[id(mod)] == 1
+                          and _engine_runs(node))  # rows in the order RoleSplitLinear sees them
                 sublayer_stats(state, depth, mod, served, x, grad.transpose(1, 2) if channels_first else grad, token,
-                               subtract=subtract)
+                               direct=direct)
 
             output.register_hook(on_grad)
             if not token:  # the model gets a copy, so that changing it in place (DeBERTa's pos_q_proj output:

@@ -6,8 +6,8 @@ contribution of a role r is ``G_r = sum_{t in r} g_t x_t^T``; the contributions 
 
 - ``contribution_norm``: ``||G_r||_F``, from the Gram identity ``||G_r||^2 = <G G^T, X X^T>``
   when that is cheaper, else from ``G_r`` itself; for the role with the most rows (context, usually)
-  under ``loss.backward()``, ``G_r`` is autograd's own weight gradient minus the other rows' product
-  (it is computed anyway; checked, and replaced by ``G_r``'s own product where that is not exact enough);
+  under ``loss.backward()``, ``G_r`` is one of the two products the weight gradient is computed from
+  (:mod:`gradflow.hooks.split_linear`: ``W = G_big + G_rest``, no product beyond autograd's own);
 - ``magnitude_sum``: ``sum_{t in r} ||g_t|| * ||x_t||`` (per-position Frobenius norms, additive);
 - ``n_positions`` and ``n_nonzero`` (positions whose per-position contribution ``g_t x_t^T`` has a
   nonzero element, i.e. ``g_t`` and ``x_t`` both have one).
@@ -36,18 +36,8 @@ from gradflow.adapters.base import SublayerSpec
 from gradflow.adapters.norms import splittable, unit_affine
 from gradflow.hooks.batch_state import BatchState, RolePartition
 from gradflow.hooks.safe_norms import gram_float64, in_safe_range, safe_norm
+from gradflow.hooks.split_linear import DirectSplit
 from gradflow.roles import ALL_ROLES, NUM_ROLES, Role
-
-EPS32 = 2.0 ** -24
-"""Float32 unit roundoff."""
-SUBTRACTION_RTOL = 1e-5
-"""A role's contribution taken as autograd's weight gradient minus the other rows' product is kept when
-its rounding-error bound ``EPS32 * sum_t ||g_t|| ||x_t||`` (all rows; the error measured on BERT-shaped
-and tiny models was at most 0.75 of it) is at most this fraction of its norm; else its own product."""
-PROBE_TOL = 64.0
-"""Autograd's weight gradient ``W`` times a fixed random ``v`` must equal ``sum_t g_t (x_t . v)`` within
-``PROBE_TOL * EPS32 * sum_t ||g_t|| ||x_t||`` (measured: under 2); a larger difference means something
-else added to ``W`` (a penalty on the weight, another use of it), and the own product is used."""
 
 
 @dataclass(frozen=True)
@@ -64,16 +54,17 @@ class SublayerEntry:
 
 
 def sublayer_stats(state: BatchState, depth: int, mod: nn.Module, entries: list[SublayerEntry], x: torch.Tensor,
-                   grad: torch.Tensor, token: bool, subtract: bool = False) -> None:
+                   grad: torch.Tensor, token: bool, direct: bool = False) -> None:
     """Add one call's statistics. ``x``: the module's input (..., D_in); ``grad``: the loss gradient
     w.r.t. its output (..., D_out); ``token``: the rows are the batch's B * T positions (else
     ``relpos`` rows). A Conv1d of kernel size 1 takes ``x`` and ``grad`` already as (B, T, C).
-    ``subtract``: an ``nn.Linear`` whose weight gradient autograd computes in this backward, from this
-    call alone: the caller passes it to ``state.deferred[id(mod.weight)]`` when it arrives."""
+    ``direct``: an ``nn.Linear`` called through :class:`~gradflow.hooks.split_linear.RoleSplitLinear` whose
+    weight gradient this backward computes, from this call alone: the largest role's product is left to it
+    (``state.deferred[id(mod.weight)]``, a :class:`~gradflow.hooks.split_linear.DirectSplit`)."""
     if pointwise_conv(mod):
         _grouped_stats(state, depth, mod, entries, x, grad, token)
     elif isinstance(mod, nn.Linear) or entries[0].acts_as == "linear":
-        _linear_stats(state, depth, mod, entries, x, grad, token, subtract and isinstance(mod, nn.Linear))
+        _linear_stats(state, depth, mod, entries, x, grad, token, direct and isinstance(mod, nn.Linear))
     else:
         _norm_stats(state, depth, mod, entries, x, grad, token)
 
@@ -93,14 +84,13 @@ def _partition(state: BatchState, rows: int, token: bool) -> tuple[torch.Tensor,
 
 
 def _linear_stats(state: BatchState, depth: int, mod: nn.Linear, entries: list[SublayerEntry], x: torch.Tensor,
-                  grad: torch.Tensor, token: bool, subtract: bool = False) -> None:
+                  grad: torch.Tensor, token: bool, direct: bool = False) -> None:
     """Linear weight (``G_r`` norms) and bias (per-role gradient sums) of each served name.
 
     The rows of every role but the largest (``big``, usually context) are gathered once, ordered by
     role; each small role's norm comes from its slice. ``big``'s contribution, when its own product
-    is the cheaper way, is either that product or, with ``subtract`` (autograd computes this call's
-    weight gradient ``W``, see :func:`sublayer_stats`), ``W`` minus the other rows' product, finished
-    when ``W`` arrives (:attr:`BatchState.deferred`).
+    is the cheaper way, is that product: computed here, or with ``direct`` (see :func:`sublayer_stats`)
+    by the weight gradient's backward as one of its two parts, finished there (:attr:`BatchState.deferred`).
     """
     x2 = x.reshape(-1, x.shape[-1])
     g2 = grad.reshape(-1, grad.shape[-1])
@@ -108,24 +98,25 @@ def _linear_stats(state: BatchState, depth: int, mod: nn.Linear, entries: list[S
     counts = part.counts.tolist()
     xn = safe_norm(x2, dim=-1)
     x_nonzero = xn > 0  # a safe norm is 0 exactly for a row without a nonzero element
-    live = _scatter((x_nonzero & (g2 != 0).any(dim=1)).float(), part.codes).tolist()
+    gn_all = safe_norm(g2, dim=-1)  # the same: 0 exactly for a gradient row without a nonzero element
+    live = _scatter((x_nonzero & (gn_all > 0)).float(), part.codes).tolist()
     big = max(range(NUM_ROLES), key=lambda code: (live[code], counts[code]))
     order = sorted((code for code in range(NUM_ROLES) if code != big and counts[code]), key=counts.__getitem__)
     rest = torch.cat([part.index[code] for code in order]) if order else part.index[big][:0]
     starts = dict(zip(order, itertools.accumulate([counts[code] for code in order], initial=0)))
-    xs = x2[rest].float()
-    subtract = subtract and x2.dtype == g2.dtype == torch.float32 and not state.config.materialize
+    xs = x2.index_select(0, rest).float()
+    direct = direct and x2.dtype == g2.dtype == torch.float32 and not state.config.materialize
     x_gram: dict[int, torch.Tensor] = {}  # role code (or -n: the first n rest rows) -> Gram matrix of its x rows
     pending: list[tuple] = []
     for entry in entries:
         g = g2 if entry.chunk is None else _rows(g2, entry.chunk, entry.groups)
         d_out, d_in = g.shape[1], x2.shape[1]
-        gn = safe_norm(g, dim=-1)
+        gn = gn_all if entry.chunk is None else safe_norm(g, dim=-1)
         mag = gn * xn
         g_nonzero = gn > 0
         contributes = g_nonzero & x_nonzero  # g_t x_t^T has a nonzero element
         n_contributing = _scatter(contributes.float(), part.codes).tolist()
-        gs = g[rest].float()
+        gs = g.index_select(0, rest).float()
         norms = torch.zeros(NUM_ROLES)
         deferred = False
         together = _gram_together(state, order, counts, n_contributing, d_out, d_in, gn[rest], xn[rest], mag[rest])
@@ -149,11 +140,11 @@ def _linear_stats(state: BatchState, depth: int, mod: nn.Linear, entries: list[S
                 continue
             idx = part.index[code]
             gram_cheaper = counts[code] * (d_out + d_in) < d_out * d_in
-            if code == big and subtract and not gram_cheaper and in_safe_range(gn, xn, mag):
-                deferred = True  # W - (the other rows' product), once autograd delivers W
+            if code == big and direct and not gram_cheaper:
+                deferred = True  # the weight gradient's own product of these rows (split_linear)
                 continue
             if code == big:
-                gr, xr = g[idx].float(), x2[idx].float()
+                gr, xr = g.index_select(0, idx).float(), x2.index_select(0, idx).float()
             else:
                 rows = slice(starts[code], starts[code] + counts[code])
                 gr, xr = gs[rows], xs[rows]
@@ -172,7 +163,7 @@ def _linear_stats(state: BatchState, depth: int, mod: nn.Linear, entries: list[S
             else:
                 norms[code] = float(safe_norm(gr.T @ xr, dim=(-2, -1)))
         if deferred:
-            pending.append((entry, g, gs, mag, contributes, norms))
+            pending.append((entry, g, mag, contributes, norms))
         else:
             _store(state, depth, entry.name, "weight", part.codes, part.counts, mag, contributes, norms)
         if mod.bias is not None or entry.outside_bias:
@@ -184,10 +175,10 @@ def _linear_stats(state: BatchState, depth: int, mod: nn.Linear, entries: list[S
                     if counts[code]:
                         state.matrices[(depth, entry.name, "bias", ALL_ROLES[code])] = sums[code].cpu()
     if pending:
-        def finish(weight_grad: torch.Tensor | None) -> None:
-            _finish_big_role(state, depth, part, big, x2, xs, pending, weight_grad)
+        def finish(big_product: torch.Tensor | None) -> None:
+            _finish_big_role(state, depth, part, big, x2, pending, big_product)
 
-        state.deferred[id(mod.weight)] = finish
+        state.deferred[id(mod.weight)] = DirectSplit(part.index[big], rest, finish)
 
 
 def _gram_together(state: BatchState, order: list[int], counts: list[int], n_contributing: list[float], d_out: int,
@@ -211,38 +202,18 @@ def _gram_together(state: BatchState, order: list[int], counts: list[int], n_con
 
 
 def _finish_big_role(state: BatchState, depth: int, part: RolePartition, big: int, x2: torch.Tensor,
-                     xs: torch.Tensor, pending: list[tuple], weight_grad: torch.Tensor | None) -> None:
-    """Store the weight statistics of deferred entries, ``big``'s norm from autograd's (D_out, D_in)
-    ``weight_grad`` (see :func:`subtracted_norm`) or, where that is refused or None, its own product."""
-    if weight_grad is not None:
-        probe = torch.randn(x2.shape[1], generator=torch.Generator().manual_seed(0)).to(x2.device)
-        x_probe = x2 @ probe
-    for entry, g, gs, mag, contributes, norms in pending:
-        value = None
-        if weight_grad is not None:
-            w = weight_grad if entry.chunk is None else _rows(weight_grad.T, entry.chunk, entry.groups).T
-            value = subtracted_norm(w, g, gs, xs, mag, probe, x_probe)
-        if value is None:
+                     pending: list[tuple], big_product: torch.Tensor | None) -> None:
+    """Store the weight statistics of deferred entries, ``big``'s norm from ``big_product`` (D_out, D_in):
+    ``sum_{t in big} g_t x_t^T`` as the weight gradient's backward computed it, or, when None (no weight
+    gradient was computed), from its own product."""
+    for entry, g, mag, contributes, norms in pending:
+        if big_product is not None:
+            matrix = big_product if entry.chunk is None else _rows(big_product.T, entry.chunk, entry.groups).T
+        else:
             idx = part.index[big]
-            value = float(safe_norm(g[idx].T @ x2[idx], dim=(-2, -1)))
-        norms[big] = value
+            matrix = g.index_select(0, idx).T.float() @ x2.index_select(0, idx).float()
+        norms[big] = float(safe_norm(matrix, dim=(-2, -1)))
         _store(state, depth, entry.name, "weight", part.codes, part.counts, mag, contributes, norms)
-
-
-def subtracted_norm(w: torch.Tensor, g: torch.Tensor, gs: torch.Tensor, xs: torch.Tensor, mag: torch.Tensor,
-                    probe: torch.Tensor, x_probe: torch.Tensor) -> float | None:
-    """``||w - gs^T xs||_F``: one role's contribution as autograd's (D_out, D_in) weight gradient ``w``
-    minus the (n, D_out) ``gs`` by (n, D_in) ``xs`` product of all other rows, or None where not exact enough.
-
-    ``g`` (N, D_out) and ``mag`` (N,): every row's gradient and ``||g_t|| ||x_t||``; ``x_probe``: (N,)
-    ``x @ probe``. None when something else added to ``w`` (``w @ probe`` differs from ``g^T x_probe`` by
-    more than :data:`PROBE_TOL` rounding bounds) or the rounding bound is large against the norm
-    (:data:`SUBTRACTION_RTOL`)."""
-    bound = EPS32 * float(mag.sum(dtype=torch.float64))
-    if float(torch.linalg.vector_norm(w @ probe - g.T @ x_probe)) > PROBE_TOL * bound:
-        return None
-    value = float(safe_norm(torch.addmm(w, gs.T, xs, alpha=-1), dim=(-2, -1)))
-    return value if bound <= SUBTRACTION_RTOL * value else None
 
 
 def _role_sums(values: torch.Tensor, part: RolePartition) -> torch.Tensor:
@@ -375,4 +346,4 @@ def _grouped_stats(state: BatchState, depth: int, mod: nn.Conv1d, entries: list[
                         state.matrices[(depth, entry.name, "bias", ALL_ROLES[code])] = sums[code].cpu()
 
 
-__all__ = ["SublayerEntry", "pointwise_conv", "split_by_role", "subtracted_norm", "sublayer_stats"]
+__all__ = ["SublayerEntry", "pointwise_conv", "split_by_role", "sublayer_stats"]

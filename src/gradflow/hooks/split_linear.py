@@ -1,0 +1,113 @@
+"""A Linear whose weight gradient is computed in two parts while a capture runs: no extra product.
+
+Under ``loss.backward()`` autograd computes every Linear's weight gradient ``W = sum_t g_t x_t^T``
+over all B * T positions. The per-role split needs ``||G_r||`` for each role; for the largest role
+(context, usually) that is a product as large as most of ``W``. While a capture runs, the recorder
+replaces the ``forward`` of each Linear sublayer module whose weight gradient comes from that module
+alone by :class:`RoleSplitLinear`, whose backward computes ``W`` as two products instead of one: the
+largest role's rows ``G_big = g_big^T x_big`` (its norm is the statistic) and then
+``W = G_big + g_rest^T x_rest``. The flops are those of the one product; the result is ``W`` up to
+float32 summation order (a split product, as a different thread count gives).
+
+Which rows form ``big`` and ``rest`` is decided by the statistics hook on the module's output, which
+runs before this backward and leaves a :class:`DirectSplit` under ``id(weight)``; without one (the
+module was called twice, the gradient is not a token gradient) the backward is the plain product.
+The input gradient is ``g W`` as in ``nn.Linear``; the bias gradient is ``sum_t g_t``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass(frozen=True)
+class DirectSplit:
+    """The rows of one Linear call's weight gradient: ``big`` (n_big,) and ``rest`` (n_rest,) indices
+    into the call's B * T rows (together every row once); ``finish`` takes ``G_big`` (D_out, D_in), or
+    None when no weight gradient was computed, and stores the statistics."""
+
+    big: torch.Tensor
+    rest: torch.Tensor
+    finish: Callable[[torch.Tensor | None], None]
+
+
+WeightSplit = Callable[[nn.Parameter], "DirectSplit | None"]
+"""Pops the :class:`DirectSplit` left for a weight by the statistics hook (None: plain product)."""
+WeightRuns = Callable[[nn.Linear], bool]
+"""Whether the running backward computes the module's weight gradient (``torch.autograd.grad``
+towards activations does not)."""
+
+
+class RoleSplitLinear(torch.autograd.Function):
+    """``F.linear(x, weight, bias)`` with the weight gradient computed as ``G_big + G_rest`` (see module)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, module: nn.Linear,
+                take_split: WeightSplit, weight_runs: WeightRuns) -> torch.Tensor:
+        ctx.save_for_backward(x, weight)
+        ctx.module, ctx.take_split, ctx.weight_runs = module, take_split, weight_runs
+        ctx.has_bias = bias is not None
+        return F.linear(x, weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor):
+        x, weight = ctx.saved_tensors
+        g2 = grad_out.reshape(-1, grad_out.shape[-1])
+        x2 = x.reshape(-1, x.shape[-1])
+        grad_x = (g2 @ weight).view(x.shape) if ctx.needs_input_grad[0] else None
+        grad_w = None
+        if ctx.needs_input_grad[1] and ctx.weight_runs(ctx.module):
+            split = ctx.take_split(weight)
+            if split is None:
+                grad_w = g2.T @ x2
+            else:
+                grad_w = g2.index_select(0, split.big).T @ x2.index_select(0, split.big)
+                split.finish(grad_w)
+                if split.rest.numel():
+                    grad_w.addmm_(g2.index_select(0, split.rest).T, x2.index_select(0, split.rest))
+        grad_b = g2.sum(dim=0) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        return grad_x, grad_w, grad_b, None, None, None
+
+
+def splits_weight(module: nn.Module, x: torch.Tensor) -> bool:
+    """Whether this call goes through :class:`RoleSplitLinear`: a float32 call of a float32 Linear
+    outside autocast, with gradients on (anything else runs the module's own forward)."""
+    weight = module.weight
+    return (x.dtype == weight.dtype == torch.float32 and torch.is_grad_enabled() and weight.requires_grad
+            and not torch.is_autocast_enabled(x.device.type))
+
+
+@contextmanager
+def split_linear_forwards(modules: list[nn.Linear], take_split: WeightSplit, weight_runs: WeightRuns
+                          ) -> Iterator[None]:
+    """Route the calls of ``modules`` through :class:`RoleSplitLinear` inside the block (their own
+    ``forward`` otherwise and afterwards; restored even when the block raises)."""
+    patched: list[tuple[nn.Linear, object]] = []
+    try:
+        for module in modules:
+            own = module.forward
+            previous = module.__dict__.get("forward")  # an instance-level forward someone else set
+
+            def forward(x: torch.Tensor, module: nn.Linear = module, own: Callable = own) -> torch.Tensor:
+                if not splits_weight(module, x):
+                    return own(x)
+                return RoleSplitLinear.apply(x, module.weight, module.bias, module, take_split, weight_runs)
+
+            module.forward = forward
+            patched.append((module, previous))
+        yield
+    finally:
+        for module, previous in reversed(patched):
+            if previous is None:
+                del module.forward
+            else:
+                module.forward = previous
+
+
+__all__ = ["DirectSplit", "RoleSplitLinear", "WeightRuns", "WeightSplit", "split_linear_forwards", "splits_weight"]
