@@ -19,21 +19,26 @@ import torch.nn.functional as F
 from torch import nn
 from transformers import Trainer
 
+from gradflow.adapters import Adapter
 from gradflow.training.sparse import sparse_mlm
 
 
 class SparseMLMTrainer(Trainer):
-    """``Trainer`` whose loss is the sparse MLM loss; ``sparse_block``: also the last block (default)."""
+    """``Trainer`` whose loss is the sparse MLM loss; ``sparse_block``: also the last block (default);
+    ``sparse_adapter``: the adapter (an :class:`~gradflow.adapters.Adapter` or ``"auto"``; None: the registered one)."""
 
-    def __init__(self, *args: Any, sparse_block: bool = True, **kwargs: Any):
+    def __init__(self, *args: Any, sparse_block: bool = True, sparse_adapter: Adapter | str | None = None,
+                 **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.sparse_block = sparse_block
-        sparse_mlm(self.accelerator.unwrap_model(self.model), block=sparse_block)  # refuse before training starts
+        self.sparse_adapter = sparse_adapter
+        sparse_mlm(self.accelerator.unwrap_model(self.model), block=sparse_block,
+                   adapter=sparse_adapter)  # refuse before training starts
 
     def compute_loss(self, model: nn.Module, inputs: dict[str, Any], return_outputs: bool = False,
                      num_items_in_batch: torch.Tensor | int | None = None) -> Any:
         """The sparse MLM loss of ``inputs`` (a collated MLM batch with ``labels``)."""
-        sparse = sparse_mlm(self.accelerator.unwrap_model(model), block=self.sparse_block)
+        sparse = sparse_mlm(self.accelerator.unwrap_model(model), block=self.sparse_block, adapter=self.sparse_adapter)
         inputs = dict(inputs)
         input_ids, labels = inputs.pop("input_ids"), inputs.pop("labels")
         out = sparse(input_ids, inputs.pop("attention_mask", None), labels, **inputs)
