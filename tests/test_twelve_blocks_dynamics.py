@@ -110,6 +110,7 @@ def test_the_measurement_has_one_row_set_per_snapshot(measured):
     meta = json.loads((out / "meta.json").read_text())
     model = meta["models"][LABEL]
     assert model["planned_steps"] == [2, 4, 8, 16] and model["measured_steps"] == [2, 4]
+    assert [(s["step"], s["sha256"]) for s in model["snapshots"]] == [(2, index[2]["sha256"]), (4, index[4]["sha256"])]
     assert meta["partial"] is True and "partial" in meta["note"]
     assert [m["step"] for m in meta["measured"]] == [2, 4] and all(m["total_s"] > 0 for m in meta["measured"])
     assert not any((out.parent / "work").rglob("*.parquet"))  # intermediate runs removed

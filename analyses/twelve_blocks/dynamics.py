@@ -28,7 +28,7 @@ import json
 import shutil
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import pandas as pd
@@ -169,8 +169,8 @@ def plan(runs: dict[str, Path], table: pd.DataFrame) -> tuple[dict[str, RunInfo]
         if not folder.is_dir():
             print(f"[dynamics] {label}: {folder} does not exist (not trained yet); skipped", flush=True)
             continue
-        infos[label] = read_run(folder)
-        for snap in run_snapshots(folder):
+        infos[label] = replace(read_run(folder), snapshots=tuple(run_snapshots(folder)))
+        for snap in infos[label].snapshots:
             measured = done.get((label, snap.step))
             if measured is None:
                 todo.append((label, snap))
@@ -203,12 +203,12 @@ def write_meta(out: Path, runs: dict[str, Path], infos: dict[str, RunInfo], tabl
             models[label] = {"run": portable_path(folder, out), "found": False, "complete": False}
             continue
         planned = list(snapshot_steps(info.config.steps, info.config.snapshots))
-        listed = [{"step": s.step, "tokens": s.tokens, "sha256": s.sha256} for s in run_snapshots(folder)]
+        listed = [{"step": s.step, "tokens": s.tokens, "sha256": s.sha256} for s in info.snapshots]
         measured = sorted(step for (m, step) in done if m == label)
         models[label] = {"run": portable_path(folder, out), "found": True, "arch": info.config.arch,
                          "loss": info.config.loss, "layers": info.config.layers, "steps": info.config.steps,
                          "planned_steps": planned, "snapshots": listed, "measured_steps": measured,
-                         "tokenizer_sha256": info.tokenizer_sha256,
+                         "tokenizer": portable_path(info.tokenizer, out), "tokenizer_sha256": info.tokenizer_sha256,
                          "complete": bool(planned) and set(planned) <= set(measured)}
     by_key = {(r["model"], r["step"], r["sha256"]): r for r in [*previous.get("measured", []), *timings]}
     seconds = [by_key[k] for k in sorted(by_key)]

@@ -38,13 +38,14 @@ class Snapshot:
 
 @dataclass(frozen=True)
 class RunInfo:
-    """What loading a run's snapshots needs: its config, vocabulary size and tokenizer folder."""
+    """What loading a run's snapshots needs: its config, vocabulary size and tokenizer folder (and its snapshots)."""
 
     path: Path
     config: RunConfig
     vocab_size: int
     tokenizer: Path
     tokenizer_sha256: str
+    snapshots: tuple[Snapshot, ...] = ()  # filled by the caller from :func:`run_snapshots` (checked files)
 
 
 def read_run(run: str | Path, tokenizer: str | Path | None = None) -> RunInfo:
