@@ -216,7 +216,7 @@ def write_meta(out: Path, runs: dict[str, Path], infos: dict[str, RunInfo], tabl
             "note": "partial: not every planned snapshot of every model is measured; the figure and table are "
                     "drawn from what is", "settings": _plain(asdict(settings)), "models": models,
             "measured": seconds, "source_revision": source_revision(), "versions": _versions(),
-            "command": portable_command([sys.executable, "-m", "analyses.twelve_blocks.dynamics", *argv], out)}
+            "command": portable_command(["python", "-m", "analyses.twelve_blocks.dynamics", *argv], out)}
     if not meta["partial"]:
         meta.pop("note")
     (out / META_FILE).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")

@@ -65,8 +65,10 @@ def _lines(ax: Axes, table: pd.DataFrame, models: Sequence[str], keys: Sequence[
             x = rows["tokens"].to_numpy(float)
             (line,) = ax.plot(x, rows["value"], color=series_color(m), linestyle=LINESTYLES[k % len(LINESTYLES)],
                               marker=MARKERS[m % len(MARKERS)], markersize=2.5, label=f"{model} {key_labels[k]}")
-            ax.fill_between(x, rows["ci_low"].to_numpy(float), rows["ci_high"].to_numpy(float),
-                            color=series_color(m), alpha=0.15, linewidth=0)
+            y, low, high = (rows[c].to_numpy(float) for c in ("value", "ci_low", "ci_high"))
+            ax.fill_between(x, low, high, color=series_color(m), alpha=0.15, linewidth=0)
+            ax.errorbar(x, y, yerr=np.clip([y - low, high - y], 0, None), fmt="none", ecolor=series_color(m),
+                        elinewidth=0.6)  # the CI of a lone snapshot too (a band needs two)
             drawn.append(line)
     ax.set_xscale("log")
     ax.set_xlabel("pretraining tokens")
@@ -132,7 +134,7 @@ def draw(table: pd.DataFrame, partial: bool = False) -> tuple[Figure, dict[str, 
         ax_key.set_axis_off()
         handles = [Line2D([], [], color=series_color(m), marker=MARKERS[m % len(MARKERS)], markersize=3, label=model)
                    for m, model in enumerate(models)]
-        ax_key.legend(handles=handles, loc="center", frameon=False, title="model (bands: 95% CI)")
+        ax_key.legend(handles=handles, loc="center", frameon=False, title="model (bars, bands: 95% CI)")
         if partial:
             add_banner(fig, "partial: not every planned snapshot is measured (meta.json)")
     return fig, drawn
