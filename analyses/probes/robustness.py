@@ -122,7 +122,9 @@ def verdict(rows: pd.DataFrame, families: list[str], sizes: list[str]) -> str:
 
 def markdown(frame: pd.DataFrame, expected: int, families: list[str], sizes: list[str]) -> str:
     """The results table, the verdicts and, while runs are missing, a PARTIAL mark."""
-    lines = []
+    lines = ["Last-layer accuracy drop (last layer minus the best earlier layer, 95% CI resampling test sentences) "
+             "by probe family and probe training size; validation and test are the same words in every run "
+             "(`python -m analyses.probes.robustness`; each run on one thread of a shared 2-core machine).", ""]
     if len(frame) < expected:
         lines += [f"**PARTIAL**: {len(frame)} of {expected} runs finished; the verdicts below need the missing "
                   "ones.", ""]
