@@ -116,6 +116,27 @@ def test_the_measurement_has_one_row_set_per_snapshot(measured):
     assert not any((out.parent / "work").rglob("*.parquet"))  # intermediate runs removed
 
 
+def test_the_ratio_equals_gradflow_record_of_the_snapshot_saved_as_a_model(measured, tmp_path: Path):
+    """The snapshot saved with save_pretrained and recorded the ordinary way (load_model) gives the table's ratios."""
+    from gradflow.analysis import context_ratio, load_run
+    from gradflow.runs.record import RecordConfig, record_corpus
+
+    run, out, settings = measured
+    snap = run_snapshots(run)[-1]
+    loaded = load_snapshot(read_run(run), snap, LABEL)
+    folder = tmp_path / "model"
+    loaded.model.save_pretrained(folder)
+    loaded.tokenizer.save_pretrained(folder)
+    record_corpus(RecordConfig(out=str(tmp_path / "rec"), model=str(folder), limit=settings.limit,
+                               batch_size=settings.batch_size, max_length=settings.max_length, quiet=True))
+    expected = context_ratio(load_run(tmp_path / "rec"), n_resamples=settings.resamples, seed=settings.seed)
+    table = dynamics.read_table(out)
+    got = table[(table["step"] == snap.step) & (table["measure"] == "context_loss_ratio")]
+    np.testing.assert_array_equal(got["layer"], expected["layer"])
+    np.testing.assert_allclose(got["value"], expected["ratio"], rtol=1e-5)  # the CSV keeps 6 significant digits
+    np.testing.assert_allclose(got["ci_high"], expected["ci_high"], rtol=1e-5)
+
+
 def test_resume_measures_only_new_snapshots(measured, tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     run, out, settings = measured
     copy = tmp_path / "out"
