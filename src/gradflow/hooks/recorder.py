@@ -205,14 +205,14 @@ class GradFlowRecorder:
         batch = batch.to(model_device(self.model))
         with self.capture(batch.roles, batch.sequence_index), torch.enable_grad():
             state = self._batch
-            output = self.model(**batch.model_inputs())
-            value = loss_fn(output.logits, batch)
+            # the logits (B, T, V) are not kept past the loss: autograd keeps what its backward needs
+            value = loss_fn(self.model(**batch.model_inputs()).logits, batch)
             # gradients towards the embeddings output reach every token site; non-token sublayer calls
             # (relative-position projections) hang off parameters only, so they are targets too
             targets = [state.emb_out, *state.extra_targets]
             state.loss = float(value.detach())
             torch.autograd.grad(value, targets, allow_unused=True)
-            del output, value, targets, state
+            del value, targets, state
         return self.result()
 
     # ------------------------------------------------------------------ site hooks
