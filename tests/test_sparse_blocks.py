@@ -2,13 +2,11 @@
 
 tests/test_sparse_training.py checks each family's loss and gradients on the tiny batch; here: padded batches
 and rows with different numbers of loss positions, ``rows_per_sequence``, Longformer sequences longer than its
-window and its global attention, MobileBERT's other bottleneck layouts, XLM/FlauBERT through the change
-proposed for ``SparseMLM.last_block_call`` (the call of the last depth's ``attentions``), and the refusals.
+window and its global attention, MobileBERT's other bottleneck layouts, XLM/FlauBERT (``Adapter.subset_call``:
+the call of the last depth's ``attentions`` is captured), and the refusals.
 """
 
 from __future__ import annotations
-
-from dataclasses import replace
 
 import pytest
 import torch
@@ -75,38 +73,9 @@ def test_mobilebert_extra_bottleneck_modules_are_refused() -> None:
         mobilebert_subset(block, call, torch.zeros(3, 1, dtype=torch.long))
 
 
-class _Stop(Exception):
-    pass
-
-
-class EntrySparseMLM(SparseMLM):
-    """``SparseMLM`` with the change proposed for ``last_block_call`` (see the S3 report): for a block that the
-    model never calls (XLM's view over parallel lists), capture the call of its ``attentions`` module instead."""
-
-    def last_block_call(self, **inputs: object) -> tuple[torch.nn.Module, dict]:
-        last = block_modules(self.adapter, self.model.base_model)[-1]
-        entry = last.attentions
-        original = entry.forward
-        seen: list[dict] = []
-
-        def forward(*args: object, **kwargs: object) -> object:
-            seen.append(call_arguments(original, args, kwargs))
-            raise _Stop
-
-        entry.forward = forward
-        try:
-            self.model.base_model(**inputs)
-        except _Stop:
-            pass
-        finally:
-            del entry.forward
-        assert len(seen) == 1
-        return last, seen[0]
-
-
 def xlm_sparse(model: torch.nn.Module, rows: int | None = None) -> SparseMLM:
-    adapter = replace(adapter_for(model), subset_block=xlm_subset)
-    return EntrySparseMLM(model, adapter, block=True, head=True, rows_per_sequence=rows)
+    """XLM/FlauBERT through ``sparse_mlm``: the adapter's ``subset_call`` captures the last depth's attention call."""
+    return sparse_mlm(model, rows_per_sequence=rows)
 
 
 @pytest.mark.parametrize("family", ["xlm", "flaubert"])
@@ -129,17 +98,16 @@ def test_xlm_last_depth_equals_the_dense_model(family: str) -> None:
 
 
 @pytest.mark.parametrize("family", ["xlm", "flaubert"])
-def test_xlm_through_sparse_mlm_refuses_precisely_or_is_exact(family: str) -> None:
-    """Until SparseMLM captures the attentions call, XLM's adapter has no subset_block: a precise refusal; once it
-    has one (the proposed change), sparse_mlm itself is exact."""
+def test_xlm_in_training_mode_is_exact_and_layerdrop_skips_are_refused(family: str) -> None:
+    """Training mode with dropout 0 gives the dense numbers; a skipped last depth (layerdrop) is refused."""
     model = tiny_model(family, dropout=0.0, attention_dropout=0.0).train()
     ids, mask, labels = ragged_batch()
-    if adapter_for(model).subset_block is None:
-        with pytest.raises(SparseTrainingError, match="not implemented for the xlm family.*block=False"):
+    assert adapter_for(model).subset_call == "attentions"
+    assert_exact(model, sparse_mlm(model), ids, mask, labels)
+    if family == "flaubert":
+        model.config.layerdrop = model.base_model.layerdrop = 1.0  # every depth skipped in training mode
+        with pytest.raises(SparseTrainingError, match="layerdrop"):
             sparse_mlm(model).loss(ids, mask, labels)
-    else:
-        assert_exact(model, sparse_mlm(model), ids, mask, labels)
-    assert_exact(model, xlm_sparse(model), ids, mask, labels)  # training mode, dropout 0: the dense numbers
 
 
 def test_xlm_refuses_causal_masks_and_caches() -> None:

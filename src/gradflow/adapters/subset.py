@@ -166,6 +166,18 @@ def mpnet_subset(block: nn.Module, call: dict, index: torch.Tensor) -> torch.Ten
     return block.output(block.intermediate(attention), attention)
 
 
+def rotary_rows(att: nn.Module, query: torch.Tensor, key: torch.Tensor, position_embeddings: tuple,
+                index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotary positions (``position_embeddings`` = (cos, sin), (B or 1, T, d)) with the modeling module's own
+    ``apply_rotary_pos_emb``: the selected rows for the (B, heads, n, d) queries, every position for the keys."""
+    cos, sin = position_embeddings
+    rotate = sys.modules[type(att).__module__].apply_rotary_pos_emb
+    batch = key.shape[0]
+    query = rotate(query, query, select_rows(cos.expand(batch, -1, -1), index),
+                   select_rows(sin.expand(batch, -1, -1), index))[0]
+    return query, rotate(key, key, cos, sin)[1]
+
+
 ESM_LAYOUT_MODULES = {
     "": {"attention", "intermediate", "output", "LayerNorm"},
     "attention": {"self", "output", "LayerNorm"},
@@ -186,12 +198,7 @@ def esm_subset(block: nn.Module, call: dict, index: torch.Tensor) -> torch.Tenso
     query = split_heads(att.query(select_rows(normed, index)), d) * d ** -0.5
     key, value = split_heads(att.key(normed), d), split_heads(att.value(normed), d)
     if att.position_embedding_type == "rotary":
-        cos, sin = call["position_embeddings"]
-        rotate = sys.modules[type(att).__module__].apply_rotary_pos_emb
-        batch = hidden.shape[0]
-        query = rotate(query, query, select_rows(cos.expand(batch, -1, -1), index),
-                       select_rows(sin.expand(batch, -1, -1), index))[0]
-        key = rotate(key, key, cos, sin)[1]
+        query, key = rotary_rows(att, query, key, call["position_embeddings"], index)
     dropout = att.dropout if att.training else 0.0
     context = attend(query, key, value, mask_rows(call.get("attention_mask"), index), att.scaling, dropout)
     attention = block.attention.output(context, select_rows(hidden, index))
@@ -212,12 +219,7 @@ def _rotary_context(att: nn.Module, normed: torch.Tensor, call: dict, index: tor
     d = att.head_dim
     query = split_heads(att.q_proj(select_rows(normed, index)), d)
     key, value = split_heads(att.k_proj(normed), d), split_heads(att.v_proj(normed), d)
-    cos, sin = call["position_embeddings"]
-    rotate = sys.modules[type(att).__module__].apply_rotary_pos_emb
-    batch = normed.shape[0]
-    query = rotate(query, query, select_rows(cos.expand(batch, -1, -1), index),
-                   select_rows(sin.expand(batch, -1, -1), index))[0]
-    key = rotate(key, key, cos, sin)[1]
+    query, key = rotary_rows(att, query, key, call["position_embeddings"], index)
     groups = getattr(att, "num_key_value_groups", 1)
     key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
     dropout = att.attention_dropout if att.training else 0.0
@@ -269,4 +271,4 @@ def albert_subset(block: nn.Module, call: dict, index: torch.Tensor) -> torch.Te
 
 __all__ = ["BERT_LAYOUT_MODULES", "ESM_LAYOUT_MODULES", "GTE_LAYOUT_MODULES", "LLAMA_LAYOUT_MODULES", "SubsetBlock",
            "albert_subset", "attend", "bert_layout", "check_bert_layout", "distilbert_subset", "esm_subset",
-           "gte_subset", "llama_subset", "mask_rows", "mpnet_subset", "select_rows", "split_heads"]
+           "gte_subset", "llama_subset", "mask_rows", "mpnet_subset", "rotary_rows", "select_rows", "split_heads"]

@@ -35,7 +35,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gradflow.adapters.subset import _check_layout, _no_cross_attention, attend, mask_rows, select_rows, split_heads
+from gradflow.adapters.subset import (
+    _check_layout,
+    _no_cross_attention,
+    attend,
+    mask_rows,
+    rotary_rows,
+    select_rows,
+    split_heads,
+)
 from gradflow.errors import SparseTrainingError
 
 
@@ -260,12 +268,7 @@ def esmc_subset(block: nn.Module, call: dict, index: torch.Tensor) -> torch.Tens
     query = split_heads(att.q_norm(att.q_proj(select_rows(normed, index))).to(normed.dtype), d)
     key = split_heads(att.k_norm(att.k_proj(normed)).to(normed.dtype), d)
     value = split_heads(att.v_proj(normed), d)
-    cos, sin = call["position_embeddings"]
-    rotate = sys.modules[type(att).__module__].apply_rotary_pos_emb
-    batch = hidden.shape[0]
-    query = rotate(query, query, select_rows(cos.expand(batch, -1, -1), index),
-                   select_rows(sin.expand(batch, -1, -1), index))[0]
-    key = rotate(key, key, cos, sin)[1]
+    query, key = rotary_rows(att, query, key, call["position_embeddings"], index)
     groups = att.num_key_value_groups
     key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
     dropout = att.attention_dropout if att.training else 0.0
