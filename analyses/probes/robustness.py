@@ -137,9 +137,12 @@ def markdown(frame: pd.DataFrame, expected: int, families: list[str], sizes: lis
                      f"{r.wall_s:.0f} |")
     lines += ["", f"Rule (plan): a drop only if the 95% CI excludes 0 at the largest size ({largest_size(sizes)}) "
               f"and the sign holds at {RULE_SIZE} sentences, with both families ({', '.join(families)}).", "",
-              "| model | task | verdict |", "|---|---|---|"]
+              "| model | task | verdict | provisional: the same rule with the largest size finished by both "
+              "families |", "|---|---|---|---|"]
     for (model, task), rows in frame.groupby(["model", "task"], sort=False):
-        lines.append(f"| {model} | {task} | {verdict(rows, families, sizes)} |")
+        done = [s for s in sizes if all(((rows.family == f) & (rows.train_size == s)).any() for f in families)]
+        provisional = f"{verdict(rows, families, done)} (at {largest_size(done)})" if done else "-"
+        lines.append(f"| {model} | {task} | {verdict(rows, families, sizes)} | {provisional} |")
     return "\n".join(lines) + "\n"
 
 
