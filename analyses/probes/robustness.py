@@ -32,6 +32,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from analyses.probes.run import finished
+
 ROOT = Path(__file__).resolve().parents[2]
 OUT = "figures/probes/robustness"
 MODELS = {"mini-en": "gradflow-mini-en", "twin": "gradflow-mini-en-alltoken"}
@@ -52,15 +54,6 @@ def probe_command(model: str, task: str, family: str, size: str, limit: str, out
     """The ``gradflow probe`` arguments of one run (accuracy only; validation and test: ``limit`` sentences)."""
     return ["probe", "--model", model, "--task", task, "--probe", family, "--limit", limit, "--train-limit", size,
             "--no-code-length", "--out", out, "--overwrite", "--quiet", "--format", "png"]
-
-
-def finished(command: list[str]) -> bool:
-    """True when ``command``'s directory holds a complete run of exactly this command."""
-    meta = ROOT / command[command.index("--out") + 1] / "meta.json"
-    if not meta.is_file():
-        return False
-    recorded = json.loads(meta.read_text(encoding="utf-8"))
-    return bool(recorded.get("complete")) and recorded.get("command") == shlex.join(["gradflow", *command])
 
 
 def run(command: list[str], threads: int) -> float:
