@@ -106,7 +106,7 @@ def _linear_stats(state: BatchState, depth: int, mod: nn.Linear, entries: list[S
     starts = dict(zip(order, itertools.accumulate([counts[code] for code in order], initial=0)))
     xs = x2.index_select(0, rest).float()
     direct = direct and x2.dtype == g2.dtype == torch.float32 and not state.config.materialize
-    x_gram: dict[int, torch.Tensor] = {}  # role code (or -n: the first n rest rows) -> Gram matrix of its x rows
+    x_gram: dict[int, torch.Tensor] = {}  # role code -> Gram matrix of its x rows (shared by the entries)
     pending: list[tuple] = []
     for entry in entries:
         g = g2 if entry.chunk is None else _rows(g2, entry.chunk, entry.groups)
@@ -119,21 +119,7 @@ def _linear_stats(state: BatchState, depth: int, mod: nn.Linear, entries: list[S
         gs = g.index_select(0, rest).float()
         norms = torch.zeros(NUM_ROLES)
         deferred = False
-        together = _gram_together(state, order, counts, n_contributing, d_out, d_in, gn[rest], xn[rest], mag[rest])
-        if together:
-            n = sum(counts[code] for code in together)
-            if -n not in x_gram:
-                x_gram[-n] = xs[:n] @ xs[:n].T
-            codes = torch.cat([part.codes[part.index[code]] for code in together])
-            same = codes[:, None] == codes[None, :]  # (n, n): both rows of one role
-            within = ((gs[:n] @ gs[:n].T) * x_gram[-n] * same).sum(dim=1, dtype=torch.float64)
-            sums = torch.zeros(NUM_ROLES, dtype=torch.float64, device=within.device).index_add_(0, codes, within)
-            grams = sums.tolist()
-            for code in together:
-                norms[code] = math.sqrt(max(grams[code], 0.0))
         for code in range(NUM_ROLES):
-            if code in together:
-                continue
             if n_contributing[code] == 0:  # every g_t x_t^T of this role is exactly zero: so is G_r
                 if state.config.materialize and counts[code]:
                     state.matrices[(depth, entry.name, "weight", ALL_ROLES[code])] = torch.zeros(d_out, d_in)
@@ -179,26 +165,6 @@ def _linear_stats(state: BatchState, depth: int, mod: nn.Linear, entries: list[S
             _finish_big_role(state, depth, part, big, x2, pending, big_product)
 
         state.deferred[id(mod.weight)] = DirectSplit(part.index[big], rest, finish)
-
-
-def _gram_together(state: BatchState, order: list[int], counts: list[int], n_contributing: list[float], d_out: int,
-                   d_in: int, gn: torch.Tensor, xn: torch.Tensor, mag: torch.Tensor) -> list[int]:
-    """The roles (a prefix of ``order``, the small roles by ascending count) whose norms come from one
-    Gram product of all their rows: each has a nonzero contribution, their rows together are cheaper by
-    Gram than by a (D_out, D_in) product, and float32 products of those rows are safe (``gn``, ``xn``,
-    ``mag``: the rest rows' norms, in ``order``). Empty when materialising or for fewer than two roles."""
-    if state.config.materialize:
-        return []
-    together: list[int] = []
-    rows = 0
-    for code in order:
-        if n_contributing[code] == 0 or (rows + counts[code]) * (d_out + d_in) >= d_out * d_in:
-            break
-        together.append(code)
-        rows += counts[code]
-    if len(together) < 2 or not in_safe_range(gn[:rows], xn[:rows], mag[:rows]):
-        return []
-    return together
 
 
 def _finish_big_role(state: BatchState, depth: int, part: RolePartition, big: int, x2: torch.Tensor,
