@@ -301,6 +301,7 @@ def discover_adapter(model: nn.Module, notice: bool = True) -> Adapter:
         family="generic", model_types=(), embeddings="", blocks=group.parent, mid=None,
         sublayers={name: SublayerSpec(name) for name in split}, attn_norm="unknown",
         expand_blocks=lambda _base: list(modules), notes=notes, head=HeadSpec(call=_no_head),
+        head_mixes_positions="not known: the generic adapter does not know the model's MLM head",
         embeddings_at="blocks", drop_blocks=_no_surgery,
     )
 

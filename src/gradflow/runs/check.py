@@ -51,6 +51,7 @@ from gradflow.hooks.records import BatchRecord
 from gradflow.hooks.sites import depth_occurrences
 from gradflow.inputs.corpus import check_corpus_path, default_texts
 from gradflow.inputs.masking import BertMasking, MaskedBatch
+from gradflow.losses import get_loss
 from gradflow.models import LoadedModel, load_model
 from gradflow.models.zoo import example_inputs_path
 from gradflow.provenance import portable_path
@@ -187,7 +188,8 @@ def check_batch(model: nn.Module, batch: MaskedBatch, adapter: Adapter | None = 
     extra, skipped = _other_modules(adapter, blocks)
     recording = replace(adapter, sublayers={**adapter.sublayers, **{OTHER + p: SublayerSpec(p) for p in extra}})
     with count_linear_calls(model) as calls, GradFlowRecorder(model, RecorderConfig(), recording) as rec:
-        record = rec.record(batch, loss="mlm", reduction="batch")
+        # a callable loss: the whole model runs (the dense head's calls at unselected positions are counted)
+        record = rec.record(batch, loss=get_loss("mlm", "batch"))
     params = [_param_check(rec_) for rec_ in record.sublayers]
     last = len(blocks)
     shared = {layer: tuple(group) for group in weight_sharing(blocks) for layer in group}
