@@ -55,3 +55,16 @@ def tiny_corpus(tmp_path_factory) -> Path:
     lines = [" ".join(SAMPLE_LINES[i % 4] for i in range(k, k + 1 + k % 3)) for k in range(24)]
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path
+
+
+@pytest.fixture(autouse=True)
+def torch_threads_unchanged():
+    """Every test leaves torch's CPU thread count as it found it: a leaked setting changes later tests' float
+    reductions (the resume tests compare an in-process run with a subprocess's bytes)."""
+    import torch
+
+    before = torch.get_num_threads()
+    yield
+    after = torch.get_num_threads()
+    torch.set_num_threads(before)
+    assert after == before, f"the test left torch.get_num_threads() at {after} (was {before}): restore it"

@@ -209,7 +209,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.sparse and args.loss == "alltoken":
         p.error("--sparse skips the positions outside the loss; with --loss alltoken every non-special position is "
                 "in the loss, so there is nothing to skip: drop --sparse")
+    threads = torch.get_num_threads()
     torch.set_num_threads(args.threads)
+    try:
+        _train(args)
+    finally:  # an in-process caller keeps its own thread count
+        torch.set_num_threads(threads)
+
+
+def _train(args: argparse.Namespace) -> None:
     torch.manual_seed(args.seed)
     args.out.mkdir(parents=True, exist_ok=True)
 

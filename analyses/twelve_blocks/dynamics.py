@@ -291,9 +291,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-snapshots", type=int, default=None, help="stop after measuring this many snapshots")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     args = p.parse_args(argv)
-    if args.threads:
-        import torch
+    import torch
 
+    threads = torch.get_num_threads()  # restored on return: an in-process caller keeps its own setting
+    if args.threads:
         torch.set_num_threads(args.threads)
     try:
         runs = parse_runs(args.run or list(DEFAULT_RUNS))
@@ -303,6 +304,8 @@ def main(argv: list[str] | None = None) -> int:
     except GradflowError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    finally:
+        torch.set_num_threads(threads)
     return 0
 
 

@@ -55,6 +55,25 @@ def all_positions_loss(logits: torch.Tensor, batch: MaskedBatch, reduction: str 
 
 
 LOSSES: dict[str, Callable[..., torch.Tensor]] = {"mlm": mlm_loss, "all-positions": all_positions_loss}
+LOSS_LABELS: dict[str, Callable[[MaskedBatch], torch.Tensor]] = {"mlm": lambda batch: batch.labels,
+                                                                 "all-positions": all_positions_labels}
+"""The (B, T) labels of each named loss (-100 outside it)."""
+
+
+def cross_entropy_at_labels(head: Callable[[torch.Tensor], torch.Tensor], hidden: torch.Tensor, labels: torch.Tensor,
+                            reduction: str = "batch") -> torch.Tensor:
+    """``cross_entropy(head(hidden), labels, reduction)`` with a position-wise ``head`` run at the labelled
+    positions only: ``hidden`` (B, T, H), ``labels`` (B, T). The same value, and the same gradient towards
+    ``hidden`` (exactly zero at every unlabelled position), without the (B, T, V) logits."""
+    counted = labels != -100
+    rows, cols = counted.nonzero(as_tuple=True)
+    per = F.cross_entropy(head(hidden[rows, cols]).float(), labels[rows, cols], reduction="none")
+    if reduction == "batch":
+        return per.sum() / counted.sum().clamp_min(1)
+    if reduction == "sequence":
+        sums = per.new_zeros(labels.shape[0]).index_add_(0, rows, per)
+        return (sums / counted.sum(dim=1).clamp_min(1)).sum()
+    raise ValueError(f"unknown reduction {reduction!r}; choose one of {', '.join(REDUCTIONS)}")
 
 
 def get_loss(name_or_fn: str | LossFn, reduction: str = "batch") -> LossFn:

@@ -131,12 +131,21 @@ def write_json(path: Path, data: dict[str, object]) -> None:
 
 
 def run(cfg: RunConfig, argv: list[str] | None = None) -> int:
-    """Train (or resume) the run ``cfg`` until done or stopped; return an exit code (module docstring)."""
+    """Train (or resume) the run ``cfg`` until done or stopped; return an exit code (module docstring). Torch's
+    thread count is ``cfg.threads`` while it runs and the caller's again after."""
+    threads = torch.get_num_threads()
+    try:
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
+        return _run(cfg, argv)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _run(cfg: RunConfig, argv: list[str] | None) -> int:
     t0 = time.monotonic()
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
     device = torch.device(cfg.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda, but torch sees no CUDA device")

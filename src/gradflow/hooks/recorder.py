@@ -20,7 +20,7 @@ every role's own product.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 
 import torch
@@ -44,7 +44,7 @@ from gradflow.hooks.sites import (
 from gradflow.hooks.split_linear import DirectSplit, split_linear_forwards
 from gradflow.hooks.sublayer_stats import SublayerEntry, split_by_role, sublayer_stats
 from gradflow.inputs.masking import MaskedBatch
-from gradflow.losses import LossFn, get_loss
+from gradflow.losses import LOSS_LABELS, LossFn, cross_entropy_at_labels, get_loss
 from gradflow.roles import Role
 from gradflow.schema import PARAMS, sublayer_key
 
@@ -199,14 +199,21 @@ class GradFlowRecorder:
         ``loss``: ``"mlm"``, ``"all-positions"`` or a callable ``(logits, batch) -> scalar``;
         ``reduction``: ``"batch"`` or ``"sequence"`` (see :mod:`gradflow.losses`).
         Uses ``torch.autograd.grad`` towards the embeddings output, so parameters' ``.grad`` are
-        neither read nor written. The model's train/eval mode is left as it is.
+        neither read nor written. The model's train/eval mode is left as it is. For a named loss and a
+        position-wise MLM head the head runs at the loss positions only (the same loss and gradients: the
+        head's output elsewhere gets exactly zero gradient; see :func:`gradflow.losses.cross_entropy_at_labels`).
         """
         loss_fn = get_loss(loss, reduction)
         batch = batch.to(model_device(self.model))
+        head = self._position_wise_head() if isinstance(loss, str) else None
         with self.capture(batch.roles, batch.sequence_index), torch.enable_grad():
             state = self._batch
-            # the logits (B, T, V) are not kept past the loss: autograd keeps what its backward needs
-            value = loss_fn(self.model(**batch.model_inputs()).logits, batch)
+            if head is not None:
+                hidden = self.base(**batch.model_inputs()).last_hidden_state
+                value = cross_entropy_at_labels(head, hidden, LOSS_LABELS[loss](batch), reduction)
+                del hidden
+            else:  # the logits (B, T, V) are not kept past the loss: autograd keeps what its backward needs
+                value = loss_fn(self.model(**batch.model_inputs()).logits, batch)
             # gradients towards the embeddings output reach every token site; non-token sublayer calls
             # (relative-position projections) hang off parameters only, so they are targets too
             targets = [state.emb_out, *state.extra_targets]
@@ -214,6 +221,18 @@ class GradFlowRecorder:
             torch.autograd.grad(value, targets, allow_unused=True)
             del value, targets, state
         return self.result()
+
+    def _position_wise_head(self) -> Callable[[torch.Tensor], torch.Tensor] | None:
+        """The MLM head as ``hidden (..., H) -> logits (..., V)`` where it reads each position alone from the base
+        model's ``last_hidden_state``; None (the whole model runs) otherwise."""
+        if self.adapter.head_mixes_positions or getattr(self.model, "base_model", None) is not self.base:
+            return None
+        if self.base is self.model:
+            return None
+        try:
+            return self.adapter.head.function(self.model)
+        except LookupError:
+            return None
 
     # ------------------------------------------------------------------ site hooks
     def _on_site(self, site: str, hidden: torch.Tensor) -> None:
