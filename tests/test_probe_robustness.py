@@ -185,3 +185,18 @@ def test_the_plans_rule_calls_a_drop_only_when_both_families_agree():
     sign_at_1500 = [_row("logistic", "1500", 0.001, -0.01, 0.01), *drop[1:]]
     assert verdict(pd.DataFrame(sign_at_1500), families, sizes) == "no drop"
     assert verdict(pd.DataFrame(drop[:2]), families, sizes) == "undecided (missing mlp-all, mlp-1500)"
+
+
+def test_probe_figures_name_the_family_in_their_title():
+    from pathlib import Path
+
+    from gradflow.analysis.probe_tables import load_probe_dirs
+    from gradflow.figures.probes import probe_family_words
+
+    root = Path(__file__).resolve().parents[1] / "figures" / "probes" / "robustness"
+    mlp, logistic = root / "mini-en-brown-pos-mlp-300", root / "mini-en-brown-pos-logistic-300"
+    assert load_probe_dirs([mlp, logistic]).families == ("mlp", "logistic")
+    assert probe_family_words(load_probe_dirs([mlp]).families) == "MLP probes"
+    assert probe_family_words(load_probe_dirs([logistic]).families) == "linear probes"
+    assert probe_family_words(("mlp", "logistic")) == "probes (MLP, linear)"
+    assert probe_family_words(()) == "linear probes"  # a run from before the option: logistic

@@ -26,12 +26,14 @@ from gradflow.schema import (
 @dataclass(frozen=True)
 class ProbeTables:
     """Probe rows and last-layer drops of one or more probe directories, each row labelled ``label``;
-    ``labels`` holds each directory's label in the order given."""
+    ``labels`` holds each directory's label in the order given, ``families`` its probe family
+    (``"logistic"`` or ``"mlp"``, from ``meta.json``'s options; ``"logistic"`` where a run predates the option)."""
 
     probes: pd.DataFrame
     drops: pd.DataFrame
     incomplete: tuple[str, ...]
     labels: tuple[str, ...] = ()
+    families: tuple[str, ...] = ()
 
 
 def is_probe_dir(path: str | Path) -> bool:
@@ -46,7 +48,7 @@ def load_probe_dirs(paths: Sequence[str | Path], labels: Sequence[str] | None = 
     """
     if labels is not None and len(labels) != len(paths):
         raise UsageError(f"{len(labels)} labels for {len(paths)} probe directories; give one label per directory")
-    probes, drops, incomplete, names = [], [], [], []
+    probes, drops, incomplete, names, families = [], [], [], [], []
     for k, path in enumerate(paths):
         path = Path(path)
         if not is_probe_dir(path):
@@ -65,8 +67,9 @@ def load_probe_dirs(paths: Sequence[str | Path], labels: Sequence[str] | None = 
         meta = json.loads(meta_path.read_text(encoding="utf-8")) if meta_path.is_file() else {}
         if not meta.get("complete", False):
             incomplete.append(label)
+        families.append(str(meta.get("options", {}).get("probe", "logistic")))
     return ProbeTables(pd.concat(probes, ignore_index=True), pd.concat(drops, ignore_index=True), tuple(incomplete),
-                       tuple(names))
+                       tuple(names), tuple(families))
 
 
 @dataclass(frozen=True)

@@ -91,6 +91,17 @@ def probe_panels(frame: pd.DataFrame, axes: Sequence[Axes] | None = None, width:
     return [*drawn, legend]
 
 
+PROBE_FAMILY_WORDS = {"logistic": "linear probes", "mlp": "MLP probes"}
+
+
+def probe_family_words(families: Sequence[str]) -> str:
+    """The figure title's name for probes of ``families`` (one per directory): ``"linear probes"``,
+    ``"MLP probes"``, or ``"probes (linear, MLP)"`` for a mix."""
+    names = sorted({PROBE_FAMILY_WORDS.get(f, f"{f} probes") for f in families or ("logistic",)})
+    if len(names) == 1:
+        return names[0]
+    return "probes (" + ", ".join(n.removesuffix(" probes") for n in names) + ")"
+
 
 def write_probe_figures(probe_dirs: Sequence[str | Path], labels: Sequence[str] | None, out_dir: str | Path,
                         formats: Sequence[str] = ("pdf", "png"), width: str | float = DEFAULT_WIDTH) -> list[Path]:
@@ -102,7 +113,7 @@ def write_probe_figures(probe_dirs: Sequence[str | Path], labels: Sequence[str] 
     paths: list[Path] = []
     for task, frame in tables.probes.groupby("task", sort=True):
         with gradflow_style(width):
-            artists = probe_panels(frame, width=width, title=f"linear probes: {task}")
+            artists = probe_panels(frame, width=width, title=f"{probe_family_words(tables.families)}: {task}")
             fig = artists[0].figure
             if tables.incomplete:
                 add_banner(fig, f"incomplete: {', '.join(tables.incomplete)}")
@@ -115,4 +126,4 @@ def write_probe_figures(probe_dirs: Sequence[str | Path], labels: Sequence[str] 
     return paths
 
 
-__all__ = ["probe_panels", "write_probe_figures"]
+__all__ = ["probe_family_words", "probe_panels", "write_probe_figures"]
