@@ -56,6 +56,15 @@ def in_safe_range(*norms: torch.Tensor) -> bool:
     return True
 
 
+def unsafe_rows(*norms: torch.Tensor) -> torch.Tensor:
+    """(N,) bool: the rows where any of the (N,) ``norms`` is nonzero and outside [SAFE_MIN, SAFE_MAX]
+    (a set of rows is :func:`in_safe_range` exactly when none of them is flagged here)."""
+    flagged = torch.zeros(norms[0].shape, dtype=torch.bool, device=norms[0].device)
+    for values in norms:
+        flagged |= (values != 0) & ((values < SAFE_MIN) | ~(values <= SAFE_MAX))
+    return flagged
+
+
 def gram_float64(gr: torch.Tensor, xr: torch.Tensor) -> torch.Tensor:
     """``||gr^T xr||_F^2`` as ``<gr gr^T, xr xr^T>``, all in float64 (for rows of extreme magnitude)."""
     g64, x64 = gr.double(), xr.double()

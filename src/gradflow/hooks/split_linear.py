@@ -30,11 +30,15 @@ from torch import nn
 class DirectSplit:
     """The rows of one Linear call's weight gradient: ``big`` (n_big,) and ``rest`` (n_rest,) indices
     into the call's B * T rows (together every row once); ``finish`` takes ``G_big`` (D_out, D_in), or
-    None when no weight gradient was computed, and stores the statistics."""
+    None when no weight gradient was computed, and stores the statistics. ``rest_grad`` (n_rest, D_out)
+    and ``rest_input`` (n_rest, D_in): the ``rest`` rows of the output gradient and the input, when the
+    statistics already gathered them (None: the backward gathers them)."""
 
     big: torch.Tensor
     rest: torch.Tensor
     finish: Callable[[torch.Tensor | None], None]
+    rest_grad: torch.Tensor | None = None
+    rest_input: torch.Tensor | None = None
 
 
 WeightSplit = Callable[[nn.Parameter], "DirectSplit | None"]
@@ -70,7 +74,10 @@ class RoleSplitLinear(torch.autograd.Function):
                 grad_w = g2.index_select(0, split.big).T @ x2.index_select(0, split.big)
                 split.finish(grad_w)
                 if split.rest.numel():
-                    grad_w.addmm_(g2.index_select(0, split.rest).T, x2.index_select(0, split.rest))
+                    g_rest, x_rest = split.rest_grad, split.rest_input
+                    if g_rest is None or x_rest is None:
+                        g_rest, x_rest = g2.index_select(0, split.rest), x2.index_select(0, split.rest)
+                    grad_w.addmm_(g_rest.T, x_rest)
         grad_b = g2.sum(dim=0) if ctx.has_bias and ctx.needs_input_grad[2] else None
         return grad_x, grad_w, grad_b, None, None, None
 

@@ -35,7 +35,7 @@ from torch import nn
 from gradflow.adapters.base import SublayerSpec
 from gradflow.adapters.norms import splittable, unit_affine
 from gradflow.hooks.batch_state import BatchState, RolePartition
-from gradflow.hooks.safe_norms import gram_float64, in_safe_range, safe_norm
+from gradflow.hooks.safe_norms import gram_float64, safe_norm, unsafe_rows
 from gradflow.hooks.split_linear import DirectSplit
 from gradflow.roles import ALL_ROLES, NUM_ROLES, Role
 
@@ -108,6 +108,7 @@ def _linear_stats(state: BatchState, depth: int, mod: nn.Linear, entries: list[S
     direct = direct and x2.dtype == g2.dtype == torch.float32 and not state.config.materialize
     x_gram: dict[int, torch.Tensor] = {}  # role code -> Gram matrix of its x rows (shared by the entries)
     pending: list[tuple] = []
+    rest_rows: tuple = (None, None)  # the whole output's rest rows of g and x: the backward's second product's
     for entry in entries:
         g = g2 if entry.chunk is None else _rows(g2, entry.chunk, entry.groups)
         d_out, d_in = g.shape[1], x2.shape[1]
@@ -117,6 +118,8 @@ def _linear_stats(state: BatchState, depth: int, mod: nn.Linear, entries: list[S
         contributes = g_nonzero & x_nonzero  # g_t x_t^T has a nonzero element
         n_contributing = _scatter(contributes.float(), part.codes).tolist()
         gs = g.index_select(0, rest).float()
+        flagged = unsafe_rows(gn, xn, mag)  # roles with such a row take the float64 Gram
+        unsafe_roles = set(part.codes[flagged].tolist()) if bool(flagged.any()) else set()
         norms = torch.zeros(NUM_ROLES)
         deferred = False
         for code in range(NUM_ROLES):
@@ -139,7 +142,7 @@ def _linear_stats(state: BatchState, depth: int, mod: nn.Linear, entries: list[S
                 state.matrices[(depth, entry.name, "weight", ALL_ROLES[code])] = matrix.cpu()
                 norms[code] = float(safe_norm(matrix, dim=(-2, -1)))
             elif gram_cheaper:
-                if in_safe_range(gn[idx], xn[idx], mag[idx]):
+                if code not in unsafe_roles:
                     if code not in x_gram:
                         x_gram[code] = xr @ xr.T
                     gram = ((gr @ gr.T) * x_gram[code]).sum(dtype=torch.float64)
@@ -150,6 +153,8 @@ def _linear_stats(state: BatchState, depth: int, mod: nn.Linear, entries: list[S
                 norms[code] = float(safe_norm(gr.T @ xr, dim=(-2, -1)))
         if deferred:
             pending.append((entry, g, mag, contributes, norms))
+            if entry.chunk is None:
+                rest_rows = (gs, xs)
         else:
             _store(state, depth, entry.name, "weight", part.codes, part.counts, mag, contributes, norms)
         if mod.bias is not None or entry.outside_bias:
@@ -164,7 +169,7 @@ def _linear_stats(state: BatchState, depth: int, mod: nn.Linear, entries: list[S
         def finish(big_product: torch.Tensor | None) -> None:
             _finish_big_role(state, depth, part, big, x2, pending, big_product)
 
-        state.deferred[id(mod.weight)] = DirectSplit(part.index[big], rest, finish)
+        state.deferred[id(mod.weight)] = DirectSplit(part.index[big], rest, finish, *rest_rows)
 
 
 def _finish_big_role(state: BatchState, depth: int, part: RolePartition, big: int, x2: torch.Tensor,
