@@ -134,3 +134,14 @@ def test_huge_gradients_do_not_overflow_the_norms(bert, runs):
         slack = 1e-7 * HUGE * torch.tensor(a.magnitude_sum.values, dtype=torch.float64)
         assert torch.isfinite(got).all(), column
         assert torch.all((got - want).abs() <= 1e-5 * want + slack), column
+
+
+def test_unsafe_rows_flags_exactly_the_rows_outside_the_safe_range():
+    from gradflow.hooks.safe_norms import SAFE_MAX, SAFE_MIN, unsafe_rows
+
+    inf, nan = float("inf"), float("nan")
+    g = torch.tensor([0.0, 1.0, SAFE_MIN, SAFE_MIN / 2, SAFE_MAX, SAFE_MAX * 2, inf, nan, 1.0, 1.0])
+    x = torch.tensor([5.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, SAFE_MIN / 4, 0.0])
+    flagged = unsafe_rows(g, x, g * x)
+    # zero is safe (it contributes nothing); the bounds are inclusive; tiny, huge, inf and NaN are not
+    assert flagged.tolist() == [False, False, False, True, False, True, True, True, True, False]

@@ -20,14 +20,12 @@ class RolePartition:
     """The positions of a (B, T) batch flattened to B * T rows, split by role.
 
     ``codes``: (B * T,) long role code per row; ``index``: NUM_ROLES tensors of row indices;
-    ``counts``: (NUM_ROLES,) long number of rows per role; ``onehot``: (NUM_ROLES, B * T) float32
-    indicator of each row's role (per-role sums as one matrix product).
+    ``counts``: (NUM_ROLES,) long number of rows per role.
     """
 
     codes: torch.Tensor
     index: list[torch.Tensor]
     counts: torch.Tensor
-    onehot: torch.Tensor
 
     @classmethod
     def of_roles(cls, roles: torch.Tensor) -> "RolePartition":
@@ -38,8 +36,7 @@ class RolePartition:
     def of_codes(cls, flat: torch.Tensor) -> "RolePartition":
         """The partition of (N,) long role codes."""
         index = [torch.nonzero(flat == code).squeeze(1) for code in range(NUM_ROLES)]
-        onehot = torch.nn.functional.one_hot(flat, NUM_ROLES).T.to(torch.float32).contiguous()
-        return cls(flat, index, torch.bincount(flat, minlength=NUM_ROLES), onehot)
+        return cls(flat, index, torch.bincount(flat, minlength=NUM_ROLES))
 
 
 @dataclass

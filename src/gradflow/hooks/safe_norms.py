@@ -43,22 +43,10 @@ def safe_norm(x: torch.Tensor, dim: int | tuple[int, ...]) -> torch.Tensor:
     return norm
 
 
-def in_safe_range(*norms: torch.Tensor) -> bool:
-    """Whether every nonzero entry of ``norms`` lies in [SAFE_MIN, SAFE_MAX].
-
-    For the Gram identity, with the row norms of g, x and their products in that range, every
-    float32 product of two rows stays far inside the float32 range.
-    """
-    for values in norms:
-        nonzero = values[values != 0]
-        if bool(((nonzero < SAFE_MIN) | ~(nonzero <= SAFE_MAX)).any()):
-            return False
-    return True
-
-
 def unsafe_rows(*norms: torch.Tensor) -> torch.Tensor:
-    """(N,) bool: the rows where any of the (N,) ``norms`` is nonzero and outside [SAFE_MIN, SAFE_MAX]
-    (a set of rows is :func:`in_safe_range` exactly when none of them is flagged here)."""
+    """(N,) bool: the rows where any of the (N,) ``norms`` is nonzero and outside [SAFE_MIN, SAFE_MAX] (NaN
+    included). For the Gram identity, with no such row among a role's rows of g, x and their products,
+    every float32 product of two rows stays far inside the float32 range."""
     flagged = torch.zeros(norms[0].shape, dtype=torch.bool, device=norms[0].device)
     for values in norms:
         flagged |= (values != 0) & ((values < SAFE_MIN) | ~(values <= SAFE_MAX))

@@ -188,12 +188,10 @@ def _finish_big_role(state: BatchState, depth: int, part: RolePartition, big: in
 
 
 def _role_sums(values: torch.Tensor, part: RolePartition) -> torch.Tensor:
-    """(NUM_ROLES, D) float32 sums of (N, D) ``values`` per role: one product with the role indicator
-    (a role whose rows are all zero gets exactly zero), or row by row if that is not finite (0 * inf)."""
-    sums = part.onehot @ values.float()
-    if not bool(torch.isfinite(sums).all()):
-        sums = torch.zeros_like(sums).index_add_(0, part.codes, values.float())
-    return sums
+    """(NUM_ROLES, D) float32 sums of (N, D) ``values`` per role, row by row (``index_add_``: a role whose rows
+    are all zero gets exactly zero; 3-5x faster than a product with the role indicator on a CPU)."""
+    sums = torch.zeros(NUM_ROLES, values.shape[-1], dtype=torch.float32, device=values.device)
+    return sums.index_add_(0, part.codes, values.float())
 
 
 def _norm_stats(state: BatchState, depth: int, mod: nn.Module, entries: list[SublayerEntry], x: torch.Tensor,
