@@ -108,7 +108,7 @@ def _linear_stats(state: BatchState, depth: int, mod: nn.Linear, entries: list[S
     direct = direct and x2.dtype == g2.dtype == torch.float32 and not state.config.materialize
     x_gram: dict[int, torch.Tensor] = {}  # role code -> Gram matrix of its x rows (shared by the entries)
     pending: list[tuple] = []
-    rest_rows: tuple = (None, None)  # the whole output's rest rows of g and x: the backward's second product's
+    rest_rows: tuple = (None, None)  # the whole output's rest rows of g and x, for the backward's second product
     for entry in entries:
         g = g2 if entry.chunk is None else _rows(g2, entry.chunk, entry.groups)
         d_out, d_in = g.shape[1], x2.shape[1]
