@@ -11,17 +11,20 @@ B=8, T=128 by default), the median over interleaved rounds of:
   each block's mid point and output), then the per-position norms of its gradients and outputs: the
   same numbers as record-norms, the way a Captum user gets them
 
-and each one's ratio to bare, with the CPU time ratio beside it; then the peak-memory ratio of each
-mode, each measured in a fresh subprocess (CPU: peak RSS above the loaded model; CUDA:
-``max_memory_allocated``). Targets (issue 29): full <= 1.10x, record-full <= 1.0x, record-norms <=
-captum-norms, memory <= 1.10x. Not a test: numbers are printed, never asserted.
+and each one's ratio to bare (``ratio``: of the medians; ``paired``: the median over rounds of the ratio
+to the same round's bare step, less sensitive to a host whose speed drifts; each mode's sample: the mean
+of ``--steps`` steps after one untimed step of the same mode), with the CPU time ratio beside it; then
+the peak-memory ratio of each mode, each measured in a fresh subprocess (CPU: peak RSS above the loaded
+model; CUDA: ``max_memory_allocated``). Targets (issue 29): full <= 1.10x, record-full <= 1.0x,
+record-norms <= captum-norms, memory <= 1.10x. Not a test: numbers are printed, never asserted.
 
-    python benchmarks/bench_recorder.py [--rounds 5] [--device cpu|cuda] [--layers 12] [--threads 2]
+    python benchmarks/bench_recorder.py [--rounds 5] [--steps 3] [--device cpu|cuda] [--layers 12] [--threads 2]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -101,7 +104,9 @@ def sync(device: str) -> None:
 
 
 def timing(args) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
-    """Per mode, the wall and CPU seconds of each round."""
+    """Per mode, the wall and CPU seconds per step of each round: every mode alike takes one untimed step,
+    then ``args.steps`` timed steps whose mean is the round's sample (one step alone varies by several
+    percent on a shared 2-core machine; the mean of a few does not)."""
     model = build(args.layers, args.device)
     batch = make_batch(args.batch, args.length, model.config.vocab_size, args.device)
     times = {m: [] for m in MODES}
@@ -113,21 +118,17 @@ def timing(args) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
     for round_ in range(args.rounds):
         order = MODES if round_ % 2 == 0 else tuple(reversed(MODES))
         for mode in order:
-            recorder = full if "full" in mode else norms if "norms" in mode else None
-            if recorder is None:
+            recorder = full if "full" in mode else norms if "norms" in mode and mode != "captum-norms" else None
+            with recorder if recorder is not None else contextlib.nullcontext():
+                recorders = {"norms": recorder, "full": recorder}
+                step(mode, model, batch, recorders)  # warm this mode's paths
                 sync(args.device)
                 t0, c0 = time.perf_counter(), time.process_time()
-                step(mode, model, batch, {})
+                for _ in range(args.steps):
+                    step(mode, model, batch, recorders)
                 sync(args.device)
-            else:
-                with recorder:
-                    step(mode, model, batch, {"norms": recorder, "full": recorder})  # warm the hooks' paths
-                    sync(args.device)
-                    t0, c0 = time.perf_counter(), time.process_time()
-                    step(mode, model, batch, {"norms": recorder, "full": recorder})
-                    sync(args.device)
-            times[mode].append(time.perf_counter() - t0)
-            cpu[mode].append(time.process_time() - c0)
+            times[mode].append((time.perf_counter() - t0) / args.steps)
+            cpu[mode].append((time.process_time() - c0) / args.steps)
     return times, cpu
 
 
@@ -168,6 +169,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--steps", type=int, default=3, help="timed steps per mode and round (their mean is the sample)")
     p.add_argument("--layers", type=int, default=12)
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--length", type=int, default=128)
@@ -186,12 +188,13 @@ def main() -> None:
           f"torch={torch.__version__} load={os.getloadavg()[0]:.2f}")
     times, cpu = timing(args)
     bare, bare_cpu = statistics.median(times["bare"]), statistics.median(cpu["bare"])
-    print(f"{'mode':<14}{'median s':>10}{'ratio':>8}{'min':>8}{'max':>8}{'cpu ratio':>11}   "
-          f"(interleaved, {args.rounds} rounds)")
+    print(f"{'mode':<14}{'median s':>10}{'ratio':>8}{'min':>8}{'max':>8}{'paired':>8}{'cpu ratio':>11}   "
+          f"(interleaved, {args.rounds} rounds of {args.steps} steps)")
     for mode in MODES:
         med = statistics.median(times[mode])
+        paired = statistics.median(t / b for t, b in zip(times[mode], times["bare"]))  # same round's bare
         print(f"{mode:<14}{med:>10.3f}{med / bare:>8.3f}{min(times[mode]) / bare:>8.3f}{max(times[mode]) / bare:>8.3f}"
-              f"{statistics.median(cpu[mode]) / bare_cpu:>11.3f}")
+              f"{paired:>8.3f}{statistics.median(cpu[mode]) / bare_cpu:>11.3f}")
     print(f"load={os.getloadavg()[0]:.2f} after timing")
     peaks = {}
     for mode in MODES:

@@ -8,6 +8,8 @@ the plain float32 result wherever it is safe (so ordinary magnitudes give the sa
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 # Float32 squares below ~1e-38 are subnormal (imprecise) or flushed to 0. A norm of at least 1e-15
@@ -29,11 +31,18 @@ def safe_norm(x: torch.Tensor, dim: int | tuple[int, ...]) -> torch.Tensor:
     the elements, never from a float32 norm).
     """
     norm = torch.linalg.vector_norm(x, dim=dim, dtype=torch.float32)
+    if norm.dim() == 0:  # one matrix: one sync decides
+        value = float(norm)
+        if value >= SAFE_MIN and value != math.inf:
+            return norm
+        return torch.linalg.vector_norm(x.double(), dim=dim).float()
+    if norm.numel():
+        low, high = (float(v) for v in torch.aminmax(norm))  # NaN fails the test below, as it should
+        if low >= SAFE_MIN and high != math.inf:
+            return norm
     unsafe = ~(norm >= SAFE_MIN) | torch.isinf(norm)
     if not bool(unsafe.any()):
         return norm
-    if norm.dim() == 0:  # one matrix
-        return torch.linalg.vector_norm(x.double(), dim=dim).float()
     rows = x[unsafe]  # (k, d): the unsafe rows only
     live = rows.any(dim=-1)
     if bool(live.any()):
