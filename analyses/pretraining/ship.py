@@ -30,9 +30,11 @@ def ship(build: Path, dest: Path) -> None:
             shutil.copy(src / f, out / f)
 
 
-def curves(dest: Path, figures: Path) -> pd.DataFrame:
+def curves(dest: Path, figures: Path, names: tuple[str, ...] = NAMES) -> pd.DataFrame:
+    """The shipped models' training logs as one table (``model`` first), also written to
+    ``figures/pretraining_curves.csv``."""
     frames = []
-    for name in NAMES:
+    for name in names:
         log = pd.read_csv(dest / name / "training_log.csv")
         log.insert(0, "model", name)
         frames.append(log)
@@ -42,7 +44,8 @@ def curves(dest: Path, figures: Path) -> pd.DataFrame:
     return table
 
 
-def draw(table: pd.DataFrame, figures: Path) -> None:
+def draw(table: pd.DataFrame, figures: Path, names: tuple[str, ...] = NAMES) -> None:
+    """Loss and held-out top-1 against training tokens, one colour per model: ``figures/pretraining_curves``."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -53,7 +56,7 @@ def draw(table: pd.DataFrame, figures: Path) -> None:
 
     with figure_style("double"):
         fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(7.0, 2.4))
-        for name, colour in zip(NAMES, ("#4477AA", "#EE6677")):
+        for name, colour in zip(names, ("#4477AA", "#EE6677")):
             rows = table[table.model == name]
             smooth = rows.train_loss.rolling(25, min_periods=1).mean()
             ax_loss.plot(rows.tokens / 1e6, smooth, color=colour, label=f"{name} (train, 25-step mean)")

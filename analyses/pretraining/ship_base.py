@@ -1,0 +1,165 @@
+"""Ship models trained with the resumable recipe (``pretrain_base``) into the package, with cards and curves.
+
+    python -m analyses.pretraining.ship_base --run build/gradflow-mini12-en \\
+        --run build/gradflow-mini12-en-alltoken --figures figures/twelve-blocks
+
+For each finished run (``<run>/model`` and ``<run>/meta.json`` with ``final``; the model's name is the run
+folder's name):
+
+1. ``src/gradflow/models/<name>/``: ``config.json`` and ``model.safetensors`` in float16 (safetensors only),
+   the tokenizer files, ``training_log.csv`` (the run's curve) and ``recipe.json`` (the card below);
+2. held-out top-1 at the selected positions, of the float16 weights as gradflow loads them: on the corpus's
+   test split (``test.txt``, the recipe's fixed BERT masking, ``--test-windows`` windows, seed 0) and on the
+   committed sample (:func:`gradflow.runs.evaluation.mlm_accuracy`, gradflow's own masking, seed 0);
+3. ``<figures>/pretraining_curves.{pdf,png,csv}`` (:mod:`analyses.pretraining.ship`'s figure) and
+   ``<figures>/cards.md``: per model shape, data, tokens seen, wall time, validation and held-out top-1.
+
+A run that has not finished is refused with what is missing; nothing is written for any model then.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForMaskedLM, BertTokenizerFast
+
+from analyses.pretraining.recipe.config import RunConfig
+from analyses.pretraining.recipe.data import SpecialIds, load_windows, validation_batches
+from analyses.pretraining.recipe.train import evaluate
+from analyses.pretraining.ship import curves, draw
+from analyses.twelve_blocks.snapshot import read_run
+from gradflow.errors import UsageError
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGE_MODELS = ROOT / "src" / "gradflow" / "models"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
+
+
+@dataclass(frozen=True)
+class HeldOut:
+    """Top-1 at the selected positions: the corpus's test split and the committed sample (counts of positions)."""
+
+    test_top1: float
+    test_loss: float
+    test_positions: int
+    sample_top1: float
+    sample_positions: int
+
+
+def finished_run(run: Path) -> dict:
+    """The run's ``meta.json``, checked to describe a finished run with its final model folder."""
+    meta_file = run / "meta.json"
+    if not meta_file.is_file():
+        raise UsageError(f"{run} has no meta.json: pass a folder written by analyses.pretraining.pretrain_base")
+    meta = json.loads(meta_file.read_text())
+    if not meta.get("final") or not (run / "model" / "config.json").is_file():
+        raise UsageError(f"{run} has not finished training (no final model in {run / 'model'}): rerun its "
+                         "pretrain_base command until it prints 'done'")
+    return meta
+
+
+def write_float16(run: Path, dest: Path) -> None:
+    """``<run>/model`` (float32) as float16 safetensors with its tokenizer files into ``dest``."""
+    model = AutoModelForMaskedLM.from_pretrained(run / "model", dtype=torch.float32, trust_remote_code=False)
+    dest.mkdir(parents=True, exist_ok=True)
+    model.half().save_pretrained(dest, safe_serialization=True)
+    for name in TOKENIZER_FILES:
+        if (run / "model" / name).is_file():
+            shutil.copy(run / "model" / name, dest / name)
+    shutil.copy(run / "training_log.csv", dest / "training_log.csv")
+
+
+def held_out(dest: Path, cfg: RunConfig, test_windows: int, cache: Path, sample_limit: int | None = None) -> HeldOut:
+    """:class:`HeldOut` of the shipped model in ``dest`` (loaded as gradflow loads it, float32 compute);
+    ``sample_limit``: score only that many windows of the committed sample (None: all)."""
+    from gradflow.models import load_model
+    from gradflow.runs.evaluation import mlm_accuracy
+    from gradflow.runs.record import default_texts
+
+    loaded = load_model(str(dest))
+    tokenizer = BertTokenizerFast.from_pretrained(dest)
+    windows = load_windows(tokenizer, Path(cfg.corpus) / "test.txt", cfg.max_len, cache)
+    batches = validation_batches(windows, test_windows, cfg.seed, SpecialIds.of(tokenizer))
+    eval_cfg = RunConfig(corpus=cfg.corpus, out=cfg.out, device="cpu", dtype="float32")
+    test = evaluate(loaded.model, batches, eval_cfg)
+    loaded.model.eval()
+    sample = mlm_accuracy(loaded, default_texts(), max_length=min(128, loaded.max_positions()), limit=sample_limit)
+    return HeldOut(test["valid_top1"], test["valid_loss"], test["valid_positions"], sample.top1, sample.positions)
+
+
+def card(run: Path, meta: dict, scores: HeldOut) -> dict:
+    """recipe.json: the run's settings and provenance, what it saw and took, and its scores."""
+    cfg = meta["config"]
+    log = (run / "training_log.csv").read_text().strip().splitlines()
+    wall_s = float(log[-1].split(",")[log[0].split(",").index("elapsed_s")])
+    return {"config": cfg, "shape": {k: cfg[k] for k in ("layers", "hidden", "heads", "ffn", "max_len")},
+            "vocab_size": meta["vocab_size"], "steps_done": meta["steps_done"], "tokens_seen": meta["tokens_seen"],
+            "wall_s": round(wall_s, 1), "threads": cfg.get("threads"), "final": meta["final"],
+            "held_out": scores.__dict__, "versions": meta["versions"], "tokenizer_sha256": meta["tokenizer_sha256"],
+            "command_line": meta["command_line"]}
+
+
+def cards_markdown(cards: dict[str, dict]) -> str:
+    """One table row per shipped model."""
+    lines = ["| model | loss | layers x hidden (heads, FFN) | steps | tokens seen | CPU wall time | validation "
+             "top-1 | test-split top-1 | committed-sample top-1 |", "|---|---|---|---|---|---|---|---|---|"]
+    for name, c in cards.items():
+        s, h = c["shape"], c["held_out"]
+        lines.append(f"| `{name}` | {c['config']['loss']} | {s['layers']} x {s['hidden']} ({s['heads']}, {s['ffn']}) "
+                     f"| {c['steps_done']:,} | {c['tokens_seen'] / 1e6:.1f} M | {c['wall_s'] / 3600:.2f} h "
+                     f"({c['threads']} threads) | {c['final']['valid_top1']:.4f} | {h['test_top1']:.4f} "
+                     f"({h['test_positions']:,} positions) | {h['sample_top1']:.4f} ({h['sample_positions']:,}) |")
+    return "\n".join(lines) + "\n"
+
+
+def ship(runs: list[Path], package: Path, figures: Path, test_windows: int, sample_limit: int | None = None
+         ) -> dict[str, dict]:
+    """Ship every run (all checked first); returns the cards by model name."""
+    metas = {run: finished_run(run) for run in runs}
+    cards = {}
+    for run, meta in metas.items():
+        dest = package / run.name
+        write_float16(run, dest)
+        cfg = read_run(run).config
+        scores = held_out(dest, cfg, test_windows, run / "cache", sample_limit)
+        cards[run.name] = card(run, meta, scores)
+        (dest / "recipe.json").write_text(json.dumps(cards[run.name], indent=2) + "\n")
+    names = tuple(cards)
+    draw(curves(package, figures, names), figures, names)
+    (figures / "cards.md").write_text(cards_markdown(cards))
+    return cards
+
+
+def check_float16(dest: Path) -> None:
+    """Every tensor of ``dest/model.safetensors`` is float16 (raises AssertionError otherwise)."""
+    bad = [k for k, v in load_file(dest / "model.safetensors").items() if v.dtype != torch.float16]
+    assert not bad, f"not float16: {bad[:5]}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--run", type=Path, action="append", required=True, help="a finished pretrain_base run folder")
+    parser.add_argument("--figures", type=Path, default=ROOT / "figures" / "twelve-blocks")
+    parser.add_argument("--package", type=Path, default=PACKAGE_MODELS, help="where the models go")
+    parser.add_argument("--test-windows", type=int, default=1024, help="test-split windows scored")
+    parser.add_argument("--sample-limit", type=int, default=None, help="committed-sample windows scored (all)")
+    args = parser.parse_args(argv)
+    try:
+        cards = ship(args.run, args.package, args.figures, args.test_windows, args.sample_limit)
+    except UsageError as err:
+        print(f"error: {err}")
+        return 2
+    for name, c in cards.items():
+        check_float16(args.package / name)
+        print(name, json.dumps(c["held_out"]))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
