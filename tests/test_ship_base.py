@@ -105,3 +105,13 @@ def test_an_unfinished_run_is_refused_with_what_to_do(shipped: dict, tmp_path: P
     assert not (tmp_path / "package").exists()  # nothing written for any model
     with pytest.raises(UsageError, match="no meta.json"):
         ship_base.finished_run(tmp_path)
+
+
+def test_a_shipped_recipe_run_reproduces_its_log(shipped: dict, capsys: pytest.CaptureFixture) -> None:
+    """check_reproduce re-trains the first steps from the card and gets the shipped losses bit for bit."""
+    from analyses.pretraining import check_reproduce
+
+    code = check_reproduce.main(["--model", "tiny-mlm", "--package", str(shipped["package"]), "--steps", "5",
+                                 "--corpus", str(shipped["corpus"]), "--rtol", "0"])
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert code == 0 and report["steps_compared"] == 5 and report["bit_identical"], report
