@@ -16,9 +16,11 @@ and seed:
 
 ``repair1`` is ``build/mini-repaired/model`` (made by ``gradflow repair`` with its defaults when
 missing). Runs are resumable (``grid.run_grid``); ``--seeds 0`` is the budget-measuring first slice.
-Outputs under ``figures/finetune/issue15/<regime>/``.
+Outputs under ``figures/finetune/issue15/<regime>/``. ``--pair mini12-en`` runs the same design on the
+12-block pair (issue 31, ``figures/twelve-blocks/plan.md``: regime (a), its repair in ``build/mini12-repaired``)
+into ``figures/twelve-blocks/finetune/<regime>/``.
 
-    python -m analyses.last_block_finetuning.powered_experiment --regime convergence --seeds 0   # first slice: 14 runs
+    python -m analyses.last_block_finetuning.powered_experiment --regime convergence --seeds 0   # first slice: 12 runs
     python -m analyses.last_block_finetuning.powered_experiment --regime few-sample              # all 10 seeds
 """
 
@@ -28,17 +30,40 @@ import argparse
 import itertools
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from analyses.last_block_finetuning.grid import GridRun, run_grid, write_plan
 
 ROOT = Path(__file__).resolve().parents[2]
-REPAIRED = "build/mini-repaired/model"
-REPAIRED_MLM = "build/mini-repaired-mlm/model"  # the exploratory control (deviation 3): same repair, MLM objective
-ARMS = {
-    "gradflow-mini-en": {"full": {}, "drop1": {"drop_last": 1}, "reinit1": {"reinit_last": 1},
-                         "repair1": {"model": REPAIRED}, "repair1-mlm": {"model": REPAIRED_MLM}},
-    "gradflow-mini-en-alltoken": {"full": {}, "drop1": {"drop_last": 1}, "reinit1": {"reinit_last": 1}},
+
+
+@dataclass(frozen=True)
+class Pair:
+    """An MLM model and its all-token twin, with where the MLM model's repaired copies go, the plan and the
+    default output folder of its experiment."""
+
+    mlm: str
+    twin: str
+    repaired: str  # ``gradflow repair`` with its defaults (all-positions objective): the repair1 arm
+    repaired_mlm: str  # the same repair with the MLM objective (deviation 3's exploratory control)
+    plan: str
+    out: str
+
+    def arms(self) -> dict[str, dict[str, dict]]:
+        """model -> arm -> the run config's changes."""
+        return {self.mlm: {"full": {}, "drop1": {"drop_last": 1}, "reinit1": {"reinit_last": 1},
+                           "repair1": {"model": self.repaired}, "repair1-mlm": {"model": self.repaired_mlm}},
+                self.twin: {"full": {}, "drop1": {"drop_last": 1}, "reinit1": {"reinit_last": 1}}}
+
+
+PAIRS = {
+    "mini-en": Pair("gradflow-mini-en", "gradflow-mini-en-alltoken", "build/mini-repaired/model",
+                    "build/mini-repaired-mlm/model", "figures/finetune/issue15/plan.md", "figures/finetune/issue15"),
+    # issue 31: the same experiment at twelve blocks, regime (a) only (figures/twelve-blocks/plan.md)
+    "mini12-en": Pair("gradflow-mini12-en", "gradflow-mini12-en-alltoken", "build/mini12-repaired/model",
+                      "build/mini12-repaired-mlm/model", "figures/twelve-blocks/plan.md",
+                      "figures/twelve-blocks/finetune"),
 }
 TASKS = {"brown-pos": {}, "brown-propn": {"class_weights": "balanced"}}
 # Deviation 1 of the plan (measured on the first slice, recorded in plan.md before any other seed ran): batch 8,
@@ -49,19 +74,20 @@ REGIMES = {
     "few-sample": dict(lr=5e-4, steps=120, batch_size=8, eval_every=10, eval_limit=128, test_limit=250,
                        train_limit=250, patience=3),
 }
-SECONDARY_ARMS = {("gradflow-mini-en-alltoken", "reinit1")}  # run only with --secondary
-EXPLORATORY_ARMS = {("gradflow-mini-en", "repair1-mlm")}  # run only with --exploratory (and only they)
+SECONDARY = "reinit1"  # the twin's reinit1: run only with --secondary
+EXPLORATORY = "repair1-mlm"  # the MLM model's repair1-mlm: run only with --exploratory (and only it)
 TWIN_REGIMES = ("convergence",)  # the twin enters a primary contrast only in regime (a)
 
 
 def plan(args: argparse.Namespace) -> list[GridRun]:
+    pair = PAIRS[args.pair]
     runs = []
-    for seed, task, (model, arms) in itertools.product(args.seeds, TASKS, ARMS.items()):
+    for seed, task, (model, arms) in itertools.product(args.seeds, TASKS, pair.arms().items()):
         for arm, change in arms.items():
-            if ((model, arm) in EXPLORATORY_ARMS) != args.exploratory:
+            if ((model, arm) == (pair.mlm, EXPLORATORY)) != args.exploratory:
                 continue
-            if not args.secondary and ((model, arm) in SECONDARY_ARMS or
-                                       (model != "gradflow-mini-en" and args.regime not in TWIN_REGIMES)):
+            if not args.secondary and ((model, arm) == (pair.twin, SECONDARY) or
+                                       (model != pair.mlm and args.regime not in TWIN_REGIMES)):
                 continue
             regime = {**REGIMES[args.regime], **({"train_limit": args.train_sentences}
                                                  if args.regime == "few-sample" else {})}
@@ -77,6 +103,8 @@ def plan(args: argparse.Namespace) -> list[GridRun]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--regime", choices=REGIMES, required=True)
+    parser.add_argument("--pair", choices=PAIRS, default="mini-en", help="mini-en: the 6-block pair (issue 15); "
+                        "mini12-en: the 12-block pair (issue 31, regime convergence)")
     parser.add_argument("--train-sentences", type=int, default=250, help="few-sample regime only (250 or 1000)")
     parser.add_argument("--out", type=Path, default=None, help="default figures/finetune/issue15/<regime>[-<n>]")
     parser.add_argument("--seeds", type=int, nargs="+", default=list(range(10)))
@@ -91,17 +119,18 @@ def main() -> int:
     parser.add_argument("--autocast", default=None, choices=["bfloat16"])
     parser.add_argument("--data-root", default=str(ROOT / "data/tasks"))
     args = parser.parse_args()
-    for model_dir, objective in ((REPAIRED, "all-positions"), (REPAIRED_MLM, "mlm")):
+    pair = PAIRS[args.pair]
+    for model_dir, objective in ((pair.repaired, "all-positions"), (pair.repaired_mlm, "mlm")):
         if not (ROOT / model_dir).is_dir() and (objective == "mlm") == args.exploratory:
-            subprocess.run([sys.executable, "-m", "gradflow", "repair", "--model", "gradflow-mini-en", "--objective",
+            subprocess.run([sys.executable, "-m", "gradflow", "repair", "--model", pair.mlm, "--objective",
                             objective, "--out", str(Path(model_dir).parent)], cwd=ROOT, check=True)
     if args.out is None:
         suffix = f"-{args.train_sentences}" if args.regime == "few-sample" else ""
         suffix += "-exploratory" if args.exploratory else ""
-        args.out = ROOT / "figures/finetune/issue15" / f"{args.regime}{suffix}"
+        args.out = ROOT / pair.out / f"{args.regime}{suffix}"
     runs = plan(args)
     args.out.mkdir(parents=True, exist_ok=True)
-    write_plan(runs, args.out, {"regime": args.regime, "plan": "figures/finetune/issue15/plan.md"})
+    write_plan(runs, args.out, {"regime": args.regime, "pair": args.pair, "plan": pair.plan})
     run_grid(runs, args.out, workers=args.workers)
     return 0
 

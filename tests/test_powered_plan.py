@@ -1,0 +1,37 @@
+"""The powered fine-tuning experiment's run plan (analyses/last_block_finetuning/powered_experiment.py) per pair."""
+
+from __future__ import annotations
+
+import argparse
+from collections import Counter
+
+from analyses.last_block_finetuning import powered_experiment as pe
+
+
+def plan(pair: str, regime: str = "convergence", seeds: tuple[int, ...] = tuple(range(10)), **flags: bool):
+    args = argparse.Namespace(regime=regime, seeds=list(seeds), exploratory=flags.get("exploratory", False),
+                              secondary=flags.get("secondary", False), train_sentences=250, autocast=None,
+                              data_root="data/tasks", device="cpu", pair=pair)
+    return pe.plan(args)
+
+
+def test_twelve_block_convergence_plan_is_the_pre_registered_120_runs() -> None:
+    runs = plan("mini12-en")
+    cells = Counter((r.factors["model"], r.factors["arm"]) for r in runs)
+    assert cells == {("gradflow-mini12-en", arm): 20 for arm in ("full", "drop1", "reinit1", "repair1")} | {
+        ("gradflow-mini12-en-alltoken", arm): 20 for arm in ("full", "drop1")}
+    assert len({r.run_id for r in runs}) == len(runs) == 120
+    repaired = {r.config["model"] for r in runs if r.factors["arm"] == "repair1"}
+    assert repaired == {str(pe.ROOT / "build/mini12-repaired/model")}
+    assert all(r.config["model"] == r.factors["model"] for r in runs if r.factors["arm"] != "repair1")
+    assert {r.config["lr"] for r in runs} == {1e-4} and {r.config["steps"] for r in runs} == {120}
+
+
+def test_six_block_plan_keeps_its_cells() -> None:
+    """12 runs a seed in regime (a) (mini-en 4 arms, twin 2, 2 tasks; 14 with the twin's secondary reinit1), 8 in
+    regime (b); the exploratory arm runs alone."""
+    assert len(plan("mini-en", seeds=(0,))) == 12
+    assert len(plan("mini-en", seeds=(0,), secondary=True)) == 14
+    assert len(plan("mini-en", "few-sample", seeds=(0,))) == 8
+    exploratory = plan("mini-en", seeds=(0,), exploratory=True)
+    assert {(r.factors["model"], r.factors["arm"]) for r in exploratory} == {("gradflow-mini-en", "repair1-mlm")}
