@@ -1,4 +1,5 @@
-"""Layer-wise probes of gradflow-mini-en, its all-token twin and the repaired mini-en (issue 14).
+"""Layer-wise probes of gradflow-mini-en, its all-token twin and the repaired mini-en (issue 14); ``--pair
+mini12-en``: the same for the 12-block pair (issue 31) into ``figures/twelve-blocks/probes``.
 
 Regenerates every probe number quoted in README.md:
 
@@ -32,8 +33,15 @@ import pandas as pd
 from gradflow.runs.probe_tables import write_comparison_tables, write_probe_tables
 
 ROOT = Path(__file__).resolve().parents[2]
-REPAIRED = "build/mini-repaired"
-MODELS = {"mini-en": "gradflow-mini-en", "twin": "gradflow-mini-en-alltoken", "repaired": f"{REPAIRED}/model"}
+# per pair: label -> model, the MLM model first (the baseline of every comparison), then its twin and its repair;
+# where ``gradflow repair`` writes the repair; the default output folder
+PAIRS = {
+    "mini-en": ({"mini-en": "gradflow-mini-en", "twin": "gradflow-mini-en-alltoken",
+                 "repaired": "build/mini-repaired/model"}, "figures/probes"),
+    "mini12-en": ({"mini12-en": "gradflow-mini12-en", "twin": "gradflow-mini12-en-alltoken",
+                   "repaired": "build/mini12-repaired/model"}, "figures/twelve-blocks/probes"),
+}
+MODELS = PAIRS["mini-en"][0]
 TASKS = ("brown-pos", "brown-propn")
 
 
@@ -64,7 +72,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--limit", default="600", help="sentences per split (default %(default)s)")
     parser.add_argument("--masked-limit", default="100", help="sentences per split of the masked regime runs")
-    parser.add_argument("--out", default="figures/probes")
+    parser.add_argument("--pair", choices=PAIRS, default="mini-en",
+                        help="mini-en: the 6-block pair (issue 14); mini12-en: the 12-block pair (issue 31)")
+    parser.add_argument("--out", default=None, help="default figures/probes (mini-en), figures/twelve-blocks/probes")
     parser.add_argument("--jobs", type=int, default=2, help="probe runs at a time, one thread each (default 2)")
     parser.add_argument("--no-code-length", action="store_true",
                         help="skip the online code length (accuracy and selectivity only; much faster)")
@@ -75,26 +85,29 @@ def main() -> int:
     parser.add_argument("--compare-only", action="store_true",
                         help="only compare the finished runs under --out and rewrite the tables (no probing)")
     args = parser.parse_args()
+    models, default_out = PAIRS[args.pair]
+    args.out = args.out or default_out
     if args.tables_only:
-        write_tables(args.out)
+        write_tables(args.out, models)
         return 0
     if args.compare_only:
-        compare(args.out)
-        write_tables(args.out)
+        compare(args.out, models)
+        write_tables(args.out, models)
         return 0
     start = time.monotonic()
-    if not (ROOT / REPAIRED / "model").is_dir():
-        gradflow("repair", "--model", "gradflow-mini-en", "--out", REPAIRED)
+    repaired = Path(models["repaired"]).parent
+    if not (ROOT / repaired / "model").is_dir():
+        gradflow("repair", "--model", next(iter(models.values())), "--out", str(repaired))
         print(f"repair: {time.monotonic() - start:.0f} s wall", flush=True)
     commands = []
     extra = ["--no-code-length"] if args.no_code_length else []
     if not args.no_masked:  # the slow masked runs first
-        for label in ("mini-en", "twin"):
+        for label in list(models)[:2]:
             run = f"{args.out}/runs/{label}-brown-pos-masked"
-            commands.append(["probe", "--model", MODELS[label], "--task", "brown-pos", "--masked", "--out", run,
+            commands.append(["probe", "--model", models[label], "--task", "brown-pos", "--masked", "--out", run,
                              "--limit", args.masked_limit, "--overwrite", "--quiet", "--format", "png", *extra])
     for task in TASKS:
-        for label, model in MODELS.items():
+        for label, model in models.items():
             run = f"{args.out}/runs/{label}-{task}"
             commands.append(["probe", "--model", model, "--task", task, "--out", run, "--limit", args.limit,
                              "--overwrite", "--quiet", "--format", "png", *extra])
@@ -102,9 +115,10 @@ def main() -> int:
         commands = [c for c in commands if not finished(c)]
     probes_start = time.monotonic()
     run_all(commands, args.jobs)
-    print(f"{len(commands)} probe runs, {args.jobs} at a time: {time.monotonic() - probes_start:.0f} s wall", flush=True)
-    compare(args.out)
-    write_tables(args.out)
+    elapsed = time.monotonic() - probes_start
+    print(f"{len(commands)} probe runs, {args.jobs} at a time: {elapsed:.0f} s wall", flush=True)
+    compare(args.out, models)
+    write_tables(args.out, models)
     print(f"total: {time.monotonic() - start:.0f} s wall", flush=True)
     return 0
 
@@ -115,28 +129,29 @@ def complete(run: str) -> bool:
     return meta.is_file() and bool(json.loads(meta.read_text(encoding="utf-8")).get("complete"))
 
 
-def finished_runs(out_dir: str) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
-    """(label, directory) of the finished unmasked runs (task by task) and of the finished masked runs."""
-    unmasked = [(label, f"{out_dir}/runs/{label}-{task}") for task in TASKS for label in MODELS]
-    masked = [(label, f"{out_dir}/runs/{label}-brown-pos-masked") for label in ("mini-en", "twin")]
+def finished_runs(out_dir: str, models: dict[str, str] = MODELS) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """(label, directory) of the finished unmasked runs (task by task) and of the finished masked runs (the MLM
+    model and its twin: the first two of ``models``)."""
+    unmasked = [(label, f"{out_dir}/runs/{label}-{task}") for task in TASKS for label in models]
+    masked = [(label, f"{out_dir}/runs/{label}-brown-pos-masked") for label in list(models)[:2]]
     return [r for r in unmasked if complete(r[1])], [r for r in masked if complete(r[1])]
 
 
-def compare(out_dir: str) -> None:
-    """One comparison over both tasks (a figure per task, the tables of both, mini-en the baseline of each) and
-    one of the masked runs, over the finished runs."""
-    unmasked, masked = finished_runs(out_dir)
+def compare(out_dir: str, models: dict[str, str] = MODELS) -> None:
+    """One comparison over both tasks (a figure per task, the tables of both, the MLM model the baseline of each)
+    and one of the masked runs, over the finished runs."""
+    unmasked, masked = finished_runs(out_dir, models)
     gradflow("compare", *(d for _, d in unmasked), "--labels", *(label for label, _ in unmasked), "--out", out_dir)
     if len(masked) > 1:
         gradflow("compare", *(d for _, d in masked), "--labels", *(label for label, _ in masked),
                  "--out", f"{out_dir}/masked", "--width", "single")
 
 
-def write_tables(out_dir: str) -> None:
+def write_tables(out_dir: str, models: dict[str, str] = MODELS) -> None:
     """``drops.md`` (last-layer drops), ``layers_<task>.md`` (every layer) and every ``tables.tex`` (each run's and
     each comparison's) from the finished runs."""
     out = ROOT / out_dir
-    unmasked, masked = finished_runs(out_dir)
+    unmasked, masked = finished_runs(out_dir, models)
     runs = [d for _, d in unmasked + masked]
     (out / "drops.md").write_text(drops_table(runs) + differences_table(out), encoding="utf-8")
     for run in runs:  # tables.tex of each run and of each comparison, from the committed CSVs
@@ -146,26 +161,27 @@ def write_tables(out_dir: str) -> None:
             write_comparison_tables([ROOT / d for _, d in finished], [label for label, _ in finished], folder,
                                     pd.read_csv(folder / "probe_drop_differences.csv"))
     for task in TASKS:
-        (out / f"layers_{task}.md").write_text(layers_table(out_dir, task), encoding="utf-8")
+        (out / f"layers_{task}.md").write_text(layers_table(out_dir, task, models), encoding="utf-8")
     for name in ("drops.md", *(f"layers_{task}.md" for task in TASKS)):
         print((out / name).read_text(encoding="utf-8"))
 
 
-def layers_table(out_dir: str, task: str) -> str:
+def layers_table(out_dir: str, task: str, models: dict[str, str] = MODELS) -> str:
     """Every layer of every model: test accuracy [95% CI], selectivity, online code length (kbits)."""
-    frames = {label: pd.read_csv(ROOT / run / "probes.csv") for label, run in finished_runs(out_dir)[0]
+    frames = {label: pd.read_csv(ROOT / run / "probes.csv") for label, run in finished_runs(out_dir, models)[0]
               if run.endswith(f"-{task}")}
+    first = next(iter(frames.values()))
     code = any(frame["code_length_bits"].notna().any() for frame in frames.values())  # not with --no-code-length
     columns = ("accuracy [95% CI]", "selectivity", "code (kbits)") if code else ("accuracy [95% CI]", "selectivity")
     header = "| layer | " + " | ".join(" | ".join([f"{label}: {columns[0]}", *columns[1:]]) for label in frames)
     lines = [header + " |", "|---" * (1 + len(columns) * len(frames)) + "|"]
-    for i, site in enumerate(frames["mini-en"]["site"]):
+    for i, site in enumerate(first["site"]):
         cells = []
         for frame in frames.values():
             r = frame.iloc[i]
             cells += [f"{r.accuracy:.4f} [{r.ci_low:.4f}, {r.ci_high:.4f}]", f"{r.selectivity:.3f}"]
             cells += [f"{r.code_length_bits / 1000:.2f}"] if code else []
-        lines.append(f"| {int(frames['mini-en'].iloc[i].layer)} ({site}) | " + " | ".join(cells) + " |")
+        lines.append(f"| {int(first.iloc[i].layer)} ({site}) | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -189,7 +205,7 @@ def drops_table(runs: list[str]) -> str:
 
 
 def differences_table(out: Path) -> str:
-    """Each model's last-layer accuracy drop minus mini-en's on the same words (paired CI), if compared."""
+    """Each model's last-layer accuracy drop minus the MLM model's on the same words (paired CI), if compared."""
     files = [f for f in (out / "probe_drop_differences.csv", out / "masked" / "probe_drop_differences.csv")
              if f.is_file()]
     if not files:
