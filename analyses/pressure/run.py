@@ -1,4 +1,5 @@
-"""Counterfactual context pressure of gradflow-mini-en and its all-token twin (issue 14, part 2).
+"""Counterfactual context pressure of gradflow-mini-en and its all-token twin (issue 14, part 2); ``--pair
+mini12-en``: the 12-block pair (issue 31) into ``figures/twelve-blocks/pressure``.
 
 Regenerates the pressure numbers quoted in README.md (about 3 min on 2 cores):
 
@@ -20,8 +21,11 @@ from pathlib import Path
 import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[2]
-MODELS = {"mini-en": "gradflow-mini-en", "twin": "gradflow-mini-en-alltoken"}
-OUT = "figures/pressure"  # default --out, relative to the repository root
+# per pair: label -> model (the MLM model first) and the default --out, relative to the repository root
+PAIRS = {"mini-en": ({"mini-en": "gradflow-mini-en", "twin": "gradflow-mini-en-alltoken"}, "figures/pressure"),
+         "mini12-en": ({"mini12-en": "gradflow-mini12-en", "twin": "gradflow-mini12-en-alltoken"},
+                       "figures/twelve-blocks/pressure")}
+MODELS, OUT = PAIRS["mini-en"]
 
 
 def gradflow(*args: str) -> None:
@@ -32,27 +36,34 @@ def gradflow(*args: str) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=OUT, help="relative to the repository root (default %(default)s)")
-    out_dir = parser.parse_args().out
+    parser.add_argument("--pair", choices=PAIRS, default="mini-en",
+                        help="mini-en: the 6-block pair (issue 14); mini12-en: the 12-block pair (issue 31)")
+    parser.add_argument("--out", default=None, help="relative to the repository root (default figures/pressure, "
+                        "figures/twelve-blocks/pressure)")
+    args = parser.parse_args()
+    models, default_out = PAIRS[args.pair]
+    out_dir = args.out or default_out
     out = ROOT / out_dir
     from gradflow.analysis import load_run
     from gradflow.analysis.pressure import context_pressure
     from gradflow.formatting import format_estimate
 
-    runs = {label: f"runs/pressure-{label}" for label in MODELS}
-    for label, model in MODELS.items():
+    prefix = "runs/pressure-" if args.pair == "mini-en" else f"runs/pressure-{args.pair}-"  # runs/: not committed
+    runs = {label: f"{prefix}{label}" for label in models}
+    for label, model in models.items():
         gradflow("record", "--model", model, "--loss", "all-positions", "--out", runs[label], "--overwrite", "--quiet")
     out.mkdir(parents=True, exist_ok=True)
-    gradflow("compare", *runs.values(), "--labels", *MODELS, "--out", out_dir, "--format", "pdf,png")
+    gradflow("compare", *runs.values(), "--labels", *models, "--out", out_dir, "--format", "pdf,png")
     tables = [context_pressure(load_run(ROOT / path)).assign(model=label) for label, path in runs.items()]
     frame = pd.concat(tables, ignore_index=True)
     frame.to_csv(out / "pressure.csv", index=False, float_format="%.6g")
-    last = {label: t[t["last_block"]].set_index("sublayer") for label, t in zip(MODELS, tables)}
-    lines = ["| last-block sublayer | mini-en pressure [95% CI] | mini-en vs earlier blocks | twin pressure [95% CI] | "
+    last = {label: t[t["last_block"]].set_index("sublayer") for label, t in zip(models, tables)}
+    mlm = next(iter(models))
+    lines = [f"| last-block sublayer | {mlm} pressure [95% CI] | {mlm} vs earlier blocks | twin pressure [95% CI] | "
              "twin vs earlier blocks |", "|---|---|---|---|---|"]
-    for sublayer in last["mini-en"].index:
+    for sublayer in last[mlm].index:
         cells = []
-        for label in MODELS:
+        for label in models:
             r = last[label].loc[sublayer]
             cells += [format_estimate(r.pressure, r.ci_low, r.ci_high),
                       format_estimate(r.vs_earlier, r.vs_earlier_ci_low, r.vs_earlier_ci_high)]
