@@ -61,7 +61,8 @@ def run_summaries(regime_dir: Path) -> pd.DataFrame:
     return frame.drop(columns=["steps", "values"])
 
 
-def _diff(frame: pd.DataFrame, model: str, task: str, arm: str, value: str) -> pd.Series:
+def paired_differences(frame: pd.DataFrame, model: str, task: str, arm: str, value: str) -> pd.Series:
+    """Per seed, ``value`` of ``arm`` minus ``full`` for one model and task (empty when either arm is missing)."""
     sub = frame[(frame.model == model) & (frame.task == task)].set_index(["arm", "seed"])[value]
     return (sub.loc[arm] - sub.loc["full"]).dropna() if {arm, "full"} <= set(sub.index.get_level_values(0)) \
         else pd.Series(dtype=float)
@@ -73,16 +74,23 @@ def contrasts(convergence: pd.DataFrame, few: pd.DataFrame) -> pd.DataFrame:
     for regime, frame, value in (("convergence", convergence, "auc"), ("few-sample-250", few, "test")):
         for arm in ("repair1", "drop1", "reinit1"):
             for task in METRIC:
-                d = _diff(frame, MINI, task, arm, value) if not frame.empty else pd.Series(dtype=float)
+                d = paired_differences(frame, MINI, task, arm, value) if not frame.empty else pd.Series(dtype=float)
                 rows.append({"regime": regime, "contrast": f"mini-en {arm} - full", "task": task, "value": value,
                              "diffs": d})
     for task in METRIC:
         d = pd.Series(dtype=float)
         if not convergence.empty:
-            mini, twin = _diff(convergence, MINI, task, "drop1", "auc"), _diff(convergence, TWIN, task, "drop1", "auc")
+            mini, twin = paired_differences(convergence, MINI, task, "drop1", "auc"), paired_differences(convergence, TWIN, task, "drop1", "auc")
             d = (mini - twin).dropna()
         rows.append({"regime": "convergence", "contrast": "(mini-en drop1 - full) - (twin drop1 - full)",
                      "task": task, "value": "auc", "diffs": d})
+    return tested(rows, FAMILY)
+
+
+def tested(rows: list[dict], family: int) -> pd.DataFrame:
+    """Each row with its ``diffs`` (paired differences, a Series; popped) replaced by a two-sided paired t-test
+    (mean, 95% CI, p, SD, pairs), Holm's adjustment over the rows, and for each null the minimum detectable
+    effect at 80% power at alpha 0.05 (``mde_alpha05``) and 0.05 / ``family`` (``mde_bonferroni``)."""
     out = []
     for row in rows:
         d = row.pop("diffs").to_numpy()
@@ -96,7 +104,7 @@ def contrasts(convergence: pd.DataFrame, few: pd.DataFrame) -> pd.DataFrame:
     table = pd.DataFrame(out)
     table["p_holm"] = holm(table["p"].to_numpy())
     table["significant"] = table["p_holm"] < 0.05
-    for alpha, name in ((0.05, "mde_alpha05"), (0.05 / FAMILY, "mde_bonferroni")):
+    for alpha, name in ((0.05, "mde_alpha05"), (0.05 / family, "mde_bonferroni")):
         table[name] = [minimum_detectable_effect(r.sd, r.n_pairs, alpha) if r.n_pairs >= 2 and not r.significant
                        else math.nan for r in table.itertuples()]
     return table
@@ -151,11 +159,12 @@ def exploratory(convergence: pd.DataFrame, extra: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _interval(r) -> str:
+def interval(r) -> str:
+    """``+mean [+low, +high]`` of a row with ``mean``, ``ci_low`` and ``ci_high``."""
     return f"{r.mean:+.4f} [{r.ci_low:+.4f}, {r.ci_high:+.4f}]"
 
 
-def _write_markdown(path: Path, header: list[str], rows: list[list]) -> None:
+def write_markdown(path: Path, header: list[str], rows: list[list]) -> None:
     """A markdown table to ``path`` (and stdout)."""
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
@@ -181,9 +190,9 @@ def write_tables(out: Path) -> int:
     summaries.to_csv(out / "run_summaries.csv", index=False, float_format="%.6g")
     table = contrasts(convergence, few)
     table.to_csv(out / "contrasts.csv", index=False, float_format="%.6g")
-    _write_markdown(out / "contrasts.md", ["regime", "contrast", "task", "mean difference [95% CI]", "n", "p (Holm)",
+    write_markdown(out / "contrasts.md", ["regime", "contrast", "task", "mean difference [95% CI]", "n", "p (Holm)",
                                            "MDE at 80% power (alpha .05 / .05/14)"],
-                    [[r.regime, r.contrast, r.task, _interval(r), r.n_pairs, f"{r.p_holm:.3g}",
+                    [[r.regime, r.contrast, r.task, interval(r), r.n_pairs, f"{r.p_holm:.3g}",
                       "-" if math.isnan(r.mde_alpha05) else f"{r.mde_alpha05:.4f} / {r.mde_bonferroni:.4f}"]
                      for r in table.itertuples()])
     if not summaries.empty:
@@ -198,9 +207,9 @@ def write_tables(out: Path) -> int:
         extra.to_csv(out / "run_summaries_exploratory.csv", index=False, float_format="%.6g")
         table = exploratory(convergence, extra)
         table.to_csv(out / "exploratory.csv", index=False, float_format="%.6g")
-        _write_markdown(out / "exploratory.md", ["contrast (exploratory, regime (a) AUC)", "task",
+        write_markdown(out / "exploratory.md", ["contrast (exploratory, regime (a) AUC)", "task",
                                                  "mean difference [95% CI]", "n", "p", "MDE (alpha .05)"],
-                        [[r.contrast, r.task, _interval(r), r.n_pairs, f"{r.p:.3g}",
+                        [[r.contrast, r.task, interval(r), r.n_pairs, f"{r.p:.3g}",
                           "-" if math.isnan(r.mde_alpha05) else f"{r.mde_alpha05:.4f}"] for r in table.itertuples()])
     return 0
 

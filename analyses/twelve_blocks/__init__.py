@@ -13,6 +13,10 @@ committed ``meta.json``). Two steps:
     make -C analyses twelve-blocks-dynamics
     python -m analyses.twelve_blocks.dynamics_figure --out figures/twelve-blocks/dynamics
 
+The findings at twelve blocks reuse the 6-block runners with ``--pair mini12-en`` (``make -C analyses
+twelve-blocks-ship twelve-blocks-probes twelve-blocks-pressure twelve-blocks-convergence``); ``finetune_report``
+tests the plan's 8 fine-tuning contrasts and applies its verdict rule.
+
 Modules: ``snapshot`` (a run's snapshots listed and checked by SHA-256, loaded as gradflow models),
 ``dynamics`` (the measures of one snapshot: context/loss ratio by depth, the last block's counterfactual
 pressure, the probe last-layer drops; ``dynamics.csv`` and ``meta.json``), ``dynamics_figure`` (the

@@ -1,0 +1,58 @@
+"""The twelve-block fine-tuning report (analyses/twelve_blocks/finetune_report.py): the plan's 8 contrasts, Holm
+over 8, and the plan's verdict rule, on synthetic per-run AUCs with known effects."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+from analyses.twelve_blocks import finetune_report as report
+from scipy import stats
+
+TASKS = ("brown-pos", "brown-propn")
+
+
+def summaries(effects: dict[tuple[str, str, str], float], seeds: int = 10) -> pd.DataFrame:
+    """AUC per (model, task, arm, seed): a seed effect shared by every arm, plus the arm's effect and small noise."""
+    rng = np.random.default_rng(0)
+    rows = []
+    for model, arms in ((report.MLM, ("full", "drop1", "reinit1", "repair1")), (report.TWIN, ("full", "drop1"))):
+        for task in TASKS:
+            base = 0.8 + 0.01 * rng.standard_normal(seeds)
+            for arm in arms:
+                auc = base + effects.get((model, task, arm), 0.0) + 0.001 * rng.standard_normal(seeds)
+                rows += [{"model": model, "task": task, "arm": arm, "seed": s, "auc": a} for s, a in enumerate(auc)]
+    return pd.DataFrame(rows)
+
+
+def test_contrasts_are_paired_t_tests_with_holm_over_eight() -> None:
+    frame = summaries({(report.MLM, "brown-pos", "drop1"): 0.01})
+    table = report.contrasts(frame)
+    assert len(table) == report.FAMILY == 8 and set(table.n_pairs) == {10}
+    wide = frame.pivot_table(index="seed", columns=["model", "task", "arm"], values="auc")
+    drop = wide[(report.MLM, "brown-pos", "drop1")] - wide[(report.MLM, "brown-pos", "full")]
+    row = table[(table.contrast == "mini12-en drop1 - full") & (table.task == "brown-pos")].iloc[0]
+    assert row["mean"] == pytest.approx(drop.mean(), abs=1e-12)
+    assert row["p"] == pytest.approx(stats.ttest_rel(wide[(report.MLM, "brown-pos", "drop1")],
+                                                     wide[(report.MLM, "brown-pos", "full")]).pvalue, rel=1e-9)
+    twin = wide[(report.TWIN, "brown-pos", "drop1")] - wide[(report.TWIN, "brown-pos", "full")]
+    model = table[(table.contrast == report.MODEL_CONTRAST) & (table.task == "brown-pos")].iloc[0]
+    assert model["mean"] == pytest.approx((drop - twin).mean(), abs=1e-12)
+    order = np.argsort(table.p.to_numpy())  # Holm by hand: the k-th smallest p times (8 - k), running maximum
+    adjusted = np.maximum.accumulate(np.minimum(1, table.p.to_numpy()[order] * (8 - np.arange(8))))
+    assert np.allclose(table.p_holm.to_numpy()[order], adjusted)
+    assert row["significant"] and np.isnan(row["mde_alpha05"])
+    nulls = table[~table.significant]
+    assert len(nulls) and (nulls.mde_bonferroni > nulls.mde_alpha05).all()
+
+
+def test_verdict_follows_the_plans_rule() -> None:
+    gain = {(report.MLM, "brown-pos", "drop1"): 0.01}
+    holds, text = report.verdict(report.contrasts(summaries(gain)))
+    assert holds and "holds at twelve blocks" in text
+    twin_gains_more = {**gain, (report.TWIN, "brown-pos", "drop1"): 0.02}
+    assert not report.verdict(report.contrasts(summaries(twin_gains_more)))[0]
+    other_task_hurts = {**gain, (report.MLM, "brown-propn", "drop1"): -0.01}
+    holds, text = report.verdict(report.contrasts(summaries(other_task_hurts)))
+    assert not holds and "significantly negative" in text
+    assert not report.verdict(report.contrasts(summaries({})))[0]
