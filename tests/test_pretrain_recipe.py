@@ -6,6 +6,7 @@ Tiny config (2 layers, hidden 32, 32 positions, vocab from a synthetic corpus), 
 from __future__ import annotations
 
 import csv
+import json
 import os
 import random
 import signal
@@ -84,6 +85,9 @@ def test_half_stop_resume_is_bit_identical(corpus: Path, straight: Path, tmp_pat
     assert load_checkpoint(tmp_path)["step"] == STEPS // 2
     assert cli(corpus, tmp_path) == EXIT_DONE
     assert_same_run(straight, tmp_path)
+    segments = json.loads((tmp_path / "meta.json").read_text())["segments"]  # each command's steps, wall and CPU
+    assert [(s["start_step"], s["end_step"]) for s in segments] == [(0, STEPS // 2), (STEPS // 2, STEPS)]
+    assert all(s["wall_s"] > 0 and s["cpu_s"] > 0 for s in segments)
 
 
 def test_sigterm_mid_run_then_resume(corpus: Path, straight: Path, tmp_path: Path) -> None:

@@ -93,6 +93,8 @@ def test_cards_and_curves(shipped: dict) -> None:
         assert card["tokens_seen"] == meta["tokens_seen"] > 0 and card["steps_done"] == 8
         assert card["shape"] == {"layers": 2, "hidden": 32, "heads": 2, "ffn": 64, "max_len": 32}
         assert card["final"] == meta["final"] and card["wall_s"] > 0
+        assert card["cpu_s"] == pytest.approx(meta["segments"][0]["cpu_s"]) and card["cpu_s"] > 0
+        assert (card["commands"], card["commands_without_cpu_s"]) == (1, 0)
     table = (figures / "cards.md").read_text().splitlines()
     assert len(table) == 2 + len(cards) and all(f"`{name}`" in "\n".join(table) for name in cards)
     for suffix in ("pdf", "png", "csv"):

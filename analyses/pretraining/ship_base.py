@@ -100,9 +100,18 @@ def card(run: Path, meta: dict, scores: HeldOut) -> dict:
     wall_s = float(log[-1].split(",")[log[0].split(",").index("elapsed_s")])
     return {"config": cfg, "shape": {k: cfg[k] for k in ("layers", "hidden", "heads", "ffn", "max_len")},
             "vocab_size": meta["vocab_size"], "steps_done": meta["steps_done"], "tokens_seen": meta["tokens_seen"],
-            "wall_s": round(wall_s, 1), "threads": cfg.get("threads"), "final": meta["final"],
+            "wall_s": round(wall_s, 1), "threads": cfg.get("threads"), **cpu_time(meta["segments"]),
+            "final": meta["final"],
             "held_out": scores.__dict__, "versions": meta["versions"], "tokenizer_sha256": meta["tokenizer_sha256"],
             "command_line": meta["command_line"]}
+
+
+def cpu_time(segments: list[dict]) -> dict:
+    """CPU seconds summed over the run's commands that logged them (``cpu_s``), and how many commands (with their
+    steps) did not: runs resumed from a checkpoint written before the recipe logged CPU time."""
+    known = [s for s in segments if "cpu_s" in s]
+    return {"cpu_s": round(sum(s["cpu_s"] for s in known), 1), "commands": len(segments),
+            "commands_without_cpu_s": len(segments) - len(known)}
 
 
 def cards_markdown(cards: dict[str, dict]) -> str:

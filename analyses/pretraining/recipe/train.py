@@ -204,9 +204,12 @@ def _run(cfg: RunConfig, argv: list[str] | None) -> int:
     write_json(out / "meta.json", meta)
 
     elapsed_before = float(curve[-1]["elapsed_s"]) if curve else 0.0
-    seg_start = time.monotonic()
+    seg_start, seg_cpu_start = time.monotonic(), time.process_time()
 
     def checkpoint() -> None:
+        # this command's steps, wall and CPU seconds (every thread of the process; a paused process uses none)
+        segments[-1].update(end_step=step, wall_s=round(time.monotonic() - seg_start, 1),
+                            cpu_s=round(time.process_time() - seg_cpu_start, 1))
         save_checkpoint(out, {
             "config": cfg.identity(), "step": step, "data_position": stream.position(step), "tokens_seen": tokens_seen,
             "tokenizer_sha256": tok_hash, "model": model.state_dict(), "optimizer": opt.state_dict(),
@@ -214,6 +217,7 @@ def _run(cfg: RunConfig, argv: list[str] | None) -> int:
             "curve": curve, "segments": segments,
         })
         write_curve(out / "training_log.csv", curve)
+        write_json(out / "meta.json", meta)  # its segments as of this checkpoint
 
     snapshot_at = set(snapshot_steps(cfg.steps, cfg.snapshots))
     stop = StopRequest()
