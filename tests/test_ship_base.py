@@ -95,6 +95,9 @@ def test_cards_and_curves(shipped: dict) -> None:
         assert card["final"] == meta["final"] and card["wall_s"] > 0
         assert card["cpu_s"] == pytest.approx(meta["segments"][0]["cpu_s"]) and card["cpu_s"] > 0
         assert (card["commands"], card["commands_without_cpu_s"]) == (1, 0)
+        text = (shipped["package"] / run.name / "recipe.json").read_text()
+        assert str(ship_base.ROOT) not in text and "pretrain_base" in card["command_line"]  # the repository's
+        # own paths (the interpreter in .venv, a corpus under data/) are written relative to it
     table = (figures / "cards.md").read_text().splitlines()
     assert len(table) == 2 + len(cards) and all(f"`{name}`" in "\n".join(table) for name in cards)
     for suffix in ("pdf", "png", "csv"):

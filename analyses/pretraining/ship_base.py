@@ -35,6 +35,7 @@ from analyses.pretraining.recipe.train import evaluate
 from analyses.pretraining.ship import curves, draw
 from analyses.twelve_blocks.snapshot import read_run
 from gradflow.errors import UsageError
+from gradflow.provenance import portable_command, portable_path
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE_MODELS = ROOT / "src" / "gradflow" / "models"
@@ -93,9 +94,11 @@ def held_out(dest: Path, cfg: RunConfig, test_windows: int, cache: Path, sample_
     return HeldOut(test["valid_top1"], test["valid_loss"], test["valid_positions"], sample.top1, sample.positions)
 
 
-def card(run: Path, meta: dict, scores: HeldOut) -> dict:
-    """recipe.json: the run's settings and provenance, what it saw and took, and its scores."""
-    cfg = meta["config"]
+def card(run: Path, meta: dict, scores: HeldOut, dest: Path) -> dict:
+    """recipe.json (written into ``dest``): the run's settings and provenance, what it saw and took, and its scores;
+    command lines without a machine's absolute paths."""
+    cfg = {k: portable_path(v, dest) if k in ("corpus", "out", "tokenizer") and v and Path(v).is_absolute() else v
+           for k, v in meta["config"].items()}
     log = (run / "training_log.csv").read_text().strip().splitlines()
     wall_s = float(log[-1].split(",")[log[0].split(",").index("elapsed_s")])
     return {"config": cfg, "shape": {k: cfg[k] for k in ("layers", "hidden", "heads", "ffn", "max_len")},
@@ -103,7 +106,13 @@ def card(run: Path, meta: dict, scores: HeldOut) -> dict:
             "wall_s": round(wall_s, 1), "threads": cfg.get("threads"), **cpu_time(meta["segments"]),
             "final": meta["final"],
             "held_out": scores.__dict__, "versions": meta["versions"], "tokenizer_sha256": meta["tokenizer_sha256"],
-            "command_line": meta["command_line"]}
+            "command_line": _portable_argv(meta["command_line"], dest),
+            "segments": [{**seg, "argv": _portable_argv(seg["argv"], dest)} for seg in meta["segments"]]}
+
+
+def _portable_argv(argv: list[str], dest: Path) -> str:
+    """A recipe command for the card: the interpreter (``sys.executable``) written ``python``, paths portable."""
+    return portable_command(["python", *argv[1:]] if argv else [], dest)
 
 
 def cpu_time(segments: list[dict]) -> dict:
@@ -137,7 +146,7 @@ def ship(runs: list[Path], package: Path, figures: Path, test_windows: int, samp
         write_float16(run, dest)
         cfg = read_run(run).config
         scores = held_out(dest, cfg, test_windows, run / "cache", sample_limit)
-        cards[run.name] = card(run, meta, scores)
+        cards[run.name] = card(run, meta, scores, dest)
         (dest / "recipe.json").write_text(json.dumps(cards[run.name], indent=2) + "\n")
     names = tuple(cards)
     draw(curves(package, figures, names), figures, names)
