@@ -25,6 +25,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+import pandas as pd
 import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForMaskedLM, BertTokenizerFast
@@ -99,8 +100,7 @@ def card(run: Path, meta: dict, scores: HeldOut, dest: Path) -> dict:
     command lines without a machine's absolute paths."""
     cfg = {k: portable_path(v, dest) if k in ("corpus", "out", "tokenizer") and v and Path(v).is_absolute() else v
            for k, v in meta["config"].items()}
-    log = (run / "training_log.csv").read_text().strip().splitlines()
-    wall_s = float(log[-1].split(",")[log[0].split(",").index("elapsed_s")])
+    wall_s = float(pd.read_csv(run / "training_log.csv")["elapsed_s"].iloc[-1])
     return {"config": cfg, "shape": {k: cfg[k] for k in ("layers", "hidden", "heads", "ffn", "max_len")},
             "vocab_size": meta["vocab_size"], "steps_done": meta["steps_done"], "tokens_seen": meta["tokens_seen"],
             "wall_s": round(wall_s, 1), "threads": cfg.get("threads"), **cpu_time(meta["segments"]),
