@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from gradflow.hooks.linear_inputs import InputSlot
 from gradflow.hooks.records import RecorderConfig
 from gradflow.hooks.split_linear import DirectSplit
 from gradflow.roles import NUM_ROLES
@@ -20,12 +21,13 @@ class RolePartition:
     """The positions of a (B, T) batch flattened to B * T rows, split by role.
 
     ``codes``: (B * T,) long role code per row; ``index``: NUM_ROLES tensors of row indices;
-    ``counts``: (NUM_ROLES,) long number of rows per role.
+    ``counts``: (NUM_ROLES,) long number of rows per role; ``count_list``: the same as Python ints.
     """
 
     codes: torch.Tensor
     index: list[torch.Tensor]
     counts: torch.Tensor
+    count_list: tuple[int, ...]
 
     @classmethod
     def of_roles(cls, roles: torch.Tensor) -> "RolePartition":
@@ -36,7 +38,8 @@ class RolePartition:
     def of_codes(cls, flat: torch.Tensor) -> "RolePartition":
         """The partition of (N,) long role codes."""
         index = [torch.nonzero(flat == code).squeeze(1) for code in range(NUM_ROLES)]
-        return cls(flat, index, torch.bincount(flat, minlength=NUM_ROLES))
+        counts = torch.bincount(flat, minlength=NUM_ROLES)
+        return cls(flat, index, counts, tuple(counts.tolist()))
 
 
 @dataclass
@@ -51,7 +54,8 @@ class BatchState:
     (the targets of ``torch.autograd.grad``); ``loss``: the loss value; ``module_calls``: calls
     per id(module) over all depths; ``deferred``: id(weight) -> the statistics of a Linear call
     that wait for the largest role's product, computed by the weight gradient's backward
-    (:mod:`gradflow.hooks.split_linear`); ``finish(None)`` computes it directly instead.
+    (:mod:`gradflow.hooks.split_linear`); ``finish(None)`` computes it directly instead; ``inputs``: the
+    input side of the last Linear input (shared by the modules that read it, :mod:`gradflow.hooks.linear_inputs`).
     """
 
     config: RecorderConfig
@@ -68,6 +72,7 @@ class BatchState:
     loss: float = float("nan")
     module_calls: dict[int, int] = field(default_factory=dict)
     deferred: dict[int, DirectSplit] = field(default_factory=dict)
+    inputs: InputSlot = field(default_factory=InputSlot)
 
     @classmethod
     def start(cls, config: RecorderConfig, roles: torch.Tensor, sequence_index: torch.Tensor | None,
@@ -94,6 +99,7 @@ class BatchState:
         self.emb_out = None
         self.extra_targets = []
         self.deferred = {}
+        self.inputs.clear()
 
 
 __all__ = ["BatchState", "RolePartition", "SublayerStats"]

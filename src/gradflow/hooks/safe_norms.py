@@ -41,9 +41,24 @@ def safe_norm(x: torch.Tensor, dim: int | tuple[int, ...]) -> torch.Tensor:
         if low >= SAFE_MIN and high != math.inf:
             return norm
     unsafe = ~(norm >= SAFE_MIN) | torch.isinf(norm)
+    if dim not in (-1, x.dim() - 1):
+        return _recompute_rows(x, norm, unsafe, dim)
+    # a row has a nonzero element when its largest or smallest element is not 0 (NaN included): two
+    # reductions over all rows cost less than gathering the unsafe rows (mostly exactly zero rows)
+    live = unsafe & ((x.amax(dim=-1) != 0) | (x.amin(dim=-1) != 0))
+    if bool(live.any()):
+        norm[live] = torch.linalg.vector_norm(x[live].double(), dim=-1).float()
+    return norm
+
+
+def _recompute_rows(x: torch.Tensor, norm: torch.Tensor, unsafe: torch.Tensor, dim: int | tuple[int, ...]
+                    ) -> torch.Tensor:
+    """:func:`safe_norm`'s float64 pass for ``unsafe`` rows when ``dim`` is not the last dimension."""
     if not bool(unsafe.any()):
         return norm
-    rows = x[unsafe]  # (k, d): the unsafe rows only
+    # the reduced dimensions last, as one (trailing tuples, e.g. (-2, -1) over a stack of matrices)
+    moved = x.movedim(dim, -1) if isinstance(dim, int) else x.flatten(start_dim=x.dim() - len(dim))
+    rows = moved[unsafe]  # (k, d): the unsafe rows only
     live = rows.any(dim=-1)
     if bool(live.any()):
         fixed = norm[unsafe]
@@ -52,14 +67,16 @@ def safe_norm(x: torch.Tensor, dim: int | tuple[int, ...]) -> torch.Tensor:
     return norm
 
 
+def flag_unsafe(norms: torch.Tensor) -> torch.Tensor:
+    """Bool of ``norms``' shape: nonzero and outside [SAFE_MIN, SAFE_MAX] (NaN included: it equals nothing)."""
+    return (norms != norms.clamp(SAFE_MIN, SAFE_MAX)) & (norms != 0)
+
+
 def unsafe_rows(*norms: torch.Tensor) -> torch.Tensor:
     """(N,) bool: the rows where any of the (N,) ``norms`` is nonzero and outside [SAFE_MIN, SAFE_MAX] (NaN
     included). For the Gram identity, with no such row among a role's rows of g, x and their products,
     every float32 product of two rows stays far inside the float32 range."""
-    flagged = torch.zeros(norms[0].shape, dtype=torch.bool, device=norms[0].device)
-    for values in norms:
-        flagged |= (values != 0) & ((values < SAFE_MIN) | ~(values <= SAFE_MAX))
-    return flagged
+    return flag_unsafe(torch.stack(norms)).any(dim=0)
 
 
 def gram_float64(gr: torch.Tensor, xr: torch.Tensor) -> torch.Tensor:

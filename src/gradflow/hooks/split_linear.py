@@ -32,13 +32,16 @@ class DirectSplit:
     into the call's B * T rows (together every row once); ``finish`` takes ``G_big`` (D_out, D_in), or
     None when no weight gradient was computed, and stores the statistics. ``rest_grad`` (n_rest, D_out)
     and ``rest_input`` (n_rest, D_in): the ``rest`` rows of the output gradient and the input, when the
-    statistics already gathered them (None: the backward gathers them)."""
+    statistics already gathered them (None: the backward gathers them); ``big_input``: returns the ``big``
+    rows of the input (n_big, D_in), gathered once for every module reading that input (None: gathered here).
+    """
 
     big: torch.Tensor
     rest: torch.Tensor
     finish: Callable[[torch.Tensor | None], None]
     rest_grad: torch.Tensor | None = None
     rest_input: torch.Tensor | None = None
+    big_input: Callable[[], torch.Tensor] | None = None
 
 
 WeightSplit = Callable[[nn.Parameter], "DirectSplit | None"]
@@ -71,7 +74,10 @@ class RoleSplitLinear(torch.autograd.Function):
             if split is None:
                 grad_w = g2.T @ x2
             else:
-                grad_w = g2.index_select(0, split.big).T @ x2.index_select(0, split.big)
+                x_big = split.big_input() if split.big_input is not None else None
+                if x_big is None or x_big.shape != (split.big.numel(), x2.shape[1]) or x_big.dtype != x2.dtype:
+                    x_big = x2.index_select(0, split.big)
+                grad_w = g2.index_select(0, split.big).T @ x_big
                 split.finish(grad_w)
                 if split.rest.numel():
                     g_rest, x_rest = split.rest_grad, split.rest_input

@@ -24,7 +24,6 @@ from the elements, never from a norm, and norms are safe from underflow and over
 
 from __future__ import annotations
 
-import itertools
 import math
 from dataclasses import dataclass
 
@@ -35,7 +34,8 @@ from torch import nn
 from gradflow.adapters.base import SublayerSpec
 from gradflow.adapters.norms import splittable, unit_affine
 from gradflow.hooks.batch_state import BatchState, RolePartition
-from gradflow.hooks.safe_norms import gram_float64, safe_norm, unsafe_rows
+from gradflow.hooks.linear_inputs import InputRows, float32
+from gradflow.hooks.safe_norms import flag_unsafe, gram_float64, safe_norm
 from gradflow.hooks.split_linear import DirectSplit
 from gradflow.roles import ALL_ROLES, NUM_ROLES, Role
 
@@ -77,99 +77,103 @@ def _role_rows(state: BatchState, rows: int, token: bool) -> RolePartition:
     return RolePartition.of_codes(torch.full((rows,), int(Role.RELPOS), dtype=torch.long, device=device))
 
 
-def _partition(state: BatchState, rows: int, token: bool) -> tuple[torch.Tensor, list[torch.Tensor], torch.Tensor]:
-    """(role code per row, row indices per role, count per role) for one sublayer call."""
-    part = _role_rows(state, rows, token)
-    return part.codes, part.index, part.counts
-
-
 def _linear_stats(state: BatchState, depth: int, mod: nn.Linear, entries: list[SublayerEntry], x: torch.Tensor,
                   grad: torch.Tensor, token: bool, direct: bool = False) -> None:
     """Linear weight (``G_r`` norms) and bias (per-role gradient sums) of each served name.
 
-    The rows of every role but the largest (``big``, usually context) are gathered once, ordered by
-    role; each small role's norm comes from its slice. ``big``'s contribution, when its own product
-    is the cheaper way, is that product: computed here, or with ``direct`` (see :func:`sublayer_stats`)
-    by the weight gradient's backward as one of its two parts, finished there (:attr:`BatchState.deferred`).
+    The input side (row norms, the small roles' rows and Gram matrices) is shared with the other modules
+    reading the same input (:mod:`gradflow.hooks.linear_inputs`). Every per-position quantity of the call
+    is summed per role in one operation. Each small role's norm comes from its Gram matrices; ``big``'s
+    contribution (the role with the most live rows, usually context), when its own product is the cheaper
+    way, is that product: computed here, or with ``direct`` (see :func:`sublayer_stats`) by the weight
+    gradient's backward as one of its two parts, finished there (:attr:`BatchState.deferred`).
     """
-    x2 = x.reshape(-1, x.shape[-1])
     g2 = grad.reshape(-1, grad.shape[-1])
-    part = _role_rows(state, x2.shape[0], token)
-    counts = part.counts.tolist()
-    xn = safe_norm(x2, dim=-1)
-    x_nonzero = xn > 0  # a safe norm is 0 exactly for a row without a nonzero element
-    gn_all = safe_norm(g2, dim=-1)  # the same: 0 exactly for a gradient row without a nonzero element
-    live = _scatter((x_nonzero & (gn_all > 0)).float(), part.codes).tolist()
-    big = max(range(NUM_ROLES), key=lambda code: (live[code], counts[code]))
-    order = sorted((code for code in range(NUM_ROLES) if code != big and counts[code]), key=counts.__getitem__)
-    rest = torch.cat([part.index[code] for code in order]) if order else part.index[big][:0]
-    starts = dict(zip(order, itertools.accumulate([counts[code] for code in order], initial=0)))
-    xs = x2.index_select(0, rest).float()
-    direct = direct and x2.dtype == g2.dtype == torch.float32 and not state.config.materialize
-    x_gram: dict[int, torch.Tensor] = {}  # role code -> Gram matrix of its x rows (shared by the entries)
-    pending: list[tuple] = []
-    rest_rows: tuple = (None, None)  # the whole output's rest rows of g and x, for the backward's second product
+    part = _role_rows(state, g2.shape[0], token)
+    counts = part.count_list
+    if token:
+        inputs = state.inputs.get(x, part.codes, part.index, counts)
+    else:
+        inputs = InputRows.of(x, part.codes, part.index, counts)
+    x2, xn = inputs.x2, inputs.xn
+    gn_all = safe_norm(g2, dim=-1)  # 0 exactly for a gradient row without a nonzero element
+    live_all = inputs.nonzero & (gn_all > 0)
+    calls = []  # per entry: (g, gn, g_nonzero, contributes, mag, column of its first per-role sum)
+    columns = [live_all]
     for entry in entries:
         g = g2 if entry.chunk is None else _rows(g2, entry.chunk, entry.groups)
-        d_out, d_in = g.shape[1], x2.shape[1]
         gn = gn_all if entry.chunk is None else safe_norm(g, dim=-1)
-        mag = gn * xn
         g_nonzero = gn > 0
-        contributes = g_nonzero & x_nonzero  # g_t x_t^T has a nonzero element
-        n_contributing = _scatter(contributes.float(), part.codes).tolist()
-        gs = g.index_select(0, rest).float()
-        flagged = unsafe_rows(gn, xn, mag)  # roles with such a row take the float64 Gram
-        unsafe_roles = set(part.codes[flagged].tolist()) if bool(flagged.any()) else set()
-        norms = torch.zeros(NUM_ROLES)
+        contributes = live_all if entry.chunk is None else g_nonzero & inputs.nonzero  # g_t x_t^T has a nonzero
+        mag = gn * xn
+        calls.append((g, gn, g_nonzero, contributes, mag, len(columns)))
+        columns += [contributes, mag, inputs.unsafe | flag_unsafe(torch.stack([gn, mag])).any(dim=0)]
+        if mod.bias is not None or entry.outside_bias:
+            columns += [g_nonzero, gn]
+    sums = _scatter_columns(columns, part.codes)  # (NUM_ROLES, K)
+    table = sums.T.tolist()  # one sync for every count of the call
+    big = max(range(NUM_ROLES), key=lambda code: (table[0][code], counts[code]))
+    rest = inputs.rest(big)
+    direct = direct and x2.dtype == g2.dtype == torch.float32 and not state.config.materialize
+    pending: list[tuple] = []
+    rest_rows: tuple = (None, None)  # the whole output's rest rows of g and x, for the backward's second product
+    for entry, (g, gn, g_nonzero, contributes, mag, col) in zip(entries, calls):
+        d_out, d_in = g.shape[1], x2.shape[1]
+        n_contributing, unsafe = table[col], table[col + 2]
+        gs = float32(g.index_select(0, rest.index))
+        norms = [0.0] * NUM_ROLES
+        grams: dict[int, torch.Tensor] = {}
         deferred = False
         for code in range(NUM_ROLES):
             if n_contributing[code] == 0:  # every g_t x_t^T of this role is exactly zero: so is G_r
                 if state.config.materialize and counts[code]:
                     state.matrices[(depth, entry.name, "weight", ALL_ROLES[code])] = torch.zeros(d_out, d_in)
                 continue
-            idx = part.index[code]
             gram_cheaper = counts[code] * (d_out + d_in) < d_out * d_in
             if code == big and direct and not gram_cheaper:
                 deferred = True  # the weight gradient's own product of these rows (split_linear)
                 continue
             if code == big:
-                gr, xr = g.index_select(0, idx).float(), x2.index_select(0, idx).float()
+                gr = float32(g.index_select(0, part.index[code]))
             else:
-                rows = slice(starts[code], starts[code] + counts[code])
-                gr, xr = gs[rows], xs[rows]
+                gr = gs[rest.starts[code]: rest.starts[code] + counts[code]]
             if state.config.materialize:
-                matrix = gr.T @ xr
+                matrix = gr.T @ inputs.role_rows(code, big)
                 state.matrices[(depth, entry.name, "weight", ALL_ROLES[code])] = matrix.cpu()
                 norms[code] = float(safe_norm(matrix, dim=(-2, -1)))
-            elif gram_cheaper:
-                if code not in unsafe_roles:
-                    if code not in x_gram:
-                        x_gram[code] = xr @ xr.T
-                    gram = ((gr @ gr.T) * x_gram[code]).sum(dtype=torch.float64)
-                else:  # float32 products of these rows could underflow or overflow
-                    gram = gram_float64(gr, xr)
-                norms[code] = math.sqrt(max(float(gram), 0.0))
+            elif gram_cheaper and not unsafe[code]:
+                grams[code] = ((gr @ gr.T) * inputs.gram(code, big)).sum(dtype=torch.float64)
+            elif gram_cheaper:  # float32 products of these rows could underflow or overflow
+                grams[code] = gram_float64(gr, inputs.role_rows(code, big))
             else:
-                norms[code] = float(safe_norm(gr.T @ xr, dim=(-2, -1)))
+                norms[code] = float(safe_norm(gr.T @ inputs.role_rows(code, big), dim=(-2, -1)))
+        if grams:
+            for code, value in zip(grams, torch.stack(list(grams.values())).tolist()):
+                norms[code] = math.sqrt(max(value, 0.0))
+        weight_sums = (sums[:, col], sums[:, col + 1])
         if deferred:
-            pending.append((entry, g, mag, contributes, norms))
+            pending.append((entry, g, mag, weight_sums, norms))
             if entry.chunk is None:
-                rest_rows = (gs, xs)
+                rest_rows = (gs, rest.x)
         else:
-            _store(state, depth, entry.name, "weight", part.codes, part.counts, mag, contributes, norms)
+            _store(state, depth, entry.name, "weight", part, *weight_sums, norms, mag)
         if mod.bias is not None or entry.outside_bias:
-            sums = _role_sums(g, part)
-            _store(state, depth, entry.name, "bias", part.codes, part.counts, gn, g_nonzero,
-                   safe_norm(sums, dim=-1).cpu())
+            role_sums = _role_sums(g, part)
+            _store(state, depth, entry.name, "bias", part, sums[:, col + 3], sums[:, col + 4],
+                   safe_norm(role_sums, dim=-1).cpu(), gn)
             if state.config.materialize:
                 for code in range(NUM_ROLES):
                     if counts[code]:
-                        state.matrices[(depth, entry.name, "bias", ALL_ROLES[code])] = sums[code].cpu()
+                        state.matrices[(depth, entry.name, "bias", ALL_ROLES[code])] = role_sums[code].cpu()
     if pending:
         def finish(big_product: torch.Tensor | None) -> None:
             _finish_big_role(state, depth, part, big, x2, pending, big_product)
 
-        state.deferred[id(mod.weight)] = DirectSplit(part.index[big], rest, finish, *rest_rows)
+        def big_input() -> torch.Tensor:
+            return inputs.big_rows(big)
+
+        state.deferred[id(mod.weight)] = DirectSplit(part.index[big], rest.index, finish, *rest_rows,
+                                                     big_input=big_input)
 
 
 def _finish_big_role(state: BatchState, depth: int, part: RolePartition, big: int, x2: torch.Tensor,
@@ -177,75 +181,83 @@ def _finish_big_role(state: BatchState, depth: int, part: RolePartition, big: in
     """Store the weight statistics of deferred entries, ``big``'s norm from ``big_product`` (D_out, D_in):
     ``sum_{t in big} g_t x_t^T`` as the weight gradient's backward computed it, or, when None (no weight
     gradient was computed), from its own product."""
-    for entry, g, mag, contributes, norms in pending:
+    for entry, g, mag, weight_sums, norms in pending:
         if big_product is not None:
             matrix = big_product if entry.chunk is None else _rows(big_product.T, entry.chunk, entry.groups).T
         else:
             idx = part.index[big]
-            matrix = g.index_select(0, idx).T.float() @ x2.index_select(0, idx).float()
+            matrix = float32(g.index_select(0, idx)).T @ float32(x2.index_select(0, idx))
         norms[big] = float(safe_norm(matrix, dim=(-2, -1)))
-        _store(state, depth, entry.name, "weight", part.codes, part.counts, mag, contributes, norms)
+        _store(state, depth, entry.name, "weight", part, *weight_sums, norms, mag)
 
 
 def _role_sums(values: torch.Tensor, part: RolePartition) -> torch.Tensor:
     """(NUM_ROLES, D) float32 sums of (N, D) ``values`` per role, row by row (``index_add_``: a role whose rows
     are all zero gets exactly zero; 3-5x faster than a product with the role indicator on a CPU)."""
     sums = torch.zeros(NUM_ROLES, values.shape[-1], dtype=torch.float32, device=values.device)
-    return sums.index_add_(0, part.codes, values.float())
+    return sums.index_add_(0, part.codes, float32(values))
+
+
+def _scatter_columns(columns: list[torch.Tensor], codes: torch.Tensor) -> torch.Tensor:
+    """(NUM_ROLES, K) float32 per-role sums of K (N,) per-position ``columns`` (bool or float), in one operation."""
+    stacked = torch.stack([float32(column) for column in columns], dim=1)
+    return torch.zeros(NUM_ROLES, len(columns), dtype=torch.float32, device=codes.device).index_add_(0, codes, stacked)
 
 
 def _norm_stats(state: BatchState, depth: int, mod: nn.Module, entries: list[SublayerEntry], x: torch.Tensor,
                 grad: torch.Tensor, token: bool) -> None:
     """Norm gain and bias: per-position contributions ``g * xhat`` and ``g``, summed per role."""
     d = x.shape[-1]
-    g2 = grad.reshape(-1, d).float()
+    g2 = float32(grad.reshape(-1, d))
     part = _role_rows(state, g2.shape[0], token)
-    codes, counts = part.codes, part.counts
     if isinstance(mod, nn.LayerNorm) or entries[0].acts_as == "layer_norm":
-        xhat = F.layer_norm(x.reshape(-1, d).float(), (d,), eps=mod.eps)
+        xhat = F.layer_norm(float32(x.reshape(-1, d)), (d,), eps=mod.eps)
     else:
-        xhat = unit_affine(mod, x.reshape(-1, d)).float()
-    for entry in entries:
-        for param, per_pos in (("weight", g2 * xhat), ("bias", g2)):
-            if getattr(mod, param, None) is None:
-                continue
-            sums = _role_sums(per_pos, part)
-            mag = safe_norm(per_pos, dim=-1)
-            _store(state, depth, entry.name, param, codes, counts, mag, mag > 0,
-                   safe_norm(sums, dim=-1).cpu())
+        xhat = float32(unit_affine(mod, x.reshape(-1, d)))
+    params = [(param, per_pos) for param, per_pos in (("weight", g2 * xhat), ("bias", g2))
+              if getattr(mod, param, None) is not None]
+    mags = [safe_norm(per_pos, dim=-1) for _, per_pos in params]
+    sums = _scatter_columns([column for mag in mags for column in (mag > 0, mag)], part.codes)
+    for i, ((param, per_pos), mag) in enumerate(zip(params, mags)):
+        role_sums = _role_sums(per_pos, part)
+        norms = safe_norm(role_sums, dim=-1).cpu()
+        for entry in entries:
+            _store(state, depth, entry.name, param, part, sums[:, 2 * i], sums[:, 2 * i + 1], norms, mag)
             if state.config.materialize:
                 for code in range(NUM_ROLES):
-                    if int(counts[code]):
-                        state.matrices[(depth, entry.name, param, ALL_ROLES[code])] = sums[code].cpu()
+                    if part.count_list[code]:
+                        state.matrices[(depth, entry.name, param, ALL_ROLES[code])] = role_sums[code].cpu()
 
 
-def _store(state: BatchState, depth: int, name: str, param: str, codes: torch.Tensor, counts: torch.Tensor,
-           mag: torch.Tensor, nonzero: torch.Tensor, norms: torch.Tensor) -> None:
+def _store(state: BatchState, depth: int, name: str, param: str, part: RolePartition, n_nonzero: torch.Tensor,
+           mag_sum: torch.Tensor, norms: torch.Tensor | list[float], mag: torch.Tensor) -> None:
     """Add one call's statistics to (depth, name, param); several calls (relpos) accumulate.
 
-    ``mag``: (N,) per-position magnitudes; ``nonzero``: (N,) whether each position's contribution
-    has a nonzero element (decided from the elements: a tiny magnitude may have underflowed to 0).
+    Per role (NUM_ROLES,): ``n_nonzero`` positions whose contribution has a nonzero element (decided from
+    the elements: a tiny magnitude may have underflowed to 0), ``mag_sum`` their summed magnitudes and
+    ``norms`` the contribution norms; ``mag`` (N,): the per-position magnitudes.
     """
     key = (depth, name, param)
-    n_nonzero = _scatter(nonzero.float(), codes)
-    mag_sum = _scatter(mag, codes)
+    norms = torch.tensor(norms, dtype=torch.float32) if isinstance(norms, list) else norms
+    n_nonzero, mag_sum = n_nonzero.cpu(), mag_sum.cpu()
     position = None
-    if state.config.position_magnitudes and int(counts[Role.RELPOS]) == 0:
+    if state.config.position_magnitudes and part.count_list[Role.RELPOS] == 0:
         position = mag.reshape(state.b, -1)[:, :state.t]  # (positions the model appended: cut)
     if key in state.sublayers:
         old = state.sublayers[key]
         # contributions of separate calls add as matrices; their norms are kept per role, and the
         # calls of one sublayer never share a role (tokens vs relpos), so the norms simply add.
-        state.sublayers[key] = (old[0] + counts.cpu(), old[1] + n_nonzero.cpu(), old[2] + mag_sum.cpu(),
+        state.sublayers[key] = (old[0] + part.counts.cpu(), old[1] + n_nonzero, old[2] + mag_sum,
                                 old[3] + norms, old[4] if old[4] is not None else position)
     else:
-        state.sublayers[key] = (counts.cpu().clone(), n_nonzero.cpu(), mag_sum.cpu(), norms, position)
+        state.sublayers[key] = (part.counts.cpu().clone(), n_nonzero, mag_sum, norms, position)
 
 
-def _scatter(values: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
-    """(NUM_ROLES,) float32 sums of (N,) ``values`` per role code."""
-    out = torch.zeros(NUM_ROLES, dtype=torch.float32, device=values.device)
-    return out.index_add_(0, codes, values.float())
+def _store_positions(state: BatchState, depth: int, name: str, param: str, part: RolePartition, mag: torch.Tensor,
+                     nonzero: torch.Tensor, norms: torch.Tensor) -> None:
+    """:func:`_store` from the per-position (N,) magnitudes ``mag`` and nonzero flags ``nonzero``."""
+    sums = _scatter_columns([nonzero, mag], part.codes)
+    _store(state, depth, name, param, part, sums[:, 0], sums[:, 1], norms, mag)
 
 
 def _rows(g: torch.Tensor, chunk: tuple[int, int], groups: int = 1) -> torch.Tensor:
@@ -281,16 +293,17 @@ def _grouped_stats(state: BatchState, depth: int, mod: nn.Conv1d, entries: list[
     groups = mod.groups
     x2 = x.reshape(-1, x.shape[-1])
     g2 = grad.reshape(-1, grad.shape[-1])
-    codes, index, counts = _partition(state, x2.shape[0], token)
+    part = _role_rows(state, x2.shape[0], token)
+    codes, index, counts = part.codes, part.index, part.count_list
     xk = x2.reshape(x2.shape[0], groups, -1)
     gk = g2.reshape(g2.shape[0], groups, -1)
     xn, gn = safe_norm(xk, dim=-1), safe_norm(gk, dim=-1)  # (N, G)
     mag = gn[:, 0] * xn[:, 0] if groups == 1 else safe_norm(gn * xn, dim=-1)
     contributes = ((gn > 0) & (xn > 0)).any(dim=1)
-    n_contributing = _scatter(contributes.float(), codes).tolist()
+    n_contributing = _scatter_columns([contributes], codes)[:, 0].tolist()
     norms = torch.zeros(NUM_ROLES)
     for code in range(NUM_ROLES):
-        if n_contributing[code] == 0 and not (state.config.materialize and int(counts[code])):
+        if n_contributing[code] == 0 and not (state.config.materialize and counts[code]):
             continue
         if n_contributing[code] == 0:  # every g_t x_t^T of this role is exactly zero: so is G_r
             matrix = torch.zeros(mod.weight.shape)
@@ -302,16 +315,16 @@ def _grouped_stats(state: BatchState, depth: int, mod: nn.Conv1d, entries: list[
             for entry in entries:
                 state.matrices[(depth, entry.name, "weight", ALL_ROLES[code])] = matrix.cpu()
     for entry in entries:
-        _store(state, depth, entry.name, "weight", codes, counts, mag, contributes, norms)
+        _store_positions(state, depth, entry.name, "weight", part, mag, contributes, norms)
     if mod.bias is not None:
         gn_all = safe_norm(g2, dim=-1)
         sums = torch.zeros(NUM_ROLES, g2.shape[1], dtype=torch.float32, device=g2.device)
         sums.index_add_(0, codes, g2.float())
         for entry in entries:
-            _store(state, depth, entry.name, "bias", codes, counts, gn_all, gn_all > 0, safe_norm(sums, dim=-1).cpu())
+            _store_positions(state, depth, entry.name, "bias", part, gn_all, gn_all > 0, safe_norm(sums, dim=-1).cpu())
             if state.config.materialize:
                 for code in range(NUM_ROLES):
-                    if int(counts[code]):
+                    if counts[code]:
                         state.matrices[(depth, entry.name, "bias", ALL_ROLES[code])] = sums[code].cpu()
 
 
