@@ -30,8 +30,12 @@ def safe_norm(x: torch.Tensor, dim: int | tuple[int, ...]) -> torch.Tensor:
     pass. So a returned norm is 0 exactly when its row has no nonzero element (zero is decided from
     the elements, never from a float32 norm).
     """
-    norm = torch.linalg.vector_norm(x, dim=dim, dtype=torch.float32)
-    if norm.dim() == 0:  # one matrix: one sync decides
+    if x.dim() == 2 and dim in ((-2, -1), (0, 1)):  # one matrix: the norm of its row norms, computed in
+        # parallel over rows (one whole-matrix reduction runs on one thread); one sync decides
+        norm = torch.linalg.vector_norm(torch.linalg.vector_norm(x, dim=-1, dtype=torch.float32))
+    else:
+        norm = torch.linalg.vector_norm(x, dim=dim, dtype=torch.float32)
+    if norm.dim() == 0:
         value = float(norm)
         if value >= SAFE_MIN and value != math.inf:
             return norm
