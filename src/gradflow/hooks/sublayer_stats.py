@@ -211,7 +211,8 @@ def _norm_stats(state: BatchState, depth: int, mod: nn.Module, entries: list[Sub
     g2 = float32(grad.reshape(-1, d))
     part = _role_rows(state, g2.shape[0], token)
     if isinstance(mod, nn.LayerNorm) or entries[0].acts_as == "layer_norm":
-        xhat = F.layer_norm(float32(x.reshape(-1, d)), (d,), eps=mod.eps)
+        unit = torch.ones(d, device=x.device)  # with a gain and bias CPU layer_norm takes a 2.5x faster kernel
+        xhat = F.layer_norm(float32(x.reshape(-1, d)), (d,), unit, torch.zeros_like(unit), eps=mod.eps)
     else:
         xhat = float32(unit_affine(mod, x.reshape(-1, d)))
     params = [(param, per_pos) for param, per_pos in (("weight", g2 * xhat), ("bias", g2))
