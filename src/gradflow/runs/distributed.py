@@ -6,6 +6,8 @@ torchrun sets ``WORLD_SIZE``, ``RANK`` and ``LOCAL_RANK``; gradflow initialises 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 
@@ -36,4 +38,19 @@ def init_distributed(device: str) -> tuple[int, int, str]:
     return 0, 1, device
 
 
-__all__ = ["init_distributed", "process_device", "process_group_backend"]
+@contextmanager
+def distributed_session(device: str) -> Iterator[tuple[int, int, str]]:
+    """:func:`init_distributed` for the block inside, yielding (rank, world size, device); on leaving it
+    (errors included) the process group it created is destroyed. Left to the interpreter's exit, gloo's
+    threads can be torn down while running, and the process aborts with "terminate called without an
+    active exception" after its work is done. A group someone else created is left to them."""
+    created = not torch.distributed.is_initialized()
+    rank, world, device = init_distributed(device)
+    try:
+        yield rank, world, device
+    finally:
+        if created and world > 1 and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+
+
+__all__ = ["distributed_session", "init_distributed", "process_device", "process_group_backend"]

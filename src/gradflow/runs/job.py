@@ -15,9 +15,10 @@ evaluation, ``repair``'s windows) goes through it::
     ...                                # write the (partial) results, meta.json from job.outcome(command, out)
     job.reraise()                      # then the interrupt or error goes on to the caller
 
-The interrupt rule, the same for every job: ``KeyboardInterrupt`` (Ctrl-C, SIGINT) stops the loop with
-``complete`` false and ``error`` "interrupted (SIGINT)"; any other exception stops it with ``error``
-"<Type>: <message>". Either way the job writes what it has, then :meth:`CorpusJob.reraise` raises the
+The interrupt rule, the same for every job: Ctrl-C (SIGINT) ends the loop at the next batch boundary
+(a second one at once, :mod:`gradflow.runs.interrupts`), and that or a ``KeyboardInterrupt`` raised in
+the loop leaves ``complete`` false and ``error`` "interrupted (SIGINT)"; any other exception stops it
+with ``error`` "<Type>: <message>". Either way the job writes what it has, then :meth:`CorpusJob.reraise` raises the
 interrupt (as ``KeyboardInterrupt``) or the exception. The one exception: a :class:`GradflowError`
 raised before any sequence was counted is a bad input, not a partial run, and is raised with nothing
 written (:meth:`CorpusJob.refusal`).
@@ -39,6 +40,7 @@ from gradflow.inputs.masking import MaskedBatch, MaskingPolicy
 from gradflow.inputs.pipeline import mask_windows, masked_batches
 from gradflow.models import LoadedModel
 from gradflow.roles import LOSS_ROLES, TOKEN_ROLES, role_counts
+from gradflow.runs.interrupts import StopRequest, stop_on_sigint
 from gradflow.runs.meta import JobOutcome
 
 INTERRUPTED = "interrupted (SIGINT)"
@@ -114,6 +116,7 @@ class CorpusJob:
     error: str | None = None
     failure: Exception | None = None
     resume_from: int = 0
+    stop: StopRequest = field(default_factory=StopRequest)
 
     def batches(self) -> Iterator[MaskedBatch]:
         """This process's masked batches of at most ``batch_size`` windows of ``max_length`` tokens (B, T).
@@ -133,7 +136,7 @@ class CorpusJob:
         return self._reading(stream)
 
     def _reading(self, stream: Iterator[MaskedBatch]) -> Iterator[MaskedBatch]:
-        while True:
+        while not self.stop.requested:  # Ctrl-C inside running(): end at this batch boundary
             try:
                 batch = next(stream)
             except StopIteration:
@@ -150,10 +153,15 @@ class CorpusJob:
     @contextmanager
     def running(self) -> Iterator[None]:
         """Run the batch loop inside: ``complete`` when it ends normally; an interrupt or an error is kept
-        on the job (``error``, ``failure``) instead of raised, so the caller can write what it has."""
+        on the job (``error``, ``failure``) instead of raised, so the caller can write what it has. A first
+        SIGINT ends the batch loop at the next batch (:mod:`gradflow.runs.interrupts`); a second, at once."""
         try:
-            yield
-            self.complete = True
+            with stop_on_sigint() as self.stop:
+                yield
+            if self.stop.requested:
+                self.error = INTERRUPTED
+            else:
+                self.complete = True
         except KeyboardInterrupt:
             self.error = INTERRUPTED
         except Exception as err:  # noqa: BLE001 - kept, then raised by reraise() after the flush

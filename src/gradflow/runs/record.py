@@ -33,7 +33,7 @@ from gradflow.runs.aggregate import (
 )
 from gradflow.runs.check import weight_sharing
 from gradflow.runs.checkpoint import CHECKPOINT_DIR, Checkpoint, fault, rank_dir, save_checkpoint
-from gradflow.runs.distributed import init_distributed
+from gradflow.runs.distributed import distributed_session
 from gradflow.runs.files import (
     SUBLAYER_SEQUENCE_SCHEMA,
     SequenceWriter,
@@ -142,7 +142,13 @@ class _Job:
 def record_corpus(config: RecordConfig, loaded: LoadedModel | None = None) -> RunSummary:
     """Record gradient flow over a corpus and write the run directory (see :mod:`gradflow.schema`)."""
     start = time.time()
-    rank, world, device = init_distributed(config.device)
+    with distributed_session(config.device) as (rank, world, device):
+        return _record_corpus(config, loaded, start, rank, world, device)
+
+
+def _record_corpus(config: RecordConfig, loaded: LoadedModel | None, start: float, rank: int, world: int,
+                   device: str) -> RunSummary:
+    """:func:`record_corpus` in this process (``rank`` of ``world``, on ``device``), started at ``start``."""
     out = Path(config.out)
     texts = config.texts or default_texts()
     check_corpus_path(texts)  # before anything is created, so a bad path leaves nothing behind
