@@ -157,3 +157,35 @@ def test_the_split_backward_is_the_linear_backward():
     big = split.big
     torch.testing.assert_close(seen[0], g2[big].T @ x2[big], rtol=1e-6, atol=1e-6)  # G_big before G_rest was added
     assert len(seen) == 1
+
+
+def test_q_k_v_share_one_input_side_and_it_is_dropped_with_the_batch(monkeypatch):
+    """BERT's q, k and v read one hidden state: its input side is computed once (4 inputs per block, not 6
+    Linear calls), gives the statistics a fresh computation per module gives, and is not kept past the batch."""
+    import gc
+    import weakref
+
+    from gradflow.hooks import linear_inputs
+
+    model, batch = tiny_model("bert"), tiny_batch()
+    made: list[weakref.ref] = []
+    original = linear_inputs.InputRows.of.__func__
+
+    def counting(cls, x, *args):
+        rows = original(cls, x, *args)
+        made.append(weakref.ref(rows))
+        return rows
+
+    with GradFlowRecorder(model) as rec:
+        monkeypatch.setattr(linear_inputs.InputRows, "of", classmethod(counting))
+        shared = _captured(rec, model, batch)
+        gc.collect()
+        assert len(made) == 4 * rec.num_blocks
+        assert all(ref() is None for ref in made)  # the slot was emptied when the capture ended
+        model.zero_grad(set_to_none=True)
+        monkeypatch.setattr(linear_inputs.InputSlot, "get", lambda self, x, *args: linear_inputs.InputRows.of(x, *args))
+        fresh = _captured(rec, model, batch)
+    assert len(made) == 10 * rec.num_blocks  # without the slot: one per Linear call (6 per block)
+    a, b = _norms(fresh), _norms(shared)
+    assert torch.equal(a == 0, b == 0)
+    torch.testing.assert_close(b, a, rtol=1e-6, atol=0)
