@@ -72,15 +72,10 @@ def _recompute_rows(x: torch.Tensor, norm: torch.Tensor, unsafe: torch.Tensor, d
 
 
 def flag_unsafe(norms: torch.Tensor) -> torch.Tensor:
-    """Bool of ``norms``' shape: nonzero and outside [SAFE_MIN, SAFE_MAX] (NaN included: it equals nothing)."""
+    """Bool of ``norms``' shape: nonzero and outside [SAFE_MIN, SAFE_MAX] (NaN included: it equals nothing).
+    For the Gram identity, with no such value among a role's rows of g, x and their products, every
+    float32 product of two rows stays far inside the float32 range."""
     return (norms != norms.clamp(SAFE_MIN, SAFE_MAX)) & (norms != 0)
-
-
-def unsafe_rows(*norms: torch.Tensor) -> torch.Tensor:
-    """(N,) bool: the rows where any of the (N,) ``norms`` is nonzero and outside [SAFE_MIN, SAFE_MAX] (NaN
-    included). For the Gram identity, with no such row among a role's rows of g, x and their products,
-    every float32 product of two rows stays far inside the float32 range."""
-    return flag_unsafe(torch.stack(norms)).any(dim=0)
 
 
 def gram_float64(gr: torch.Tensor, xr: torch.Tensor) -> torch.Tensor:
