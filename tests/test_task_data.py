@@ -286,3 +286,26 @@ def test_the_builder_reproduces_the_fetched_data(tmp_path):
                 if k not in ("name", "splits")}
         assert write_task(tmp_path, name, rows, meta) == expected[name]
         assert (tmp_path / name / "task.json").read_bytes() == (REAL_DATA / name / "task.json").read_bytes()
+
+
+def _failing_apt(stderr: str):
+    def run(command, **kwargs):
+        raise subprocess.CalledProcessError(100, command, output="", stderr=stderr)
+    return run
+
+
+def test_a_debian_version_apt_does_not_list_says_update_or_snapshot(tmp_path, monkeypatch):
+    monkeypatch.setattr(npm_registry.subprocess, "run",
+                        _failing_apt("E: Version '3.11.2-6+deb12u9' for 'python3.11-doc' was not found"))
+    with pytest.raises(GradflowError) as err:
+        npm_registry.deb_download("python3.11-doc", "3.11.2-6+deb12u9", "0" * 64, tmp_path)
+    message = str(err.value)
+    assert message.startswith("python3.11-doc=3.11.2-6+deb12u9: apt's package lists do not have this version")
+    assert "apt-get update" in message and "snapshot.debian.org" in message and str(tmp_path) in message
+    assert "python3.11-doc_3.11.2-6+deb12u9_*.deb" in message
+
+
+def test_other_apt_failures_keep_the_registry_message(tmp_path, monkeypatch):
+    monkeypatch.setattr(npm_registry.subprocess, "run", _failing_apt("E: Failed to fetch http://deb.debian.org/x"))
+    with pytest.raises(GradflowError, match="Failed to fetch .*check that the package registry is reachable"):
+        npm_registry.deb_download("dict-devil", "1.0-13.1", "0" * 64, tmp_path)

@@ -74,7 +74,18 @@ def pip_sdist(requirement: str, filename: str, expected_sha256: str, workdir: Pa
 def deb_download(package: str, version: str, expected_sha256: str, workdir: Path) -> Path:
     """Download one Debian package at an exact version with ``apt-get download`` and check its SHA-256."""
     what = f"{package}={version}"
-    run_download(["apt-get", "download", "-q", what], workdir, what)
+    try:
+        run_download(["apt-get", "download", "-q", what], workdir, what)
+    except GradflowError as err:
+        if "was not found" not in str(err) and "Unable to locate package" not in str(err):
+            raise
+        # apt knows only the versions of its last `apt-get update`: a pin newer than those lists (a security
+        # update) is "not found" until they are refreshed; one that Debian has since replaced stays so
+        raise GradflowError(
+            f"{what}: apt's package lists do not have this version. Run `apt-get update` (as root) and try "
+            f"again. If it is still not found, Debian has replaced it: download {package}_{version}_*.deb "
+            f"from https://snapshot.debian.org/ into {workdir} and rerun (its SHA-256 is checked against the "
+            "pin)") from None
     matches = sorted(Path(workdir).glob(f"{package}_*.deb"))
     if len(matches) != 1:
         raise GradflowError(f"{what}: expected one .deb in {workdir}, found {[m.name for m in matches]}")
