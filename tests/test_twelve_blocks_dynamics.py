@@ -203,6 +203,23 @@ def test_missing_runs_and_bad_options_exit_2(tmp_path: Path, capsys: pytest.Capt
     assert "LABEL=DIR" in capsys.readouterr().err
 
 
+def test_a_run_folder_still_starting_is_skipped_one_with_snapshots_and_no_meta_refused(measured, tmp_path: Path,
+                                                                                      capsys: pytest.CaptureFixture):
+    run, out, settings = measured
+    copy = tmp_path / "out"
+    copy.mkdir()
+    for name in ("dynamics.csv", "meta.json"):
+        (copy / name).write_bytes((out / name).read_bytes())
+    starting = tmp_path / "starting"
+    (starting / "cache").mkdir(parents=True)  # what the recipe has written before its meta.json
+    table = dynamics.measure({LABEL: run, "twin": starting}, copy, settings, tmp_path / "work")
+    assert "twin" in capsys.readouterr().out and set(table["model"]) == {LABEL}
+    assert json.loads((copy / "meta.json").read_text())["models"]["twin"]["found"] is False
+    (starting / SNAPSHOT_DIR).mkdir()
+    with pytest.raises(ModelLoadError, match="no meta.json"):
+        dynamics.measure({LABEL: run, "twin": starting}, copy, settings, tmp_path / "work")
+
+
 def small_table() -> pd.DataFrame:
     rows = []
     for m, model in enumerate(("mini12", "twin")):

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from analyses.pretraining.recipe.snapshots import snapshot_steps
+from analyses.pretraining.recipe.snapshots import SNAPSHOT_DIR, snapshot_steps
 from analyses.twelve_blocks.snapshot import RunInfo, Snapshot, load_snapshot, parse_runs, read_run, run_snapshots
 from gradflow.analysis import context_ratio, load_run
 from gradflow.analysis.pressure import context_pressure
@@ -168,6 +168,12 @@ def plan(runs: dict[str, Path], table: pd.DataFrame) -> tuple[dict[str, RunInfo]
     for label, folder in runs.items():
         if not folder.is_dir():
             print(f"[dynamics] {label}: {folder} does not exist (not trained yet); skipped", flush=True)
+            continue
+        if not (folder / "meta.json").is_file() and not (folder / SNAPSHOT_DIR).is_dir():
+            # the recipe writes meta.json once its data is ready: a run starting now (any other folder
+            # without meta.json, one holding snapshots, is refused by read_run below)
+            print(f"[dynamics] {label}: {folder} has no meta.json and no snapshots yet (a run starting now?); "
+                  "skipped", flush=True)
             continue
         infos[label] = replace(read_run(folder), snapshots=tuple(run_snapshots(folder)))
         for snap in infos[label].snapshots:
