@@ -268,3 +268,20 @@ def test_the_figure_and_table_render_from_a_small_csv(tmp_path: Path):
 def test_the_figure_refuses_a_missing_table(tmp_path: Path, capsys: pytest.CaptureFixture):
     assert dynamics_figure.main(["--table", str(tmp_path / "none.csv"), "--out", str(tmp_path)]) == 2
     assert "measure first" in capsys.readouterr().err
+
+
+def test_token_ticks_are_short_labels_that_do_not_collide():
+    assert [dynamics_figure.compact_count(v) for v in (300, 3e5, 1e6, 2.5e7, 3e9)] == ["300", "300k", "1M", "25M", "3G"]
+    table = small_table()
+    narrow = table[table["tokens"] <= 10_000].assign(tokens=lambda t: t["tokens"] * 200)  # 200k..2M: under a decade
+    fig, _ = dynamics_figure.draw(narrow)
+    fig.canvas.draw()
+    for ax in fig.axes:
+        if ax.get_xscale() != "log":
+            continue
+        low, high = ax.get_xlim()
+        labels = [t for t, x in zip(ax.get_xticklabels(), ax.get_xticks()) if t.get_text() and low <= x <= high]
+        assert [t.get_text() for t in labels] == ["300k", "1M"], [t.get_text() for t in labels]
+        assert not [t.get_text() for t in ax.get_xticklabels(minor=True) if t.get_text()]
+        boxes = [t.get_window_extent() for t in labels]
+        assert all(not a.overlaps(b) for a, b in zip(boxes, boxes[1:]))

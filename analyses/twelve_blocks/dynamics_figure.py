@@ -23,6 +23,7 @@ import pandas as pd
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from gradflow.figures import add_banner, save_figure
 from gradflow.figures.style import gradflow_style, series_color
@@ -71,8 +72,21 @@ def _lines(ax: Axes, table: pd.DataFrame, models: Sequence[str], keys: Sequence[
                         elinewidth=0.6)  # the CI of a lone snapshot too (a band needs two)
             drawn.append(line)
     ax.set_xscale("log")
+    # ticks at 1 and 3 per decade, labelled 300k / 1M / 3M: matplotlib's own labels of a range under a
+    # decade are mathtext minor labels (3 x 10^5 4 x 10^5) that run into each other at column width
+    ax.xaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 3.0)))
+    ax.xaxis.set_major_formatter(FuncFormatter(compact_count))
+    ax.xaxis.set_minor_formatter(NullFormatter())
     ax.set_xlabel("pretraining tokens")
     return drawn
+
+
+def compact_count(value: float, _position: object = None) -> str:
+    """A count as a short tick label: 300 -> "300", 300,000 -> "300k", 3,000,000 -> "3M"."""
+    for scale, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= scale:
+            return f"{value / scale:g}{suffix}"
+    return f"{value:g}"
 
 
 def _dash_legend(ax: Axes, labels: Sequence[str]) -> None:
