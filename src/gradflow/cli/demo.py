@@ -1,4 +1,4 @@
-"""``gradflow demo``: record the two embedded models on the committed sample and write their reports (offline)."""
+"""``gradflow demo``: record the 6-block embedded pair on the committed sample and write their reports (offline)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from gradflow.cli.options import add_limit, command_line
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     """Register ``demo``."""
-    demo = subparsers.add_parser("demo", help="record the two embedded models on the committed sample (offline)")
+    demo = subparsers.add_parser("demo", help="record the 6-block embedded pair on the committed sample (offline)")
     demo.add_argument("--out", required=True, help="output directory (one run directory per model)")
     add_limit(demo, "sequences per run", unset="the whole sample")
     demo.add_argument("--overwrite", action="store_true", help="replace the run files in a non-empty --out")

@@ -25,6 +25,8 @@ from gradflow.models.quiet import quiet_transformers
 EMBEDDED_MODELS: dict[str, str] = {
     "gradflow-mini-en": "BERT MLM (6 layers, hidden 256) pretrained on SOTU + Brown with standard 15% MLM",
     "gradflow-mini-en-alltoken": "its twin trained with the all-token loss (predict the original token everywhere)",
+    "gradflow-mini12-en": "the same block at 12 layers (hidden 256), one pass of the large corpus (25.7 M tokens), "
+                          "standard 15% MLM",
 }
 DEFAULT_MODEL = "gradflow-mini-en"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
