@@ -8,10 +8,10 @@ from collections import Counter
 from analyses.last_block_finetuning import powered_experiment as pe
 
 
-def plan(pair: str, regime: str = "convergence", seeds: tuple[int, ...] = tuple(range(10)), **flags: bool):
+def plan(pair: str, regime: str = "convergence", seeds: tuple[int, ...] = tuple(range(10)), **flags):
     args = argparse.Namespace(regime=regime, seeds=list(seeds), exploratory=flags.get("exploratory", False),
                               secondary=flags.get("secondary", False), train_sentences=250, autocast=None,
-                              data_root="data/tasks", device="cpu", pair=pair)
+                              data_root="data/tasks", device="cpu", pair=pair, models=flags.get("models", "both"))
     return pe.plan(args)
 
 
@@ -35,3 +35,13 @@ def test_six_block_plan_keeps_its_cells() -> None:
     assert len(plan("mini-en", "few-sample", seeds=(0,))) == 8
     exploratory = plan("mini-en", seeds=(0,), exploratory=True)
     assert {(r.factors["model"], r.factors["arm"]) for r in exploratory} == {("gradflow-mini-en", "repair1-mlm")}
+
+
+def test_models_filter_splits_the_plan_into_the_mlm_models_and_the_twins_runs() -> None:
+    """Deviation 4 of the 12-block plan: the MLM model's 80 runs, then the twin's 40, are the same 120 runs."""
+    whole, mlm, twin = plan("mini12-en"), plan("mini12-en", models="mlm"), plan("mini12-en", models="twin")
+    assert len(mlm) == 80 and len(twin) == 40
+    assert {r.factors["model"] for r in mlm} == {"gradflow-mini12-en"}
+    assert {r.factors["model"] for r in twin} == {"gradflow-mini12-en-alltoken"}
+    assert sorted(r.run_id for r in mlm + twin) == sorted(r.run_id for r in whole)
+    assert {r.run_id: r.config for r in mlm + twin} == {r.run_id: r.config for r in whole}

@@ -15,7 +15,7 @@ and seed:
 (The schedules are the plan's deviation 1, see plan.md.)
 
 ``repair1`` is ``build/mini-repaired/model`` (made by ``gradflow repair`` with its defaults when
-missing). Runs are resumable (``grid.run_grid``); ``--seeds 0`` is the budget-measuring first slice.
+missing). Runs are resumable (``grid.run_grid``); ``--seeds 0`` is the budget-measuring first slice; ``--models mlm`` (or ``twin``) runs one model's cells.
 Outputs under ``figures/finetune/issue15/<regime>/``. ``--pair mini12-en`` runs the same design on the
 12-block pair (issue 31, ``figures/twelve-blocks/plan.md``: regime (a), its repair in ``build/mini12-repaired``)
 into ``figures/twelve-blocks/finetune/<regime>/``.
@@ -82,7 +82,10 @@ TWIN_REGIMES = ("convergence",)  # the twin enters a primary contrast only in re
 def plan(args: argparse.Namespace) -> list[GridRun]:
     pair = PAIRS[args.pair]
     runs = []
+    chosen = {"mlm": {pair.mlm}, "twin": {pair.twin}, "both": {pair.mlm, pair.twin}}[getattr(args, "models", "both")]
     for seed, task, (model, arms) in itertools.product(args.seeds, TASKS, pair.arms().items()):
+        if model not in chosen:
+            continue
         for arm, change in arms.items():
             if ((model, arm) == (pair.mlm, EXPLORATORY)) != args.exploratory:
                 continue
@@ -109,6 +112,9 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=None, help="default figures/finetune/issue15/<regime>[-<n>]")
     parser.add_argument("--seeds", type=int, nargs="+", default=list(range(10)))
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--models", choices=("both", "mlm", "twin"), default="both",
+                        help="which of the pair's models to run now (default both); the 12-block plan's deviation 4 "
+                             "runs the MLM model's cells while the twin still trains, then the twin's")
     parser.add_argument("--secondary", action="store_true", help="also the secondary cells (the twin's reinit1; the "
                         "twin in the few-sample regime)")
     parser.add_argument("--exploratory", action="store_true", help="run only the exploratory arms (deviation 3: "
