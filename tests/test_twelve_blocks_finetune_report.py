@@ -56,3 +56,17 @@ def test_verdict_follows_the_plans_rule() -> None:
     holds, text = report.verdict(report.contrasts(summaries(other_task_hurts)))
     assert not holds and "significantly negative" in text
     assert not report.verdict(report.contrasts(summaries({})))[0]
+
+
+def test_no_contrast_before_every_cell_has_its_ten_seeds() -> None:
+    """Holm ranks all 8 contrasts, so the report names what is missing instead of computing a partial family."""
+    frame = summaries({})
+    assert report.missing_runs(frame) == []
+    mlm_only = frame[frame.model == report.MLM]
+    missing = report.missing_runs(mlm_only)
+    assert len(missing) == 4 and all(line.startswith(report.TWIN) for line in missing)
+    assert "0 of 10 seeds" in missing[0]
+    one_gone = frame.drop(frame[(frame.model == report.MLM) & (frame.arm == "repair1") & (frame.seed == 7)
+                                & (frame.task == "brown-pos")].index)
+    assert report.missing_runs(one_gone) == [f"{report.MLM} brown-pos repair1: 9 of 10 seeds (missing 7)"]
+    assert len(report.missing_runs(frame.iloc[0:0])) == 12
