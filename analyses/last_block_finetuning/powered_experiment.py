@@ -136,7 +136,10 @@ def main() -> int:
         args.out = ROOT / pair.out / f"{args.regime}{suffix}"
     runs = plan(args)
     args.out.mkdir(parents=True, exist_ok=True)
-    write_plan(runs, args.out, {"regime": args.regime, "pair": args.pair, "plan": pair.plan})
+    # plan.json lists the experiment's runs for these seeds with both models, whichever --models runs now
+    whole = plan(argparse.Namespace(**{**vars(args), "models": "both"}))
+    write_plan(whole, args.out, {"regime": args.regime, "pair": args.pair, "plan": pair.plan,
+                                 "models_run_by_this_command": args.models})
     run_grid(runs, args.out, workers=args.workers)
     return 0
 
