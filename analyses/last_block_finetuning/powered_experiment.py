@@ -82,7 +82,7 @@ TWIN_REGIMES = ("convergence",)  # the twin enters a primary contrast only in re
 def plan(args: argparse.Namespace) -> list[GridRun]:
     pair = PAIRS[args.pair]
     runs = []
-    chosen = {"mlm": {pair.mlm}, "twin": {pair.twin}, "both": {pair.mlm, pair.twin}}[getattr(args, "models", "both")]
+    chosen = {"mlm": {pair.mlm}, "twin": {pair.twin}, "both": {pair.mlm, pair.twin}}[args.models]
     for seed, task, (model, arms) in itertools.product(args.seeds, TASKS, pair.arms().items()):
         if model not in chosen:
             continue
