@@ -200,3 +200,49 @@ def test_probe_figures_name_the_family_in_their_title():
     assert probe_family_words(load_probe_dirs([logistic]).families) == "linear probes"
     assert probe_family_words(("mlp", "logistic")) == "probes (MLP, linear)"
     assert probe_family_words(()) == "linear probes"  # a run from before the option: logistic
+
+
+# ------------------------------------------------------------------------------------ the sweep drivers
+def test_robustness_sweep_runs_only_the_unfinished_runs_jobs_at_a_time(monkeypatch, tmp_path):
+    import threading
+
+    from analyses.probes import robustness
+
+    ran, threads = [], set()
+
+    def fake_run(command, threads_per_run):
+        ran.append(command[command.index("--out") + 1])
+        threads.add(threading.get_ident())
+        return 0.0
+
+    monkeypatch.setattr(robustness, "run", fake_run)
+    monkeypatch.setattr(robustness, "finished", lambda command: "-300" in command[command.index("--out") + 1])
+    monkeypatch.setattr(robustness, "write_tables", lambda *args: None)
+    monkeypatch.setattr("sys.argv", ["robustness", "--models", "a=m1", "b=m2", "--sizes", "300", "4500",
+                                     "--out", str(tmp_path), "--jobs", "2"])
+    assert robustness.main() == 0
+    assert sorted(ran) == sorted(f"{tmp_path}/{label}-brown-pos-{family}-4500" for label in "ab"
+                                 for family in ("logistic", "mlp"))
+    assert robustness.SIZES == ("300", "600", "1500", "4500")  # plan deviation 5
+    assert robustness.largest_size(["300", "4500", "1500"]) == "4500"
+    assert robustness.largest_size(["4500", "all"]) == "all"
+
+
+def test_probe_pair_runs_only_the_named_labels(monkeypatch, capsys):
+    from analyses.probes import run
+
+    commands = []
+    monkeypatch.setattr(run, "run_all", lambda c, jobs: commands.extend(c))
+    monkeypatch.setattr(run, "compare", lambda *args: None)
+    monkeypatch.setattr(run, "write_tables", lambda *args: None)
+    monkeypatch.setattr(run, "gradflow", lambda *args, **kw: pytest.fail(f"unexpected gradflow {args}"))
+    monkeypatch.setattr("sys.argv", ["run", "--pair", "mini12-en", "--labels", "mini12-en", "--out", "x"])
+    assert run.main() == 0
+    models = {c[c.index("--model") + 1] for c in commands}
+    outs = sorted(c[c.index("--out") + 1] for c in commands)
+    assert models == {"gradflow-mini12-en"}
+    assert outs == ["x/runs/mini12-en-brown-pos", "x/runs/mini12-en-brown-pos-masked", "x/runs/mini12-en-brown-propn"]
+    monkeypatch.setattr("sys.argv", ["run", "--pair", "mini12-en", "--labels", "nope"])
+    with pytest.raises(SystemExit) as exit_:
+        run.main()
+    assert exit_.value.code == 2 and "--labels nope: not a model of the pair mini12-en" in capsys.readouterr().err

@@ -79,6 +79,9 @@ def main() -> int:
     parser.add_argument("--no-code-length", action="store_true",
                         help="skip the online code length (accuracy and selectivity only; much faster)")
     parser.add_argument("--no-masked", action="store_true", help="skip the two masked-regime runs")
+    parser.add_argument("--labels", nargs="+", default=None,
+                        help="probe only these models of the pair (default: all; e.g. the MLM model and its repair "
+                             "while the twin trains); the comparison covers every finished run")
     parser.add_argument("--resume", action="store_true",
                         help="keep a probe run whose meta.json says complete and records this same command")
     parser.add_argument("--tables-only", action="store_true", help="only rewrite the markdown tables from the runs")
@@ -94,21 +97,26 @@ def main() -> int:
         compare(args.out, models)
         write_tables(args.out, models)
         return 0
+    unknown = sorted(set(args.labels or ()) - set(models))
+    if unknown:
+        parser.error(f"--labels {' '.join(unknown)}: not a model of the pair {args.pair} ({', '.join(models)})")
+    labels = args.labels or list(models)
     start = time.monotonic()
     repaired = Path(models["repaired"]).parent
-    if not (ROOT / repaired / "model").is_dir():
+    if "repaired" in labels and not (ROOT / repaired / "model").is_dir():
         gradflow("repair", "--model", next(iter(models.values())), "--out", str(repaired))
         print(f"repair: {time.monotonic() - start:.0f} s wall", flush=True)
     commands = []
     extra = ["--no-code-length"] if args.no_code_length else []
     if not args.no_masked:  # the slow masked runs first
-        for label in list(models)[:2]:
+        for label in [label for label in list(models)[:2] if label in labels]:
             run = f"{args.out}/runs/{label}-brown-pos-masked"
             commands.append(["probe", "--model", models[label], "--task", "brown-pos", "--masked", "--out", run,
                              "--limit", args.masked_limit, "--overwrite", "--quiet", "--format", "png", *extra])
     for task in TASKS:
-        for label, model in models.items():
+        for label in labels:
             run = f"{args.out}/runs/{label}-{task}"
+            model = models[label]
             commands.append(["probe", "--model", model, "--task", task, "--out", run, "--limit", args.limit,
                              "--overwrite", "--quiet", "--format", "png", *extra])
     if args.resume:
