@@ -285,3 +285,17 @@ def test_token_ticks_are_short_labels_that_do_not_collide():
         assert not [t.get_text() for t in ax.get_xticklabels(minor=True) if t.get_text()]
         boxes = [t.get_window_extent() for t in labels]
         assert all(not a.overlaps(b) for a, b in zip(boxes, boxes[1:]))
+
+
+def test_the_drop_axes_and_note_say_which_way_is_better(tmp_path: Path):
+    """Both probe drops are above 0 when the last layer is the better feature; the labels must say so for bits."""
+    from gradflow.analysis.probes import code_length_drop, last_layer_drop
+
+    assert last_layer_drop([0.80, 0.90, 0.85]) == pytest.approx(-0.05)  # last layer worse: below 0
+    assert code_length_drop([100.0, 80.0, 90.0]) == pytest.approx(-10.0)  # last layer needs 10 more bits: below 0
+    fig, _ = dynamics_figure.draw(small_table())
+    labels = {ax.get_title(): ax.get_ylabel() for ax in fig.axes}
+    assert labels[dynamics_figure.PROBE_METRICS["accuracy"]] == "last - best earlier layer"
+    assert labels[dynamics_figure.PROBE_METRICS["code_length_bits"]] == "best earlier - last layer (bits)"
+    dynamics_figure.write(small_table(), tmp_path, partial=False)
+    assert "below 0 the last layer needs more bits" in (tmp_path / "dynamics.md").read_text()

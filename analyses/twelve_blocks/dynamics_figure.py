@@ -38,6 +38,12 @@ LINESTYLES = ("-", "--", ":", "-.")
 MARKERS = ("o", "s", "^", "D")
 PROBE_METRICS = {"accuracy": "last-layer probe drop, accuracy",
                  "code_length_bits": "last-layer probe drop, code length (bits)"}
+# What each drop is (gradflow.analysis.probes.last_layer_drop, code_length_drop): above 0 the last layer is the better
+# feature in both, so the accuracy drop is last minus best earlier, the code-length drop best earlier minus last (bits)
+PROBE_YLABELS = {"accuracy": "last - best earlier layer", "code_length_bits": "best earlier - last layer (bits)"}
+SIGN_NOTE = ("drop: the last layer's advantage over the best earlier layer, above 0 when the last layer is the better "
+             "feature (accuracy: last minus best earlier; code length: the best earlier layer's bits minus the last "
+             "layer's, so below 0 the last layer needs more bits).")
 
 
 def read_table(path: str | Path) -> pd.DataFrame:
@@ -143,7 +149,7 @@ def draw(table: pd.DataFrame, partial: bool = False) -> tuple[Figure, dict[str, 
             drawn[metric] = _lines(ax, rows, models, [("detail", t) for t in tasks], tasks)
             ax.axhline(0.0, color="#999999", linewidth=0.6, zorder=0)
             ax.set_title(title)
-            ax.set_ylabel("last - best earlier layer")
+            ax.set_ylabel(PROBE_YLABELS[metric])
             _dash_legend(ax, tasks)
         ax_key.set_axis_off()
         handles = [Line2D([], [], color=series_color(m), marker=MARKERS[m % len(MARKERS)], markersize=3, label=model)
@@ -195,8 +201,7 @@ def write(table: pd.DataFrame, out: Path, partial: bool = False) -> list[Path]:
     lines = [f"# The last block's deficit through pretraining ({', '.join(dict.fromkeys(table['model']))})", "",
              *note, *markdown_table(table_rows(table)), "",
              "Cells: value [95% CI]. Ratio: context / loss-position gradient norm at the block output (MLM loss); "
-             "pressure: the last block's context pressure under the all-positions loss; drop: last layer minus the "
-             "best earlier layer (accuracy: higher is better; bits: lower is better)."]
+             "pressure: the last block's context pressure under the all-positions loss; " + SIGN_NOTE]
     md = out / f"{STEM}.md"
     md.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return [*paths, md]
