@@ -120,3 +120,30 @@ def test_a_shipped_recipe_run_reproduces_its_log(shipped: dict, capsys: pytest.C
                                  "--corpus", str(shipped["corpus"]), "--rtol", "0"])
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert code == 0 and report["steps_compared"] == 5 and report["bit_identical"], report
+
+
+def test_a_model_shipped_earlier_joins_the_cards_untouched(shipped: dict, tmp_path: Path) -> None:
+    """--shipped: the first model's run folder may be gone; its files stay byte for byte, its row and curve stay."""
+    import pandas as pd
+    import shutil
+
+    package, figures = tmp_path / "package", tmp_path / "figures"
+    shutil.copytree(shipped["package"] / "tiny-mlm", package / "tiny-mlm")
+    before = {p.name: p.read_bytes() for p in (package / "tiny-mlm").iterdir()}
+    cards = ship_base.ship([shipped["runs"][1]], package, figures, test_windows=12, sample_limit=6,
+                           shipped=("tiny-mlm",))
+    assert list(cards) == ["tiny-mlm", "tiny-alltoken"]
+    assert {p.name: p.read_bytes() for p in (package / "tiny-mlm").iterdir()} == before
+    assert cards["tiny-mlm"] == shipped["cards"]["tiny-mlm"]
+    assert cards["tiny-alltoken"]["held_out"] == shipped["cards"]["tiny-alltoken"]["held_out"]
+    assert (figures / "cards.md").read_text() == (shipped["figures"] / "cards.md").read_text()
+    curves = pd.read_csv(figures / "pretraining_curves.csv")
+    assert curves.equals(pd.read_csv(shipped["figures"] / "pretraining_curves.csv"))
+
+
+def test_shipped_models_are_checked(shipped: dict, tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="not a shipped recipe model.*ship its run with --run"):
+        ship_base.ship([shipped["runs"][1]], tmp_path / "package", tmp_path / "figures", 4, shipped=("tiny-mlm",))
+    with pytest.raises(UsageError, match="given both as --run and --shipped"):
+        ship_base.ship([shipped["runs"][0]], shipped["package"], tmp_path / "figures", 4, shipped=("tiny-mlm",))
+    assert not (tmp_path / "package").exists()

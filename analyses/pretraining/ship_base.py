@@ -15,6 +15,9 @@ folder's name):
    ``<figures>/cards.md``: per model shape, data, tokens seen, wall time, validation and held-out top-1.
 
 A run that has not finished is refused with what is missing; nothing is written for any model then.
+``--shipped NAME`` adds a model shipped earlier (its ``recipe.json`` and ``training_log.csv`` in the package) to
+the cards and the curves without re-shipping it: its run folder may be gone (a machine that did not keep
+``build/``), and its weights, card and scores stay byte for byte what they were.
 """
 
 from __future__ import annotations
@@ -136,11 +139,24 @@ def cards_markdown(cards: dict[str, dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def ship(runs: list[Path], package: Path, figures: Path, test_windows: int, sample_limit: int | None = None
-         ) -> dict[str, dict]:
-    """Ship every run (all checked first); returns the cards by model name."""
+def shipped_card(package: Path, name: str) -> dict:
+    """The card (``recipe.json``) of a model shipped earlier into ``package``, checked to have its curve."""
+    dest = package / name
+    if not (dest / "recipe.json").is_file() or not (dest / "training_log.csv").is_file():
+        raise UsageError(f"{name} is not a shipped recipe model (no recipe.json and training_log.csv in {dest}): "
+                         "ship its run with --run instead")
+    return json.loads((dest / "recipe.json").read_text())
+
+
+def ship(runs: list[Path], package: Path, figures: Path, test_windows: int, sample_limit: int | None = None,
+         shipped: tuple[str, ...] = ()) -> dict[str, dict]:
+    """Ship every run (all checked first); the cards and curves also cover ``shipped``, models shipped earlier
+    (listed first, untouched). Returns the cards by model name, ``shipped`` first."""
     metas = {run: finished_run(run) for run in runs}
-    cards = {}
+    clash = sorted(set(shipped) & {run.name for run in runs})
+    if clash:
+        raise UsageError(f"{', '.join(clash)} given both as --run and --shipped: pass each model once")
+    cards = {name: shipped_card(package, name) for name in shipped}
     for run, meta in metas.items():
         dest = package / run.name
         write_float16(run, dest)
@@ -163,18 +179,21 @@ def check_float16(dest: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--run", type=Path, action="append", required=True, help="a finished pretrain_base run folder")
+    parser.add_argument("--shipped", action="append", default=[], metavar="NAME",
+                        help="a model shipped earlier into --package: joins the cards and curves, not re-shipped")
     parser.add_argument("--figures", type=Path, default=ROOT / "figures" / "twelve-blocks")
     parser.add_argument("--package", type=Path, default=PACKAGE_MODELS, help="where the models go")
     parser.add_argument("--test-windows", type=int, default=1024, help="test-split windows scored")
     parser.add_argument("--sample-limit", type=int, default=None, help="committed-sample windows scored (all)")
     args = parser.parse_args(argv)
     try:
-        cards = ship(args.run, args.package, args.figures, args.test_windows, args.sample_limit)
+        cards = ship(args.run, args.package, args.figures, args.test_windows, args.sample_limit,
+                     tuple(args.shipped))
     except UsageError as err:
         print(f"error: {err}")
         return 2
     for name, c in cards.items():
-        check_float16(args.package / name)
+        check_float16(args.package / name)  # the shipped ones too
         print(name, json.dumps(c["held_out"]))
     return 0
 
