@@ -45,3 +45,14 @@ def test_models_filter_splits_the_plan_into_the_mlm_models_and_the_twins_runs() 
     assert {r.factors["model"] for r in twin} == {"gradflow-mini12-en-alltoken"}
     assert sorted(r.run_id for r in mlm + twin) == sorted(r.run_id for r in whole)
     assert {r.run_id: r.config for r in mlm + twin} == {r.run_id: r.config for r in whole}
+
+
+def test_only_runs_that_fine_tune_a_repaired_model_make_one() -> None:
+    """The twin's cells need no repair (a fresh machine must not spend ~5 CPU-minutes on one); the MLM model's
+    repair1 cells need the all-positions repair, the exploratory cells the MLM-objective one, where missing."""
+    pair = pe.PAIRS["mini12-en"]
+    assert pe.repairs_needed(pair, plan("mini12-en", models="twin")) == []
+    needed = [] if (pe.ROOT / pair.repaired).is_dir() else [(pair.repaired, "all-positions")]
+    assert pe.repairs_needed(pair, plan("mini12-en", models="mlm")) == needed
+    needed_mlm = [] if (pe.ROOT / pair.repaired_mlm).is_dir() else [(pair.repaired_mlm, "mlm")]
+    assert pe.repairs_needed(pair, plan("mini12-en", models="mlm", exploratory=True)) == needed_mlm

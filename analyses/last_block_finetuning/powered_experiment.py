@@ -103,6 +103,14 @@ def plan(args: argparse.Namespace) -> list[GridRun]:
     return runs
 
 
+def repairs_needed(pair: Pair, runs: list[GridRun]) -> list[tuple[str, str]]:
+    """(model folder, ``gradflow repair`` objective) of the repaired models that ``runs`` fine-tune and that are
+    not on disk yet: a command that runs only the twin's cells makes none."""
+    used = {run.config["model"] for run in runs}
+    return [(folder, objective) for folder, objective in ((pair.repaired, "all-positions"), (pair.repaired_mlm, "mlm"))
+            if str(ROOT / folder) in used and not (ROOT / folder).is_dir()]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--regime", choices=REGIMES, required=True)
@@ -126,15 +134,14 @@ def main() -> int:
     parser.add_argument("--data-root", default=str(ROOT / "data/tasks"))
     args = parser.parse_args()
     pair = PAIRS[args.pair]
-    for model_dir, objective in ((pair.repaired, "all-positions"), (pair.repaired_mlm, "mlm")):
-        if not (ROOT / model_dir).is_dir() and (objective == "mlm") == args.exploratory:
-            subprocess.run([sys.executable, "-m", "gradflow", "repair", "--model", pair.mlm, "--objective",
-                            objective, "--out", str(Path(model_dir).parent)], cwd=ROOT, check=True)
+    runs = plan(args)
+    for model_dir, objective in repairs_needed(pair, runs):
+        subprocess.run([sys.executable, "-m", "gradflow", "repair", "--model", pair.mlm, "--objective",
+                        objective, "--out", str(Path(model_dir).parent)], cwd=ROOT, check=True)
     if args.out is None:
         suffix = f"-{args.train_sentences}" if args.regime == "few-sample" else ""
         suffix += "-exploratory" if args.exploratory else ""
         args.out = ROOT / pair.out / f"{args.regime}{suffix}"
-    runs = plan(args)
     args.out.mkdir(parents=True, exist_ok=True)
     # plan.json lists the experiment's runs for these seeds with both models, whichever --models runs now
     whole = plan(argparse.Namespace(**{**vars(args), "models": "both"}))
