@@ -11,11 +11,14 @@ import torch
 
 from gradflow.cli.main import main
 from gradflow.errors import TaskError
+from gradflow.hooks.sites import SiteLayer
 from gradflow.inputs.labelled import load_labelled, read_conll, read_jsonl
 from gradflow.models import load_model
 from gradflow.runs.probe import ProbeConfig, run_probes
-from gradflow.runs.probe_features import extract_split, tokenised_words
+from gradflow.runs.probe_features import (WordPooling, _Item, extract_split, pool_words, site_states,
+                                          tokenised_words, word_pooling)
 from gradflow.schema import PROBE_COLUMNS, PROBE_DIFFERENCE_COLUMNS, PROBE_DROP_COLUMNS, PROBE_WORD_COLUMNS
+from tiny import FAMILIES, tiny_batch, tiny_model
 
 WORDS = ["the", "progress", "of", "public", "credit", "is", "witnessed", "by", "a", "rise", "we", "must", "ensure",
          "that", "laws", "are", "executed", "congress", "will", "consider", "treasury", "nation", "year", "union"]
@@ -81,6 +84,36 @@ def test_first_subword_features_equal_the_models_hidden_states(tiny_mlm_dir, tmp
     assert feats.features[last].shape == expected.shape
     np.testing.assert_allclose(np.asarray(feats.features[last]), expected, rtol=1e-5, atol=1e-5)
     assert feats.labels.size == sentences.num_words - feats.dropped
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_stopping_the_forward_after_the_last_site_keeps_every_state_bit_for_bit(family):
+    """site_states skips what follows the last site (the MLM head); every site's state, mid points included,
+    is the very tensor the whole forward gives, for every supported family."""
+    model = tiny_model(family)
+    sites = SiteLayer(model, None, mid=True)
+    inputs = tiny_batch().model_inputs()
+    early = site_states(model, sites, inputs)
+    whole = site_states(model, sites, inputs, stop_early=False)
+    assert list(early) and set(early) == set(whole) == set(sites.names)
+    for name in sites.names:
+        assert torch.equal(early[name], whole[name]), name
+
+
+def test_gathered_first_subword_features_equal_the_pooling_matmul():
+    """pool_words gathers the first sub-word's row: bit for bit a 0/1 matmul; mean pooling averages the sub-words."""
+    batch = [_Item([2, 5, 6, 7, 3], [(0, 0, (1, 2)), (0, 1, ()), (0, 2, (3,))]), _Item([2, 8, 3], [(1, 0, (1,))])]
+    hidden = torch.randn(2 * 5, 7, dtype=torch.float32)
+    first, mean = word_pooling(batch, 5, "first"), word_pooling(batch, 5, "mean")
+    assert first.keys == mean.keys == [(0, 0), (0, 2), (1, 0)] and first.weights is None
+    onehot = torch.zeros(3, 10)
+    onehot[torch.arange(3), first.rows] = 1.0
+    assert first.rows.tolist() == [1, 3, 6]
+    assert torch.equal(pool_words(hidden, first), onehot @ hidden)
+    torch.testing.assert_close(pool_words(hidden, mean)[0], (hidden[1] + hidden[2]) / 2, rtol=0, atol=1e-6)
+    assert torch.equal(pool_words(hidden, mean)[1:], hidden[[3, 6]])
+    empty = word_pooling([_Item([2, 3], [(0, 0, ())])], 2, "first")
+    assert isinstance(empty, WordPooling) and pool_words(torch.randn(2, 7), empty).shape == (0, 7)
 
 
 def test_masked_regime_reads_the_masked_word(tiny_mlm_dir, tmp_path):
