@@ -14,7 +14,9 @@ online code length).
 Writes ``figures/probes/robustness/<model>-<task>-<family>-<size>/`` (one ``gradflow probe`` run each),
 ``last_layer_drops.csv`` and ``last_layer_drops.md`` (drop, 95% CI, last layer, best earlier layer, and the
 plan's verdict per model and task). Resumable: a run whose meta.json says complete and records the same
-command is skipped. Each run uses one thread (``--threads``), ``--jobs`` runs at a time (default 2: one per core).
+command is skipped (``--feature-cache`` aside). Each run uses one thread (``--threads``), ``--jobs`` runs at a time
+(default 2: one per core). The runs share a feature cache (``--feature-cache``, default ``build/probe-features``),
+so each model's validation and test features are extracted once, not in every run.
 
 Rule (the plan): a drop is called a drop only if its 95% CI excludes 0 at the largest training size and it
 keeps its sign at 1,500 sentences with both probe families.
@@ -43,6 +45,7 @@ TASKS = ("brown-pos",)
 SIZES = ("300", "600", "1500", "4500")  # plan deviation 5; 'all' is accepted
 FAMILIES = ("logistic", "mlp")
 RULE_SIZE = "1500"
+FEATURE_CACHE = "build/probe-features"  # shared by the runs: the same validation and test sentences in each
 COLUMNS = ("model", "task", "family", "train_size", "train_sentences", "train_words", "test_words",
            "last_layer_drop", "ci_low", "ci_high", "last_score", "best_earlier_layer", "best_earlier_score", "wall_s")
 
@@ -52,10 +55,13 @@ def run_dir(out: str, label: str, task: str, family: str, size: str) -> str:
     return f"{out}/{label}-{task}-{family}-{size}"
 
 
-def probe_command(model: str, task: str, family: str, size: str, limit: str, out: str) -> list[str]:
-    """The ``gradflow probe`` arguments of one run (accuracy only; validation and test: ``limit`` sentences)."""
+def probe_command(model: str, task: str, family: str, size: str, limit: str, out: str,
+                  feature_cache: str | None = None) -> list[str]:
+    """The ``gradflow probe`` arguments of one run (accuracy only; validation and test: ``limit`` sentences;
+    ``feature_cache``: where runs share their extracted features)."""
+    cache = ["--feature-cache", feature_cache] if feature_cache else []
     return ["probe", "--model", model, "--task", task, "--probe", family, "--limit", limit, "--train-limit", size,
-            "--no-code-length", "--out", out, "--overwrite", "--quiet", "--format", "png"]
+            "--no-code-length", *cache, "--out", out, "--overwrite", "--quiet", "--format", "png"]
 
 
 def run(command: list[str], threads: int) -> float:
@@ -163,6 +169,9 @@ def main() -> int:
     parser.add_argument("--out", default=OUT)
     parser.add_argument("--threads", type=int, default=1, help="threads per run (default %(default)s)")
     parser.add_argument("--jobs", type=int, default=2, help="runs at a time (default %(default)s: one per core)")
+    parser.add_argument("--feature-cache", default=FEATURE_CACHE, metavar="DIR",
+                        help="the runs' shared feature cache (default %(default)s; validation and test are extracted "
+                             "once per model; '' for none)")
     parser.add_argument("--tables-only", action="store_true", help="only rewrite the tables from the finished runs")
     args = parser.parse_args()
     models = dict(pair.split("=", 1) for pair in args.models)
@@ -173,7 +182,7 @@ def main() -> int:
                 for family in args.families:
                     for label, model in models.items():
                         command = probe_command(model, task, family, size, args.limit,
-                                                run_dir(args.out, label, task, family, size))
+                                                run_dir(args.out, label, task, family, size), args.feature_cache)
                         if not finished(command):
                             pending.append((f"{label} {task} {family} {size}", command))
 

@@ -53,12 +53,27 @@ def gradflow(*args: str, threads: int | None = None) -> None:
 
 
 def finished(command: list[str]) -> bool:
-    """True when ``command``'s probe directory holds a complete run of exactly this command."""
+    """True when ``command``'s probe directory holds a complete run of exactly this command (``--feature-cache``
+    aside: a cache changes how fast features come, not one bit of them)."""
     meta = ROOT / command[command.index("--out") + 1] / "meta.json"
     if not meta.is_file():
         return False
     recorded = json.loads(meta.read_text(encoding="utf-8"))
-    return bool(recorded.get("complete")) and recorded.get("command") == shlex.join(["gradflow", *command])
+    wanted = without_feature_cache(["gradflow", *command])
+    return bool(recorded.get("complete")) and without_feature_cache(shlex.split(recorded.get("command", ""))) == wanted
+
+
+def without_feature_cache(argv: list[str]) -> list[str]:
+    """``argv`` without ``--feature-cache DIR``."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--feature-cache":
+            skip = True
+        elif not arg.startswith("--feature-cache="):
+            out.append(arg)
+    return out
 
 
 def run_all(commands: list[list[str]], jobs: int) -> None:

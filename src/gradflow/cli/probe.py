@@ -53,6 +53,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     add_seed(p, meaning="random seed of the split, the control task and the bootstraps")
     p.add_argument("--feature-dtype", choices=("float16", "float32"), default="float16",
                    help="dtype of the features streamed to disk (default %(default)s)")
+    p.add_argument("--feature-cache", default=None, metavar="DIR",
+                   help="reuse word features extracted earlier for the same weights, sentences and settings (a sweep "
+                        "over training sizes, probe families or tasks re-reads the same validation and test "
+                        "sentences); missing ones are written there. Safe to delete")
     add_device(p)
     p.add_argument("--data-root", default=None, help="where the built-in tasks live (default $GRADFLOW_TASKS, else "
                                                      "./data/tasks, else the user cache; see `gradflow tasks list`, "
@@ -104,7 +108,7 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
                          mid=args.mid, limit=args.limit, train_limit=args.train_limit, probe=args.probe,
                          max_length=args.max_length, batch_size=args.batch_size,
                          seed=args.seed, n_resamples=args.resamples, code_length=args.code_length, code_c=args.code_c,
-                         feature_dtype=args.feature_dtype, device=args.device, data_root=args.data_root,
+                         feature_dtype=args.feature_dtype, feature_cache=args.feature_cache, device=args.device, data_root=args.data_root,
                          overwrite=args.overwrite, command=["gradflow", *argv])
     result = run_probes(config, progress=_progress(args.quiet))
     write_probe_figures([result.out], None, result.out, formats=formats(args.format), width=args.width)

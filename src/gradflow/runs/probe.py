@@ -93,6 +93,7 @@ class ProbeConfig:
     code_length: bool = True
     code_c: float = 0.01
     feature_dtype: str = "float16"
+    feature_cache: str | None = None
     device: str = "cpu"
     data_root: str | None = None
     overwrite: bool = False
@@ -190,7 +191,8 @@ class _Job:
             tick = progress(f"features ({regime})", total) if progress else None
             c = self.config
             splits = extract_all(self.loaded, self.task, folder, tick, regime=regime, pooling=c.pooling,
-                                 max_length=c.max_length, batch_size=c.batch_size, mid=c.mid, dtype=c.feature_dtype)
+                                 max_length=c.max_length, batch_size=c.batch_size, mid=c.mid, dtype=c.feature_dtype,
+                                 cache=Path(c.feature_cache) if c.feature_cache else None)
             self.counts[regime] = {s: {"words": int(f.labels.size), "dropped_words": f.dropped,
                                        "sentences": int(np.unique(f.sentence).size)} for s, f in splits.items()}
             self._fit_sites(regime, splits, progress)

@@ -20,6 +20,7 @@ what the whole forward and a pooling matmul give (tested for every supported fam
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,10 +34,12 @@ from gradflow.hooks.sites import SiteLayer, model_device
 from gradflow.inputs.corpus import batches
 from gradflow.inputs.labelled import SPLIT_NAMES, LabelledSentences, LabelledSplits
 from gradflow.models import LoadedModel
+from gradflow.runs.feature_cache import cached, feature_key, finish_entry, model_digest, start_entry
 
 POOLINGS: tuple[str, ...] = ("first", "mean")
 FEATURE_DTYPES: tuple[str, ...] = ("float16", "float32")
 FLOAT16_MAX = 65504.0
+CACHED_SPLIT = "features"  # file prefix inside a feature-cache entry (one split each)
 
 
 @dataclass
@@ -160,18 +163,50 @@ def site_states(model: torch.nn.Module, sites: SiteLayer, inputs: dict[str, torc
 def extract_split(loaded: LoadedModel, sentences: LabelledSentences, label_ids: dict[str, int], folder: Path,
                   split: str, *, regime: str = "unmasked", pooling: str = "first", max_length: int = 128,
                   batch_size: int = 32, mid: bool = False, dtype: str = "float16",
-                  progress: Callable[[int], None] | None = None) -> SplitFeatures:
-    """Features of every word of ``sentences`` at every site, appended to raw files under ``folder``."""
+                  progress: Callable[[int], None] | None = None, cache: Path | None = None,
+                  model_sha256: str | None = None) -> SplitFeatures:
+    """Features of every word of ``sentences`` at every site, appended to raw files under ``folder``.
+
+    ``cache``: a feature cache folder (:mod:`gradflow.runs.feature_cache`): the split is read from it when an
+    entry with the same key exists, else extracted into it (``folder`` is then not used); ``model_sha256``:
+    the model's :func:`~gradflow.runs.feature_cache.model_digest`, computed when not given."""
     if pooling not in POOLINGS:
         raise TaskError(f"unknown pooling {pooling!r}; choose one of {', '.join(POOLINGS)}")
     model, tokenizer = loaded.model, loaded.tokenizer
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     sites = SiteLayer(model, loaded.adapter, mid=mid)
+    items = list(_items(tokenizer, sentences, max_length, regime == "masked"))
+    if cache is None:
+        keys = _extract(loaded, sites, items, folder, split, pooling, batch_size, dtype, progress)
+        return _split_features(sentences, label_ids, folder, split, sites.names, keys, dtype)
+    settings = {"regime": regime, "pooling": pooling, "max_length": max_length, "batch_size": batch_size, "mid": mid,
+                "dtype": dtype, "device": model_device(model).type, "sites": list(sites.names)}
+    key = feature_key(model_sha256 or model_digest(model), [(item.ids, item.words) for item in items], settings)
+    hit = cached(cache, key)
+    if hit is not None:
+        entry, keys = hit
+        if progress is not None:
+            progress(sum(len(item.words) for item in items))
+    else:
+        partial = start_entry(cache, key)
+        try:
+            keys = _extract(loaded, sites, items, partial, CACHED_SPLIT, pooling, batch_size, dtype, progress)
+            entry = finish_entry(cache, key, partial, keys, list(sites.names))
+        finally:
+            shutil.rmtree(partial, ignore_errors=True)  # gone after the rename; left only by an error
+    return _split_features(sentences, label_ids, entry, CACHED_SPLIT, sites.names, keys, dtype)
+
+
+def _extract(loaded: LoadedModel, sites: SiteLayer, items: list[_Item], folder: Path, split: str, pooling: str,
+             batch_size: int, dtype: str, progress: Callable[[int], None] | None) -> list[tuple[int, int]]:
+    """Run the model over ``items`` and append each site's word features to ``folder/<split>.<site>.bin``;
+    returns each feature row's (sentence, word)."""
+    model, tokenizer = loaded.model, loaded.tokenizer
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     files = {site: open(folder / f"{split}.{site}.bin", "wb") for site in sites.names}
     keys: list[tuple[int, int]] = []
     device = model_device(model)
     try:
-        for batch in batches(_items(tokenizer, sentences, max_length, regime == "masked"), batch_size):
+        for batch in batches(items, batch_size):
             width = max(len(item.ids) for item in batch)
             ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
             attention = torch.zeros((len(batch), width), dtype=torch.long)
@@ -191,7 +226,7 @@ def extract_split(loaded: LoadedModel, sentences: LabelledSentences, label_ids: 
     finally:
         for handle in files.values():
             handle.close()
-    return _split_features(sentences, label_ids, folder, split, sites.names, keys, dtype)
+    return keys
 
 
 def _as_dtype(features: torch.Tensor, dtype: str, site: str) -> np.ndarray:
@@ -222,6 +257,8 @@ def extract_all(loaded: LoadedModel, task: LabelledSplits, folder: Path, progres
                 **options) -> dict[str, SplitFeatures]:
     """:func:`extract_split` for train, validation and test; raises if a split keeps no word."""
     label_ids = {label: i for i, label in enumerate(task.labels)}
+    if options.get("cache") is not None and options.get("model_sha256") is None:
+        options["model_sha256"] = model_digest(loaded.model)  # once for the three splits
     out = {}
     for split in SPLIT_NAMES:
         features = extract_split(loaded, task.split(split), label_ids, folder, split, progress=progress, **options)
