@@ -1,9 +1,11 @@
-"""Shared fixtures: a tiny BERT MLM saved with a real (tiny) WordPiece tokenizer, built offline."""
+"""Shared fixtures: a tiny BERT MLM saved with a real (tiny) WordPiece tokenizer, built offline, and a toy tagging
+task of its words."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 SAMPLE_LINES = [
@@ -68,3 +70,18 @@ def torch_threads_unchanged():
     after = torch.get_num_threads()
     torch.set_num_threads(before)
     assert after == before, f"the test left torch.get_num_threads() at {after} (was {before}): restore it"
+
+
+@pytest.fixture(scope="module")
+def toy_task(tmp_path_factory):
+    """120 random sentences of the tiny model's words, tagged DET / VERB / NOUN by word (split 96/12/12)."""
+    words = ["the", "progress", "of", "public", "credit", "is", "a", "rise", "we", "must", "laws", "are"]
+    tags = {"the": "DET", "a": "DET", "is": "VERB", "are": "VERB", "must": "VERB"}
+    rng = np.random.default_rng(0)
+    lines = []
+    for _ in range(120):
+        lines += [f"{w}\t{tags.get(str(w), 'NOUN')}" for w in rng.choice(words, size=int(rng.integers(3, 8)))]
+        lines.append("")
+    path = tmp_path_factory.mktemp("robust") / "toy.conll"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path

@@ -21,21 +21,6 @@ from gradflow.runs.probe import ProbeConfig, run_probes
 from gradflow.runs.probe_features import extract_split
 
 
-@pytest.fixture(scope="module")
-def toy_task(tmp_path_factory) -> Path:
-    """60 sentences of the tiny model's words, tagged by word."""
-    words = ["the", "progress", "of", "public", "credit", "is", "a", "rise", "we", "must", "laws", "are"]
-    tags = {"the": "DET", "a": "DET", "is": "VERB", "are": "VERB", "must": "VERB"}
-    rng = np.random.default_rng(1)
-    lines = []
-    for _ in range(60):
-        lines += [f"{w}\t{tags.get(str(w), 'NOUN')}" for w in rng.choice(words, size=int(rng.integers(3, 9)))]
-        lines.append("")
-    path = tmp_path_factory.mktemp("cache-task") / "toy.conll"
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return path
-
-
 def _run(model: Path, task: Path, out: Path, train_limit: int, cache: Path | None):
     return run_probes(ProbeConfig(model=str(model), task=str(task), out=str(out), limit=8, train_limit=train_limit,
                                   n_resamples=30, code_length=False,

@@ -112,21 +112,6 @@ def test_train_limit_changes_train_only():
             limited_splits(task, 6, bad)
 
 
-@pytest.fixture(scope="module")
-def toy_task(tmp_path_factory):
-    """120 random sentences of the tiny model's words, tagged DET / VERB / NOUN by word (split 96/12/12)."""
-    words = ["the", "progress", "of", "public", "credit", "is", "a", "rise", "we", "must", "laws", "are"]
-    tags = {"the": "DET", "a": "DET", "is": "VERB", "are": "VERB", "must": "VERB"}
-    rng = np.random.default_rng(0)
-    lines = []
-    for _ in range(120):
-        lines += [f"{w}\t{tags.get(str(w), 'NOUN')}" for w in rng.choice(words, size=int(rng.integers(3, 8)))]
-        lines.append("")
-    path = tmp_path_factory.mktemp("robust") / "toy.conll"
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return path
-
-
 def test_mlp_runs_with_different_train_sizes_score_the_same_test_words(tiny_mlm_dir, toy_task, tmp_path, capsys):
     outs = []
     for size in ("20", "all"):
