@@ -26,23 +26,19 @@ import time
 import torch
 
 from gradflow.hooks.sites import SiteLayer
+from gradflow.inputs.labelled import LabelledSentences
 from gradflow.models import load_model
-from gradflow.runs.probe_features import _Item, pool_words, site_states, word_pooling
+from gradflow.runs.probe_features import _Item, pool_words, site_states, tokenised_words, word_pooling
 from gradflow.runs.record import default_texts
 
 
 def sentence_batches(loaded, words: int, batch: int, batches: int) -> list[list[_Item]]:
     """``batches`` batches of ``batch`` sentences of ``words`` words from the committed sample, as probe items."""
     text = " ".join(default_texts()).split()
-    items = []
-    for s in range(batch * batches):
-        chunk = text[s * words:(s + 1) * words]
-        enc = loaded.tokenizer(chunk, is_split_into_words=True, truncation=True, max_length=128)
-        positions: list[list[int]] = [[] for _ in chunk]
-        for pos, w in enumerate(enc.word_ids()):
-            if w is not None:
-                positions[w].append(pos)
-        items.append(_Item(list(enc["input_ids"]), [(s, w, tuple(p)) for w, p in enumerate(positions)]))
+    chunks = tuple(tuple(text[s * words:(s + 1) * words]) for s in range(batch * batches))
+    sentences = LabelledSentences(chunks, tuple(("x",) * len(c) for c in chunks))
+    items = [_Item(ids, [(s, w, p) for w, p in enumerate(positions)])
+             for s, (ids, positions) in enumerate(tokenised_words(loaded.tokenizer, sentences, 128))]
     return [items[i:i + batch] for i in range(0, len(items), batch)]
 
 
