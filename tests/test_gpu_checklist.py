@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_every_benchmark_is_a_step_on_cuda():
-    benchmarks = {"bench_recorder", "bench_callback", "bench_memory", "bench_pretrain", "checkpoint_overhead",
+    benchmarks = {"bench_recorder", "bench_record_throughput", "bench_callback", "bench_memory", "bench_pretrain", "checkpoint_overhead",
                   "long_document", "bench_explore"}
     assert all((ROOT / "benchmarks" / f"{name}.py").exists() for name in benchmarks)
     steps = {s.name: s for s in checklist.STEPS}
@@ -84,3 +84,15 @@ def test_without_cuda_the_full_run_is_refused(tmp_path, monkeypatch):
     with pytest.raises(SystemExit, match="no CUDA device here .* pass --dry-run"):
         checklist.main(["--out", str(tmp_path)])
     assert not list(tmp_path.iterdir())
+
+
+def test_record_throughput_dry_run_counts_the_long_runs_extra_sequences():
+    step = next(s for s in checklist.STEPS if s.name == "bench_record_throughput")
+    result = checklist.run_step(step.command(True), timeout_s=300)
+    assert result["status"] == "passed", result["output"]
+    rows = [json.loads(line) for line in result["output"].splitlines() if line.startswith("{")]
+    header = [line for line in result["output"].splitlines() if line.startswith("float32")]
+    assert [line.split()[1] for line in header] == ["norms", "full"]
+    for row in rows:  # a row is printed only when the rate is measurable
+        assert row["dtype"] == "float32" and row["sequences"] == 24 - 8 and row["tokens"] > row["sequences"]
+        assert row["tokens_per_s"] == pytest.approx(row["tokens"] / row["wall_s"], rel=1e-2)
