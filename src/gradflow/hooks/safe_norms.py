@@ -30,6 +30,8 @@ def safe_norm(x: torch.Tensor, dim: int | tuple[int, ...]) -> torch.Tensor:
     pass. So a returned norm is 0 exactly when its row has no nonzero element (zero is decided from
     the elements, never from a float32 norm).
     """
+    if _without_syncs(x):
+        return _safe_norm_on_device(x, dim)
     if x.dim() == 2 and dim in ((-2, -1), (0, 1)):  # one matrix: the norm of its row norms, computed in
         # parallel over rows (one whole-matrix reduction runs on one thread); one sync decides
         norm = torch.linalg.vector_norm(torch.linalg.vector_norm(x, dim=-1, dtype=torch.float32))
@@ -53,6 +55,34 @@ def safe_norm(x: torch.Tensor, dim: int | tuple[int, ...]) -> torch.Tensor:
     if bool(live.any()):
         norm[live] = torch.linalg.vector_norm(x[live].double(), dim=-1).float()
     return norm
+
+
+def _without_syncs(x: torch.Tensor) -> bool:
+    """Whether ``x`` lives on an accelerator, where each host-side decision (``float``, ``bool``) waits
+    for the device: there :func:`safe_norm` decides nothing on the host."""
+    return x.device.type != "cpu"
+
+
+def scaled_norm(x: torch.Tensor, dim: int | tuple[int, ...]) -> torch.Tensor:
+    """Float32 L2 norm over ``dim`` as ``m * ||x / m||`` with ``m`` the largest magnitude (LAPACK's
+    ``nrm2`` scaling): no element of ``x / m`` exceeds 1 and the largest is 1, so the sum of squares
+    neither overflows nor underflows. 0 exactly for rows without a nonzero element (``m`` = 0), NaN
+    for rows with a NaN, infinity for rows with an infinite element (and no NaN). About 1 float32 rounding
+    per element from the plain norm; used for the rows whose plain float32 norm is unsafe."""
+    m = torch.amax(x.abs(), dim=dim, keepdim=True).float()
+    y = x.float() / torch.where((m > 0) & ~m.isinf(), m, torch.ones_like(m))
+    m = m.squeeze(dim)
+    return torch.where(m.isinf(), m, torch.linalg.vector_norm(y, dim=dim) * m)
+
+
+def _safe_norm_on_device(x: torch.Tensor, dim: int | tuple[int, ...]) -> torch.Tensor:
+    """:func:`safe_norm` without a host-device synchronisation: the plain float32 norm where it is
+    safe (the same bits), :func:`scaled_norm` elsewhere, chosen element by element with ``torch.where``."""
+    if x.dim() == 2 and dim in ((-2, -1), (0, 1)):  # one matrix: the norm of its row norms
+        return _safe_norm_on_device(_safe_norm_on_device(x, -1), -1)
+    plain = torch.linalg.vector_norm(x, dim=dim, dtype=torch.float32)
+    unsafe = ~(plain >= SAFE_MIN) | torch.isinf(plain)
+    return torch.where(unsafe, scaled_norm(x, dim), plain)
 
 
 def _recompute_rows(x: torch.Tensor, norm: torch.Tensor, unsafe: torch.Tensor, dim: int | tuple[int, ...]
