@@ -18,7 +18,7 @@ the peak-memory ratio of each mode, each measured in a fresh subprocess (CPU: pe
 model; CUDA: ``max_memory_allocated``). Targets (issue 29): full <= 1.10x, record-full <= 1.0x,
 record-norms <= captum-norms, memory <= 1.10x. Not a test: numbers are printed, never asserted.
 
-    python benchmarks/bench_recorder.py [--rounds 5] [--steps 3] [--device cpu|cuda] [--layers 12] [--threads 2]
+    python benchmarks/bench_recorder.py [--rounds 5] [--steps 3] [--device cpu|cuda] [--dtype bfloat16] [--layers 12]
 """
 
 from __future__ import annotations
@@ -41,10 +41,14 @@ from gradflow.inputs.masking import MaskedBatch, TokenizerInfo, mask_sequence
 MODES = ("bare", "norms", "full", "record-norms", "record-full", "captum-norms")
 
 
-def build(layers: int, device: str, seed: int = 0):
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def build(layers: int, device: str, dtype: str = "float32", seed: int = 0):
+    """The seeded random bert-base-shaped model, weights in ``dtype``, on ``device``, in eval mode."""
     torch.manual_seed(seed)
     config = BertConfig(num_hidden_layers=layers)
-    model = BertForMaskedLM(config).to(device).eval()
+    model = BertForMaskedLM(config).to(device=device, dtype=DTYPES[dtype]).eval()
     return model
 
 
@@ -107,7 +111,7 @@ def timing(args) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
     """Per mode, the wall and CPU seconds per step of each round: every mode alike takes one untimed step,
     then ``args.steps`` timed steps whose mean is the round's sample (one step alone varies by several
     percent on a shared 2-core machine; the mean of a few does not)."""
-    model = build(args.layers, args.device)
+    model = build(args.layers, args.device, args.dtype)
     batch = make_batch(args.batch, args.length, model.config.vocab_size, args.device)
     times = {m: [] for m in MODES}
     cpu = {m: [] for m in MODES}
@@ -134,7 +138,7 @@ def timing(args) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
 
 def memory_one(args, mode: str) -> float:
     """Peak memory of one step of ``mode`` above the loaded model and batch (MiB)."""
-    model = build(args.layers, args.device)
+    model = build(args.layers, args.device, args.dtype)
     batch = make_batch(args.batch, args.length, model.config.vocab_size, args.device)
     recorder = None
     if mode not in ("bare", "captum-norms"):
@@ -175,6 +179,7 @@ def main() -> None:
     p.add_argument("--length", type=int, default=128)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu, cuda or cuda:N")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    p.add_argument("--dtype", default="float32", choices=sorted(DTYPES), help="the model's weights (default float32)")
     p.add_argument("--memory-child", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.device.startswith("cuda") and not torch.cuda.is_available():
@@ -184,8 +189,8 @@ def main() -> None:
     if args.memory_child:
         print(json.dumps({"peak_mib": memory_one(args, args.memory_child)}))
         return
-    print(f"device={args.device} threads={torch.get_num_threads()} layers={args.layers} B={args.batch} T={args.length} "
-          f"torch={torch.__version__} load={os.getloadavg()[0]:.2f}")
+    print(f"device={args.device} dtype={args.dtype} threads={torch.get_num_threads()} layers={args.layers} "
+          f"B={args.batch} T={args.length} torch={torch.__version__} load={os.getloadavg()[0]:.2f}")
     times, cpu = timing(args)
     bare, bare_cpu = statistics.median(times["bare"]), statistics.median(cpu["bare"])
     print(f"{'mode':<14}{'median s':>10}{'ratio':>8}{'min':>8}{'max':>8}{'paired':>8}{'cpu ratio':>11}   "
@@ -199,7 +204,7 @@ def main() -> None:
     peaks = {}
     for mode in MODES:
         cmd = [sys.executable, __file__, "--memory-child", mode, "--layers", str(args.layers), "--batch",
-               str(args.batch), "--length", str(args.length), "--device", args.device]
+               str(args.batch), "--length", str(args.length), "--device", args.device, "--dtype", args.dtype]
         if args.threads:
             cmd += ["--threads", str(args.threads)]
         out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
