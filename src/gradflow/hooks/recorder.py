@@ -175,17 +175,22 @@ class GradFlowRecorder:
         state = self._batch
         if state is None:
             raise RecorderError("nothing captured: run a forward and backward inside `rec.capture(roles)` first")
-        zeros = torch.zeros(state.b, state.t)
         missing = [self.site_names[i] for i, a in enumerate(state.act) if a is None]
         if missing:
             raise RecorderError(f"sites never ran in the forward pass: {', '.join(missing[:4])}; "
                                 "was the forward run inside `rec.capture(...)`?")
-        grad = torch.stack([g.cpu() if g is not None else zeros for g in state.grad])
-        act = torch.stack([a.cpu() for a in state.act])
+        # each kind of statistic stacked on the device and copied to the host once (every copy waits for the device)
+        zeros = torch.zeros_like(state.act[0])
+        grad = torch.stack([g if g is not None else zeros for g in state.grad]).cpu()
+        act = torch.stack(state.act).cpu()
+        keys = [key for key, _ in sorted(state.sublayers.items(), key=_sublayer_order)]
+        stats = [state.sublayers[key] for key in keys]
+        counts = torch.stack([s[0] for s in stats]).cpu() if stats else None  # (K, NUM_ROLES) long
+        values = torch.stack([torch.stack(s[1:4]) for s in stats]).cpu() if stats else None  # (K, 3, NUM_ROLES)
         sublayers = []
-        for (depth, name, param), stats in sorted(state.sublayers.items(), key=_sublayer_order):
-            sublayers.append(SublayerRecord(depth, name, param, *(s.cpu() for s in stats[:4]),
-                                            position_magnitude=stats[4].cpu() if stats[4] is not None else None))
+        for i, ((depth, name, param), s) in enumerate(zip(keys, stats)):
+            sublayers.append(SublayerRecord(depth, name, param, counts[i], *values[i],
+                                            position_magnitude=s[4].cpu() if s[4] is not None else None))
         record = BatchRecord(self.site_names, self.site_layers, self.site_points, grad, act,
                              state.roles.cpu(), state.sequence_index.cpu(), state.loss,
                              self.num_blocks, sublayers, state.matrices)

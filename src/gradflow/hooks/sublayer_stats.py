@@ -24,7 +24,6 @@ from the elements, never from a norm, and norms are safe from underflow and over
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -121,7 +120,7 @@ def _linear_stats(state: BatchState, depth: int, mod: nn.Linear, entries: list[S
         d_out, d_in = g.shape[1], x2.shape[1]
         n_contributing, unsafe = table[col], table[col + 2]
         gs = float32(g.index_select(0, rest.index))
-        norms = [0.0] * NUM_ROLES
+        norms = torch.zeros(NUM_ROLES, device=g2.device)  # stays on the device: no sync per role
         grams: dict[int, torch.Tensor] = {}
         deferred = False
         for code in range(NUM_ROLES):
@@ -140,16 +139,16 @@ def _linear_stats(state: BatchState, depth: int, mod: nn.Linear, entries: list[S
             if state.config.materialize:
                 matrix = gr.T @ inputs.role_rows(code, big)
                 state.matrices[(depth, entry.name, "weight", ALL_ROLES[code])] = matrix.cpu()
-                norms[code] = float(safe_norm(matrix, dim=(-2, -1)))
+                norms[code] = safe_norm(matrix, dim=(-2, -1))
             elif gram_cheaper and not unsafe[code]:
                 grams[code] = ((gr @ gr.T) * inputs.gram(code, big)).sum(dtype=torch.float64)
             elif gram_cheaper:  # float32 products of these rows could underflow or overflow
                 grams[code] = gram_float64(gr, inputs.role_rows(code, big))
             else:
-                norms[code] = float(safe_norm(gr.T @ inputs.role_rows(code, big), dim=(-2, -1)))
-        if grams:
-            for code, value in zip(grams, torch.stack(list(grams.values())).tolist()):
-                norms[code] = math.sqrt(max(value, 0.0))
+                norms[code] = safe_norm(gr.T @ inputs.role_rows(code, big), dim=(-2, -1))
+        if grams:  # float64 square roots rounded once to float32
+            for code, value in zip(grams, torch.stack(list(grams.values())).clamp(min=0).sqrt().float()):
+                norms[code] = value
         weight_sums = (sums[:, col], sums[:, col + 1])
         if deferred:
             pending.append((entry, g, mag, weight_sums, norms))
@@ -160,7 +159,7 @@ def _linear_stats(state: BatchState, depth: int, mod: nn.Linear, entries: list[S
         if mod.bias is not None or entry.outside_bias:
             role_sums = _role_sums(g, part)
             _store(state, depth, entry.name, "bias", part, sums[:, col + 3], sums[:, col + 4],
-                   safe_norm(role_sums, dim=-1).cpu(), gn)
+                   safe_norm(role_sums, dim=-1), gn)
             if state.config.materialize:
                 for code in range(NUM_ROLES):
                     if counts[code]:
@@ -187,7 +186,7 @@ def _finish_big_role(state: BatchState, depth: int, part: RolePartition, big: in
         else:
             idx = part.index[big]
             matrix = float32(g.index_select(0, idx)).T @ float32(x2.index_select(0, idx))
-        norms[big] = float(safe_norm(matrix, dim=(-2, -1)))
+        norms[big] = safe_norm(matrix, dim=(-2, -1))
         _store(state, depth, entry.name, "weight", part, *weight_sums, norms, mag)
 
 
@@ -221,7 +220,7 @@ def _norm_stats(state: BatchState, depth: int, mod: nn.Module, entries: list[Sub
     sums = _scatter_columns([column for mag in mags for column in (mag > 0, mag)], part.codes)
     for i, ((param, per_pos), mag) in enumerate(zip(params, mags)):
         role_sums = _role_sums(per_pos, part)
-        norms = safe_norm(role_sums, dim=-1).cpu()
+        norms = safe_norm(role_sums, dim=-1)
         for entry in entries:
             _store(state, depth, entry.name, param, part, sums[:, 2 * i], sums[:, 2 * i + 1], norms, mag)
             if state.config.materialize:
@@ -231,16 +230,15 @@ def _norm_stats(state: BatchState, depth: int, mod: nn.Module, entries: list[Sub
 
 
 def _store(state: BatchState, depth: int, name: str, param: str, part: RolePartition, n_nonzero: torch.Tensor,
-           mag_sum: torch.Tensor, norms: torch.Tensor | list[float], mag: torch.Tensor) -> None:
-    """Add one call's statistics to (depth, name, param); several calls (relpos) accumulate.
+           mag_sum: torch.Tensor, norms: torch.Tensor, mag: torch.Tensor) -> None:
+    """Add one call's statistics to (depth, name, param); several calls (relpos) accumulate. Everything stays on
+    the model's device until the batch's record is made (a copy to the host would wait for the device).
 
     Per role (NUM_ROLES,): ``n_nonzero`` positions whose contribution has a nonzero element (decided from
     the elements: a tiny magnitude may have underflowed to 0), ``mag_sum`` their summed magnitudes and
     ``norms`` the contribution norms; ``mag`` (N,): the per-position magnitudes.
     """
     key = (depth, name, param)
-    norms = torch.tensor(norms, dtype=torch.float32) if isinstance(norms, list) else norms
-    n_nonzero, mag_sum = n_nonzero.cpu(), mag_sum.cpu()
     position = None
     if state.config.position_magnitudes and part.count_list[Role.RELPOS] == 0:
         position = mag.reshape(state.b, -1)[:, :state.t]  # (positions the model appended: cut)
@@ -248,10 +246,10 @@ def _store(state: BatchState, depth: int, name: str, param: str, part: RoleParti
         old = state.sublayers[key]
         # contributions of separate calls add as matrices; their norms are kept per role, and the
         # calls of one sublayer never share a role (tokens vs relpos), so the norms simply add.
-        state.sublayers[key] = (old[0] + part.counts.cpu(), old[1] + n_nonzero, old[2] + mag_sum,
+        state.sublayers[key] = (old[0] + part.counts, old[1] + n_nonzero, old[2] + mag_sum,
                                 old[3] + norms, old[4] if old[4] is not None else position)
     else:
-        state.sublayers[key] = (part.counts.cpu().clone(), n_nonzero, mag_sum, norms, position)
+        state.sublayers[key] = (part.counts.clone(), n_nonzero, mag_sum, norms, position)
 
 
 def _store_positions(state: BatchState, depth: int, name: str, param: str, part: RolePartition, mag: torch.Tensor,
@@ -302,7 +300,7 @@ def _grouped_stats(state: BatchState, depth: int, mod: nn.Conv1d, entries: list[
     mag = gn[:, 0] * xn[:, 0] if groups == 1 else safe_norm(gn * xn, dim=-1)
     contributes = ((gn > 0) & (xn > 0)).any(dim=1)
     n_contributing = _scatter_columns([contributes], codes)[:, 0].tolist()
-    norms = torch.zeros(NUM_ROLES)
+    norms = torch.zeros(NUM_ROLES, device=g2.device)
     for code in range(NUM_ROLES):
         if n_contributing[code] == 0 and not (state.config.materialize and counts[code]):
             continue
@@ -311,7 +309,7 @@ def _grouped_stats(state: BatchState, depth: int, mod: nn.Conv1d, entries: list[
         else:
             idx = index[code]
             matrix = torch.einsum("ngo,ngi->goi", gk[idx].float(), xk[idx].float()).reshape(mod.weight.shape)
-            norms[code] = float(safe_norm(matrix.reshape(-1), dim=-1))
+            norms[code] = safe_norm(matrix.reshape(-1), dim=-1)
         if state.config.materialize:
             for entry in entries:
                 state.matrices[(depth, entry.name, "weight", ALL_ROLES[code])] = matrix.cpu()
@@ -322,7 +320,7 @@ def _grouped_stats(state: BatchState, depth: int, mod: nn.Conv1d, entries: list[
         sums = torch.zeros(NUM_ROLES, g2.shape[1], dtype=torch.float32, device=g2.device)
         sums.index_add_(0, codes, g2.float())
         for entry in entries:
-            _store_positions(state, depth, entry.name, "bias", part, gn_all, gn_all > 0, safe_norm(sums, dim=-1).cpu())
+            _store_positions(state, depth, entry.name, "bias", part, gn_all, gn_all > 0, safe_norm(sums, dim=-1))
             if state.config.materialize:
                 for code in range(NUM_ROLES):
                     if counts[code]:
