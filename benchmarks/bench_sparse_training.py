@@ -18,7 +18,7 @@ sensitive to other processes on a loaded machine: run with ``OMP_WAIT_POLICY=pas
 OpenMP threads do not spin) are printed with the load average. Not a test: numbers are printed, never
 asserted.
 
-    python benchmarks/bench_sparse_training.py [--rounds 3] [--steps 2] [--threads 2] [--shapes mini,base]
+    python benchmarks/bench_sparse_training.py [--rounds 3] [--steps 2] [--threads 2] [--shapes mini,base] [--device cuda]
 """
 
 from __future__ import annotations
@@ -92,11 +92,19 @@ def train_step(mode: str, model: torch.nn.Module, opt: torch.optim.Optimizer, ba
     opt.zero_grad(set_to_none=True)
 
 
-def measure(model: torch.nn.Module, batch: MaskedBatch, rounds: int,
-            steps: int) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+def sync(device: str) -> None:
+    """Wait for the device's queued work (a GPU runs asynchronously; a timer must not stop before it)."""
+    if device.startswith("cuda"):
+        torch.cuda.synchronize(device)
+
+
+def measure(model: torch.nn.Module, batch: MaskedBatch, rounds: int, steps: int,
+            device: str = "cpu") -> tuple[dict[str, list[float]], dict[str, list[float]]]:
     """Wall and process-CPU seconds per step of each mode, one value per round (modes interleaved; one
-    warm-up step each). CPU time counts the work of every thread, so it is less sensitive to other load."""
-    model.train()
+    warm-up step each). CPU time counts the work of every thread, so it is less sensitive to other load
+    (on a GPU it is the host's time only: read the wall time there)."""
+    model.to(device).train()
+    batch = batch.to(device)
     for module in model.modules():  # dropout off: the same computation in every mode
         if isinstance(module, torch.nn.Dropout):
             module.p = 0.0
@@ -107,9 +115,11 @@ def measure(model: torch.nn.Module, batch: MaskedBatch, rounds: int,
     cpu: dict[str, list[float]] = {m: [] for m in MODES}
     for _ in range(rounds):
         for mode in MODES:
+            sync(device)
             start, start_cpu = time.perf_counter(), time.process_time()
             for _ in range(steps):
                 train_step(mode, model, opt, batch)
+            sync(device)
             times[mode].append((time.perf_counter() - start) / steps)
             cpu[mode].append((time.process_time() - start_cpu) / steps)
     return times, cpu
@@ -122,17 +132,22 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--shapes", default="mini,base")
     p.add_argument("--json", action="store_true", help="also print one JSON line per shape")
+    p.add_argument("--device", default="cpu", help="torch device of the training steps: cpu, cuda, cuda:N (default cpu)")
     args = p.parse_args()
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: torch sees no CUDA device here; leave --device out to measure on the CPU.")
     torch.set_num_threads(args.threads)
     load = os.getloadavg()
-    print(f"torch {torch.__version__}, {args.threads} thread(s), {args.rounds} rounds x {args.steps} steps, "
+    device = torch.cuda.get_device_name(args.device) if args.device.startswith("cuda") else "cpu"
+    print(f"device {args.device} ({device}), torch {torch.__version__}, {args.threads} thread(s), "
+          f"{args.rounds} rounds x {args.steps} steps, "
           f"load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f} on {os.cpu_count()} CPUs")
     for name, model, batch in shapes(args.shapes.split(",")):
         print(f"\n{name}: starting at load average {os.getloadavg()[0]:.1f}", flush=True)
         tokens = int(batch.attention_mask.sum())
         loss_tokens = int((batch.labels != -100).sum())
         pred = predicted(model, batch)
-        times, cpu = measure(model, batch, args.rounds, args.steps)
+        times, cpu = measure(model, batch, args.rounds, args.steps, args.device)
         median = {m: statistics.median(v) for m, v in times.items()}
         median_cpu = {m: statistics.median(v) for m, v in cpu.items()}
         print(f"\n{name}: {tokens} tokens, {loss_tokens} loss positions")
