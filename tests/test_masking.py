@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from transformers import AutoTokenizer
@@ -134,3 +135,17 @@ def test_mlm_roles_recover_the_roles_mask_batch_drew(tiny_mlm_dir):
     assert torch.equal(back[~lucky], batch.roles[~lucky])
     assert (back[lucky] == Role.KEPT).all()
     assert set(back.unique().tolist()) >= {Role.MASKED, Role.RANDOM, Role.KEPT, Role.CONTEXT, Role.SPECIAL}
+
+
+def test_random_replacements_draw_from_the_vocabulary_less_the_special_ids_built_once():
+    from gradflow.inputs.masking import _random_tokens, _replacement_candidates
+
+    info = TokenizerInfo(mask_token_id=4, vocab_size=50, special_ids=(0, 2, 3, 4, 1), pad_token_id=0, unk_token_id=1)
+    candidates = _replacement_candidates(50, (0, 2, 3, 4, 1))
+    assert candidates.tolist() == list(range(5, 50)) and not candidates.flags.writeable
+    assert _replacement_candidates(50, (0, 2, 3, 4, 1)) is candidates  # built once per tokenizer
+    # the same draws as the vocabulary filtered at every call (what earlier runs' masks were made with)
+    got = _random_tokens(np.random.default_rng(7), 1000, info)
+    fresh = np.setdiff1d(np.arange(50), np.array([0, 2, 3, 4, 1]))
+    assert got.tolist() == fresh[np.random.default_rng(7).integers(0, fresh.size, size=1000)].tolist()
+    assert set(got.tolist()) == set(range(5, 50))
