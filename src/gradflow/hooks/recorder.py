@@ -189,7 +189,7 @@ class GradFlowRecorder:
         values = torch.stack([torch.stack(s[1:4]) for s in stats]).cpu() if stats else None  # (K, 3, NUM_ROLES)
         sublayers = []
         for i, ((depth, name, param), s) in enumerate(zip(keys, stats)):
-            sublayers.append(SublayerRecord(depth, name, param, counts[i], *values[i],
+            sublayers.append(SublayerRecord(depth, name, param, counts[i].clone(), *(v.clone() for v in values[i]),
                                             position_magnitude=s[4].cpu() if s[4] is not None else None))
         record = BatchRecord(self.site_names, self.site_layers, self.site_points, grad, act,
                              state.roles.cpu(), state.sequence_index.cpu(), state.loss,
