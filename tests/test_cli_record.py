@@ -179,17 +179,28 @@ def test_crash_mid_run_flushes_partial_results(tmp_path, tiny_mlm_dir, tiny_corp
 
 
 def test_sigint_subprocess_leaves_loadable_partial_run(tmp_path, tiny_mlm_dir):
+    import fcntl
+    import pty
+    import re
+    import struct
+    import termios
+    import threading
+
     texts = tmp_path / "big.txt"
     texts.write_text("\n".join(["the treasury of the union and the nation"] * 40000) + "\n", encoding="utf-8")
     out = tmp_path / "sig"
+    # stderr is a pseudo-terminal, as for a user at a shell: the bar redraws every 0.1 s (into a pipe it would
+    # draw once in 30 s, and the test would wait that long for the first count)
+    parent_fd, child_fd = pty.openpty()
+    # a terminal 80 columns wide (a new pseudo-terminal reports 0, and a bar fitted to 0 columns draws nothing)
+    fcntl.ioctl(child_fd, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
     proc = subprocess.Popen([sys.executable, "-m", "gradflow", "record", "--model", str(tiny_mlm_dir), "--texts",
                              str(texts), "--out", str(out), "--max-length", "24"],
-                            env=ENV, stderr=subprocess.PIPE, text=True,
+                            env=ENV, stderr=child_fd, text=True,
                             # a shell's background job ignores SIGINT and children inherit that (then
                             # Python installs no KeyboardInterrupt handler): give the child the default
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    import re
-    import threading
+    os.close(child_fd)
 
     # interrupt once the progress bar shows recorded sequences (not after a fixed delay: a loaded
     # machine may take seconds for the first batch)
@@ -197,17 +208,27 @@ def test_sigint_subprocess_leaves_loadable_partial_run(tmp_path, tiny_mlm_dir):
     started = threading.Event()
 
     def read() -> None:
-        while chunk := proc.stderr.read(1):
+        while True:
+            try:
+                chunk = os.read(parent_fd, 1024).decode(errors="replace")
+            except OSError:  # EIO: the child has closed the terminal
+                return
+            if not chunk:
+                return
             stderr.append(chunk)
-            if chunk in "q]" and re.search(r"recording: [1-9]\d*seq", "".join(stderr[-200:])):
+            if re.search(r"recording: [1-9]\d*seq", "".join(stderr)[-400:]):
                 started.set()
 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
-    assert started.wait(timeout=600), "recording never started: " + "".join(stderr)[-2000:]
-    proc.send_signal(signal.SIGINT)
-    proc.wait(timeout=600)
-    reader.join(timeout=60)
+    try:
+        assert started.wait(timeout=600), "recording never started: " + "".join(stderr)[-2000:]
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=600)
+        reader.join(timeout=60)
+    finally:
+        proc.kill()
+        os.close(parent_fd)
     err = "".join(stderr)
     assert proc.returncode == 130, err
     meta = json.loads((out / "meta.json").read_text())
