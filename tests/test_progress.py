@@ -35,3 +35,38 @@ def test_a_bar_into_a_log_draws_at_start_and_end_only(monkeypatch):
     bar.close()
     assert 1 <= log.getvalue().count("steps:") <= 3
     assert progress_bar(total=1, file=io.StringIO(), mininterval=5).mininterval == 5  # the caller may choose
+
+
+def _read_all(fd: int) -> str:
+    import os
+    import select
+
+    text = b""
+    while select.select([fd], [], [], 0.5)[0]:
+        text += os.read(fd, 4096)
+    return text.decode(errors="replace")
+
+
+def test_a_terminal_that_reports_no_width_gets_an_80_column_bar():
+    # a new pseudo-terminal reports 0 x 0 (as `docker run -t` from a script gives): tqdm alone would fit the bar
+    # to -1 columns and print nothing at all
+    import os
+    import pty
+
+    from gradflow.progress import FALLBACK_COLUMNS, terminal_columns
+
+    parent_fd, child_fd = pty.openpty()
+    with os.fdopen(child_fd, "w") as terminal:
+        assert terminal_columns(terminal) == 0
+        bar = progress_bar(total=3, desc="recording", unit="seq", file=terminal, dynamic_ncols=True, mininterval=0)
+        assert bar.ncols == FALLBACK_COLUMNS and not bar.dynamic_ncols
+        bar.update(3)
+        bar.close()
+        terminal.flush()
+        drawn = _read_all(parent_fd)
+    os.close(parent_fd)
+    assert "recording: 100%" in drawn and "3/3" in drawn
+    assert all(len(line) <= FALLBACK_COLUMNS for line in drawn.replace("\r", "\n").splitlines())
+    assert terminal_columns(io.StringIO()) is None
+    # a caller's width is kept
+    assert progress_bar(total=1, file=io.StringIO(), ncols=40).ncols == 40

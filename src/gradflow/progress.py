@@ -3,14 +3,18 @@
 On a terminal or in Jupyter (a widget there, through ``tqdm.auto``) a bar redraws up to 10 times a
 second. When stderr is a file or a pipe (a cluster job's log, ``2> log``), it draws at most once
 every 30 s and at the end, so a long run leaves a few lines in the log instead of one per batch.
+A terminal that reports no width (a pseudo-terminal opened without a size, as ``docker run -t`` gives a
+script) gets an 80-column bar: fitted to the reported 0 columns, tqdm would draw nothing.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 
 TERMINAL_INTERVAL_S = 0.1
 LOG_INTERVAL_S = 30.0
+FALLBACK_COLUMNS = 80
 
 
 def redraw_interval() -> float:
@@ -19,14 +23,26 @@ def redraw_interval() -> float:
     return TERMINAL_INTERVAL_S if interactive else LOG_INTERVAL_S
 
 
+def terminal_columns(stream) -> int | None:
+    """The width in columns of the terminal ``stream`` writes to; None when it is not a terminal."""
+    try:
+        return os.get_terminal_size(stream.fileno()).columns
+    except (AttributeError, OSError, ValueError):  # no fileno (StringIO, Jupyter), not a terminal, closed
+        return None
+
+
 def progress_bar(*args, **kwargs):
-    """A ``tqdm.auto`` bar (same arguments) with :func:`redraw_interval` as its ``mininterval``.
+    """A ``tqdm.auto`` bar (same arguments) with :func:`redraw_interval` as its ``mininterval``, and
+    :data:`FALLBACK_COLUMNS` wide on a terminal that reports a width of 0.
 
     Update its postfix with ``set_postfix(..., refresh=False)``: a forced refresh ignores the interval."""
     from tqdm.auto import tqdm
 
     kwargs.setdefault("mininterval", redraw_interval())
+    if kwargs.get("ncols") is None and terminal_columns(kwargs.get("file") or sys.stderr) == 0:
+        kwargs.update(ncols=FALLBACK_COLUMNS, dynamic_ncols=False)
     return tqdm(*args, **kwargs)
 
 
-__all__ = ["LOG_INTERVAL_S", "TERMINAL_INTERVAL_S", "progress_bar", "redraw_interval"]
+__all__ = ["FALLBACK_COLUMNS", "LOG_INTERVAL_S", "TERMINAL_INTERVAL_S", "progress_bar", "redraw_interval",
+           "terminal_columns"]
