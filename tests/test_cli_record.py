@@ -179,11 +179,8 @@ def test_crash_mid_run_flushes_partial_results(tmp_path, tiny_mlm_dir, tiny_corp
 
 
 def test_sigint_subprocess_leaves_loadable_partial_run(tmp_path, tiny_mlm_dir):
-    import fcntl
     import pty
     import re
-    import struct
-    import termios
     import threading
 
     texts = tmp_path / "big.txt"
@@ -191,9 +188,8 @@ def test_sigint_subprocess_leaves_loadable_partial_run(tmp_path, tiny_mlm_dir):
     out = tmp_path / "sig"
     # stderr is a pseudo-terminal, as for a user at a shell: the bar redraws every 0.1 s (into a pipe it would
     # draw once in 30 s, and the test would wait that long for the first count)
+    # opened without a size (0 x 0, as `docker run -t` from a script gives): the bar falls back to 80 x 24
     parent_fd, child_fd = pty.openpty()
-    # a terminal 80 columns wide (a new pseudo-terminal reports 0, and a bar fitted to 0 columns draws nothing)
-    fcntl.ioctl(child_fd, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
     proc = subprocess.Popen([sys.executable, "-m", "gradflow", "record", "--model", str(tiny_mlm_dir), "--texts",
                              str(texts), "--out", str(out), "--max-length", "24"],
                             env=ENV, stderr=child_fd, text=True,

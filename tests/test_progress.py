@@ -47,26 +47,32 @@ def _read_all(fd: int) -> str:
     return text.decode(errors="replace")
 
 
-def test_a_terminal_that_reports_no_width_gets_an_80_column_bar():
+def test_a_terminal_that_reports_no_width_gets_an_80_column_bar(monkeypatch):
     # a new pseudo-terminal reports 0 x 0 (as `docker run -t` from a script gives): tqdm alone would fit the bar
-    # to -1 columns and print nothing at all
+    # to -1 columns and read the height as -1 rows, and print nothing at all. The bar writes to sys.stderr, as
+    # `gradflow record`'s does: tqdm reads the screen's size only for sys.stderr and sys.stdout
     import os
     import pty
 
-    from gradflow.progress import FALLBACK_COLUMNS, terminal_columns
+    from gradflow.progress import FALLBACK_COLUMNS, FALLBACK_ROWS, terminal_columns
 
     parent_fd, child_fd = pty.openpty()
     with os.fdopen(child_fd, "w") as terminal:
         assert terminal_columns(terminal) == 0
-        bar = progress_bar(total=3, desc="recording", unit="seq", file=terminal, dynamic_ncols=True, mininterval=0)
-        assert bar.ncols == FALLBACK_COLUMNS and not bar.dynamic_ncols
+        monkeypatch.setattr(sys, "stderr", terminal)
+        bar = progress_bar(desc="recording", unit="seq", dynamic_ncols=True, mininterval=0)
+        assert bar.ncols == FALLBACK_COLUMNS and bar.nrows == FALLBACK_ROWS and not bar.dynamic_ncols
+        bar.update(3)
+        bar.set_postfix(tokens=12, refresh=False)
         bar.update(3)
         bar.close()
         terminal.flush()
         drawn = _read_all(parent_fd)
+        monkeypatch.setattr(sys, "stderr", io.StringIO())
     os.close(parent_fd)
-    assert "recording: 100%" in drawn and "3/3" in drawn
+    assert "recording: 3seq" in drawn and "recording: 6seq" in drawn and "tokens=12" in drawn
     assert all(len(line) <= FALLBACK_COLUMNS for line in drawn.replace("\r", "\n").splitlines())
     assert terminal_columns(io.StringIO()) is None
-    # a caller's width is kept
-    assert progress_bar(total=1, file=io.StringIO(), ncols=40).ncols == 40
+    # a caller's width and height are kept
+    kept = progress_bar(total=1, file=io.StringIO(), ncols=40, nrows=5)
+    assert (kept.ncols, kept.nrows) == (40, 5)
