@@ -161,7 +161,8 @@ def test_cli_explore_binds_to_localhost_and_names_its_models(monkeypatch):
                                                                                    models=service.models()))
     assert main(["explore"]) == 0
     assert seen == {"host": "127.0.0.1", "port": 8765, "models": ["gradflow-mini-en", "gradflow-mini-en-alltoken",
-                                                                     "gradflow-mini12-en"]}
+                                                                     "gradflow-mini12-en",
+                                                                     "gradflow-mini12-en-alltoken"]}
     assert main(["explore", "--model", MODEL, MODEL, "--port", "9000", "--host", "0.0.0.0"]) == 0
     assert seen == {"host": "0.0.0.0", "port": 9000, "models": [MODEL]}
     assert main(["explore", "--port", "70000"]) == 2

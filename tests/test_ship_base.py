@@ -139,11 +139,18 @@ def test_a_model_shipped_earlier_joins_the_cards_untouched(shipped: dict, tmp_pa
     assert (figures / "cards.md").read_text() == (shipped["figures"] / "cards.md").read_text()
     curves = pd.read_csv(figures / "pretraining_curves.csv")
     assert curves.equals(pd.read_csv(shipped["figures"] / "pretraining_curves.csv"))
+    # both run folders gone (a fresh clone): the cards and curves are redrawn from the package alone
+    redrawn = tmp_path / "redrawn"
+    assert ship_base.ship([], package, redrawn, 12, shipped=("tiny-mlm", "tiny-alltoken")) == cards
+    assert (redrawn / "cards.md").read_text() == (shipped["figures"] / "cards.md").read_text()
+    assert pd.read_csv(redrawn / "pretraining_curves.csv").equals(curves)
 
 
 def test_shipped_models_are_checked(shipped: dict, tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="not a shipped recipe model.*ship its run with --run"):
         ship_base.ship([shipped["runs"][1]], tmp_path / "package", tmp_path / "figures", 4, shipped=("tiny-mlm",))
+    with pytest.raises(UsageError, match="nothing to ship"):
+        ship_base.ship([], tmp_path / "package", tmp_path / "figures", 4)
     with pytest.raises(UsageError, match="given both as --run and --shipped"):
         ship_base.ship([shipped["runs"][0]], shipped["package"], tmp_path / "figures", 4, shipped=("tiny-mlm",))
     assert not (tmp_path / "package").exists()

@@ -220,6 +220,24 @@ def test_a_run_folder_still_starting_is_skipped_one_with_snapshots_and_no_meta_r
         dynamics.measure({LABEL: run, "twin": starting}, copy, settings, tmp_path / "work")
 
 
+def test_a_run_folder_gone_since_keeps_its_snapshot_record(measured, tmp_path: Path):
+    # a machine that did not keep build/: the measured model's hashes and steps stay in meta.json, its rows in
+    # the table
+    run, out, settings = measured
+    copy = tmp_path / "out"
+    copy.mkdir()
+    for name in ("dynamics.csv", "meta.json"):
+        (copy / name).write_bytes((out / name).read_bytes())
+    before = json.loads((out / "meta.json").read_text())["models"][LABEL]
+    assert before["found"] and [s["step"] for s in before["snapshots"]] == before["measured_steps"] == [2, 4]
+    table = dynamics.measure({LABEL: tmp_path / "gone", "twin": run}, copy, settings, tmp_path / "work",
+                             max_snapshots=0)
+    meta = json.loads((copy / "meta.json").read_text())
+    assert meta["models"][LABEL] == {**before, "folder_gone": True}
+    assert set(table["model"]) == {LABEL}  # the twin (the same run under another label) not measured: max 0
+    assert meta["partial"] and not meta["models"]["twin"]["complete"], meta["models"]["twin"]
+
+
 def small_table() -> pd.DataFrame:
     rows = []
     for m, model in enumerate(("mini12", "twin")):

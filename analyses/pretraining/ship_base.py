@@ -17,7 +17,8 @@ folder's name):
 A run that has not finished is refused with what is missing; nothing is written for any model then.
 ``--shipped NAME`` adds a model shipped earlier (its ``recipe.json`` and ``training_log.csv`` in the package) to
 the cards and the curves without re-shipping it: its run folder may be gone (a machine that did not keep
-``build/``), and its weights, card and scores stay byte for byte what they were.
+``build/``), and its weights, card and scores stay byte for byte what they were. With ``--shipped`` only (no
+``--run``) the cards and curves are redrawn from the package alone.
 """
 
 from __future__ import annotations
@@ -152,6 +153,8 @@ def ship(runs: list[Path], package: Path, figures: Path, test_windows: int, samp
          shipped: tuple[str, ...] = ()) -> dict[str, dict]:
     """Ship every run (all checked first); the cards and curves also cover ``shipped``, models shipped earlier
     (listed first, untouched). Returns the cards by model name, ``shipped`` first."""
+    if not runs and not shipped:
+        raise UsageError("nothing to ship: give a finished run folder (--run) or a model shipped earlier (--shipped)")
     metas = {run: finished_run(run) for run in runs}
     clash = sorted(set(shipped) & {run.name for run in runs})
     if clash:
@@ -178,7 +181,7 @@ def check_float16(dest: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--run", type=Path, action="append", required=True, help="a finished pretrain_base run folder")
+    parser.add_argument("--run", type=Path, action="append", default=[], help="a finished pretrain_base run folder")
     parser.add_argument("--shipped", action="append", default=[], metavar="NAME",
                         help="a model shipped earlier into --package: joins the cards and curves, not re-shipped")
     parser.add_argument("--figures", type=Path, default=ROOT / "figures" / "twelve-blocks")

@@ -167,7 +167,8 @@ def plan(runs: dict[str, Path], table: pd.DataFrame) -> tuple[dict[str, RunInfo]
     todo: list[tuple[str, Snapshot]] = []
     for label, folder in runs.items():
         if not folder.is_dir():
-            print(f"[dynamics] {label}: {folder} does not exist (not trained yet); skipped", flush=True)
+            print(f"[dynamics] {label}: {folder} does not exist (not trained yet, or its folder is gone: its rows "
+                  "and meta.json record stay); skipped", flush=True)
             continue
         if not (folder / "meta.json").is_file() and not (folder / SNAPSHOT_DIR).is_dir():
             # the recipe writes meta.json once its data is ready: a run starting now (any other folder
@@ -205,6 +206,14 @@ def write_meta(out: Path, runs: dict[str, Path], infos: dict[str, RunInfo], tabl
     models: dict[str, dict] = {}
     for label, folder in runs.items():
         info = infos.get(label)
+        earlier = previous.get("models", {}).get(label, {})
+        if info is None and earlier.get("found"):
+            # measured before, its run folder gone since (a machine that did not keep build/): the record of
+            # its snapshots (hashes, planned and measured steps) stands, and the table keeps its rows
+            measured = sorted(step for (m, step) in done if m == label)
+            models[label] = {**earlier, "measured_steps": measured, "folder_gone": True,
+                             "complete": bool(earlier["planned_steps"]) and set(earlier["planned_steps"]) <= set(measured)}
+            continue
         if info is None:
             models[label] = {"run": portable_path(folder, out), "found": False, "complete": False}
             continue

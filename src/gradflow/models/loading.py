@@ -27,6 +27,8 @@ EMBEDDED_MODELS: dict[str, str] = {
     "gradflow-mini-en-alltoken": "its twin trained with the all-token loss (predict the original token everywhere)",
     "gradflow-mini12-en": "the same block at 12 layers (hidden 256), one pass of the large corpus (25.7 M tokens), "
                           "standard 15% MLM",
+    "gradflow-mini12-en-alltoken": "its twin trained with the all-token loss for the same compute (9,829 steps, "
+                                   "20.0 M tokens of the large corpus)",
 }
 DEFAULT_MODEL = "gradflow-mini-en"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
