@@ -335,6 +335,19 @@ def test_the_grid_plan_is_portable(tmp_path, grid_module):
     plan = json.loads((out / "plan.json").read_text())
     assert plan["runs"][0]["config"] == {"model": "gradflow-mini-en", "data_root": "data/tasks"}
     assert plan["work"] == "build/seed" and plan["nested"]["corpus"] == str(tmp_path / "c")  # outside: as given
+    assert "earlier_commands" not in plan
+
+
+def test_a_plan_written_again_keeps_the_earlier_commands(tmp_path, grid_module, monkeypatch):
+    # an experiment run in parts (the MLM model's runs, then the twin's): each part's command is kept
+    out = tmp_path / "exp"
+    run = grid_module.GridRun("r0", {"seed": 0}, {"model": "gradflow-mini-en"})
+    for models in ("mlm", "twin", "twin", "both"):
+        monkeypatch.setattr("sys.argv", [str(REPO / "analyses" / "x.py"), "--models", models])
+        grid_module.write_plan([run], out)
+    plan = json.loads((out / "plan.json").read_text())
+    assert plan["command"].endswith("--models both")
+    assert [c.rsplit(" ", 1)[-1] for c in plan["earlier_commands"]] == ["mlm", "twin"]
 
 
 def test_titles_name_a_model_not_a_path(tmp_path):

@@ -192,8 +192,8 @@ def paired_differences(frame: pd.DataFrame, by: list[str], arm: str, baseline: s
 
 
 def write_plan(runs: list[GridRun], out: Path, extra: dict | None = None) -> None:
-    """``out/plan.json``: how the experiment was called (command line, versions), ``extra``, and
-    every run's factors and config; paths in it are portable (``gradflow.provenance.portable_path``),
+    """``out/plan.json``: how the experiment was called (command line, versions; the commands of earlier
+    parts of it in ``earlier_commands``), ``extra``, and every run's factors and config; paths in it are portable (``gradflow.provenance.portable_path``),
     never a machine's absolute path."""
     import platform
     import shlex
@@ -208,7 +208,11 @@ def write_plan(runs: list[GridRun], out: Path, extra: dict | None = None) -> Non
     except ValueError:
         script = _portable(str(script), out)
     args = [_portable(a, out) for a in sys.argv[1:]]
-    plan = {"command": f"python {script} " + shlex.join(args), "torch": torch.__version__,
+    command = f"python {script} " + shlex.join(args)
+    # an experiment run in parts (another --models, more seeds) keeps the commands of the earlier parts
+    previous = json.loads((out / "plan.json").read_text()) if (out / "plan.json").is_file() else {}
+    earlier = [c for c in [*previous.get("earlier_commands", []), previous.get("command")] if c and c != command]
+    plan = {"command": command, **({"earlier_commands": earlier} if earlier else {}), "torch": torch.__version__,
             "python": platform.python_version(), **(extra or {}), "runs": [asdict(r) for r in runs]}
     plan = _portable_tree(plan, out)
     (out / "plan.json").write_text(json.dumps(plan, indent=2, default=str) + "\n")
