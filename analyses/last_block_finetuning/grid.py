@@ -193,8 +193,8 @@ def paired_differences(frame: pd.DataFrame, by: list[str], arm: str, baseline: s
 
 def write_plan(runs: list[GridRun], out: Path, extra: dict | None = None) -> None:
     """``out/plan.json``: how the experiment was called (command line, versions; the commands of earlier
-    parts of it in ``earlier_commands``), ``extra``, and every run's factors and config; paths in it are portable (``gradflow.provenance.portable_path``),
-    never a machine's absolute path."""
+    parts of it in ``earlier_commands``), ``extra``, and every run's factors and config; paths in it are
+    portable (``gradflow.provenance.portable_path``), never a machine's absolute path."""
     import platform
     import shlex
     import sys

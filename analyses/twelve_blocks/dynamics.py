@@ -212,7 +212,7 @@ def write_meta(out: Path, runs: dict[str, Path], infos: dict[str, RunInfo], tabl
             # its snapshots (hashes, planned and measured steps) stands, and the table keeps its rows
             measured = sorted(step for (m, step) in done if m == label)
             models[label] = {**earlier, "measured_steps": measured, "folder_gone": True,
-                             "complete": bool(earlier["planned_steps"]) and set(earlier["planned_steps"]) <= set(measured)}
+                             "complete": _all_measured(earlier["planned_steps"], measured)}
             continue
         if info is None:
             models[label] = {"run": portable_path(folder, out), "found": False, "complete": False}
@@ -224,7 +224,7 @@ def write_meta(out: Path, runs: dict[str, Path], infos: dict[str, RunInfo], tabl
                          "loss": info.config.loss, "layers": info.config.layers, "steps": info.config.steps,
                          "planned_steps": planned, "snapshots": listed, "measured_steps": measured,
                          "tokenizer": portable_path(info.tokenizer, out), "tokenizer_sha256": info.tokenizer_sha256,
-                         "complete": bool(planned) and set(planned) <= set(measured)}
+                         "complete": _all_measured(planned, measured)}
     by_key = {(r["model"], r["step"], r["sha256"]): r for r in [*previous.get("measured", []), *timings]}
     seconds = [by_key[k] for k in sorted(by_key)]
     meta = {"kind": "twelve-blocks-dynamics", "partial": not all(m["complete"] for m in models.values()),
@@ -236,6 +236,11 @@ def write_meta(out: Path, runs: dict[str, Path], infos: dict[str, RunInfo], tabl
         meta.pop("note")
     (out / META_FILE).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
     return meta
+
+
+def _all_measured(planned: list[int], measured: list[int]) -> bool:
+    """Whether every planned snapshot step is measured (False when none is planned)."""
+    return bool(planned) and set(planned) <= set(measured)
 
 
 def _plain(value):
