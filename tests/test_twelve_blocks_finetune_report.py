@@ -70,3 +70,22 @@ def test_no_contrast_before_every_cell_has_its_ten_seeds() -> None:
                                 & (frame.task == "brown-pos")].index)
     assert report.missing_runs(one_gone) == [f"{report.MLM} brown-pos repair1: 9 of 10 seeds (missing 7)"]
     assert len(report.missing_runs(frame.iloc[0:0])) == 12
+
+
+def test_the_committed_tables_are_what_the_committed_runs_give(tmp_path) -> None:
+    """Recompute the report from the 120 committed runs (linked, not copied) and compare with the committed tables."""
+    committed = report.OUT
+    if not (committed / "contrasts.csv").exists():
+        pytest.skip("the twelve-block report is not committed")
+    (tmp_path / "convergence").symlink_to(committed / "convergence", target_is_directory=True)
+    assert report.write_tables(tmp_path) == 0
+    for name in ("contrasts.csv", "cells.csv", "convergence_curves.csv"):
+        fresh, kept = pd.read_csv(tmp_path / name), pd.read_csv(committed / name)
+        assert list(fresh.columns) == list(kept.columns) and len(fresh) == len(kept), name
+        numeric = fresh.select_dtypes("number").columns
+        assert np.allclose(fresh[numeric].to_numpy(float), kept[numeric].to_numpy(float), rtol=1e-5, atol=1e-9,
+                           equal_nan=True), name
+        text = fresh.columns.difference(numeric)
+        assert fresh[text].astype(str).equals(kept[text].astype(str)), name
+    assert (tmp_path / "verdict.md").read_text() == (committed / "verdict.md").read_text()
+    assert (tmp_path / "convergence_curves.png").stat().st_size > 0

@@ -37,7 +37,9 @@ def curve_table(regime_dir: Path) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def draw_curves(table: pd.DataFrame, out: Path) -> None:
+def draw_curves(table: pd.DataFrame, out: Path, names: dict[str, str] = MODELS) -> None:
+    """Draw ``out/convergence_curves.{pdf,png}``: one row per model of ``names`` (model -> row title) in ``table``,
+    one column per task, each arm's mean validation curve with its 95% band."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -46,7 +48,7 @@ def draw_curves(table: pd.DataFrame, out: Path) -> None:
     from gradflow.figures import save_figure
     from gradflow.figures.style import gradflow_style
 
-    models = [m for m in MODELS if m in set(table.model)]
+    models = [m for m in names if m in set(table.model)]
     with gradflow_style("double"):
         fig, axes = plt.subplots(len(models), len(METRIC), figsize=(7.0, 2.3 * len(models)), squeeze=False,
                                  sharex=True)
@@ -61,7 +63,7 @@ def draw_curves(table: pd.DataFrame, out: Path) -> None:
                             label=f"{arm} (n={int(sub.n.min())})")
                     ax.fill_between(sub.step, sub.ci_low.clip(0, 1), sub.ci_high.clip(0, 1), color=colour, alpha=0.15,
                                     lw=0)
-                ax.set_title(f"{MODELS[model]}: {task}")
+                ax.set_title(f"{names[model]}: {task}")
                 ax.set_ylabel(f"validation {label}")
                 if i == len(models) - 1:
                     ax.set_xlabel("fine-tuning step (batch 8, lr 1e-4)")

@@ -8,7 +8,7 @@ and for each null the minimum detectable effect at 80% power at alpha 0.05 and 0
     python -m analyses.twelve_blocks.finetune_report [--out figures/twelve-blocks/finetune]
 
 Reads ``<out>/convergence/runs`` (``make -C analyses twelve-blocks-convergence``) and writes there
-``run_summaries.csv``, ``contrasts.{csv,md}``, ``cells.{csv,md}`` and ``verdict.md`` (the plan's rule for the seed's
+``run_summaries.csv``, ``contrasts.{csv,md}``, ``cells.{csv,md}``, ``verdict.md`` and ``convergence_curves.{csv,pdf,png}`` (the plan's rule for the seed's
 claim holding at twelve blocks, applied to the contrasts).
 """
 
@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from analyses.last_block_finetuning.powered_figures import curve_table, draw_curves
 from analyses.last_block_finetuning.powered_report import (
     METRIC,
     cells,
@@ -87,7 +88,8 @@ def verdict(table: pd.DataFrame) -> tuple[bool, str]:
         reasons.append(f"- {task}: drop1 - full {interval(drop[task])} (Holm p {drop[task].p_holm:.3g}): "
                        f"{'positive and significant' if up else 'not a significant gain'}; the other task "
                        f"{'significantly negative' if other_down else 'not significantly negative'}; the model "
-                       f"contrast {interval(model[task])}: {'positive' if model_up else 'not positive'}"
+                       f"contrast {interval(model[task])} (Holm p {model[task].p_holm:.3g}): "
+                       f"{'positive' if model_up else 'not positive'} (the plan asks for its sign, not its significance)"
                        f" -> {'holds' if ok else 'does not hold'} on this task")
     head = ("The seed's claim holds at twelve blocks" if holds else
             "The seed's claim does not hold at twelve blocks") + " (the plan's rule, figures/twelve-blocks/plan.md):"
@@ -119,6 +121,9 @@ def write_tables(out: Path) -> int:
     (out / "cells.md").write_text(cells_markdown(cell_table), encoding="utf-8")
     _, text = verdict(table)
     (out / "verdict.md").write_text(text, encoding="utf-8")
+    curves = curve_table(runs)
+    curves.to_csv(out / "convergence_curves.csv", index=False, float_format="%.6g")
+    draw_curves(curves, out, {MLM: "gradflow-mini12-en", TWIN: "12-block all-token twin"})
     print(text)
     return 0
 
