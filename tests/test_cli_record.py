@@ -7,11 +7,13 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pandas as pd
 
 from gradflow.cli import main
+from gradflow.progress import LOG_INTERVAL_S
 from gradflow.schema import CHANNEL_COLUMNS, SUBLAYER_COLUMNS
 
 ENV = {**os.environ, "PYTHONWARNINGS": "ignore", "TOKENIZERS_PARALLELISM": "false"}
@@ -236,9 +238,13 @@ def test_sigint_subprocess_leaves_loadable_partial_run(tmp_path, tiny_mlm_dir):
 def test_progress_into_a_log_file_is_a_few_lines_not_one_per_batch(tmp_path, tiny_mlm_dir, tiny_corpus, capsys):
     # stderr is not a terminal under capsys, as in a cluster job's log: the bar may draw at start and end only
     out = tmp_path / "run"
+    started = time.monotonic()
     assert main(["record", "--model", str(tiny_mlm_dir), "--texts", str(tiny_corpus), "--out", str(out),
                  "--max-length", "24", "--batch-size", "1"]) == 0
+    elapsed = time.monotonic() - started
     err = capsys.readouterr().err
     batches = json.loads((out / "meta.json").read_text())["counts"]["batches"]
     assert batches >= 4, "the corpus must give several batches for this test to mean anything"
-    assert 1 <= err.count("recording:") <= 3, err
+    # start, end, and at most one line per LOG_INTERVAL_S of the run (a loaded machine makes the run slow, not the log long)
+    allowed = 3 + int(elapsed // LOG_INTERVAL_S)
+    assert 1 <= err.count("recording:") <= min(allowed, batches), err

@@ -37,6 +37,19 @@ def test_a_bar_into_a_log_draws_at_start_and_end_only(monkeypatch):
     assert progress_bar(total=1, file=io.StringIO(), mininterval=5).mininterval == 5  # the caller may choose
 
 
+def test_the_monitor_thread_does_not_redraw_a_log_bar_sooner_than_its_interval(monkeypatch):
+    # tqdm's monitor redraws a bar idle for maxinterval seconds (default 10): a slow run into a log drew every 10-20 s
+    monkeypatch.delitem(sys.modules, "ipykernel", raising=False)
+    monkeypatch.setattr(sys, "stderr", io.StringIO())
+    bar = progress_bar(total=10, file=io.StringIO())
+    assert bar.mininterval == LOG_INTERVAL_S and bar.maxinterval >= LOG_INTERVAL_S
+    bar.close()
+    monkeypatch.setattr(sys, "stderr", _Terminal())
+    bar = progress_bar(total=10, file=io.StringIO())
+    assert bar.mininterval == TERMINAL_INTERVAL_S and bar.maxinterval == 10.0  # tqdm's default on a terminal
+    bar.close()
+
+
 def _read_all(fd: int) -> str:
     import os
     import select

@@ -44,7 +44,9 @@ def progress_bar(*args, **kwargs):
     Update its postfix with ``set_postfix(..., refresh=False)``: a forced refresh ignores the interval."""
     from tqdm.auto import tqdm
 
-    kwargs.setdefault("mininterval", redraw_interval())
+    interval = kwargs.setdefault("mininterval", redraw_interval())
+    # tqdm's monitor thread redraws a bar that has not drawn for ``maxinterval`` s (default 10): never sooner than ours
+    kwargs.setdefault("maxinterval", max(interval, 10.0))
     if kwargs.get("ncols") is None and terminal_columns(kwargs.get("file") or sys.stderr) == 0:
         kwargs.update(ncols=FALLBACK_COLUMNS, dynamic_ncols=False)
         if kwargs.get("nrows") is None:  # tqdm reads the 0 rows as -1 and draws no bar at all
