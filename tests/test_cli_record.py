@@ -245,6 +245,7 @@ def test_progress_into_a_log_file_is_a_few_lines_not_one_per_batch(tmp_path, tin
     err = capsys.readouterr().err
     batches = json.loads((out / "meta.json").read_text())["counts"]["batches"]
     assert batches >= 4, "the corpus must give several batches for this test to mean anything"
-    # start, end, and at most one line per LOG_INTERVAL_S of the run (a loaded machine makes the run slow, not the log long)
+    # start, end, and at most one line per LOG_INTERVAL_S of the run: a loaded machine makes the run slow,
+    # not the log long
     allowed = 3 + int(elapsed // LOG_INTERVAL_S)
     assert 1 <= err.count("recording:") <= min(allowed, batches), err

@@ -1,5 +1,6 @@
-"""The committed atlases (figures/atlas, figures/twelve-blocks/atlas) say what the theory and the results pages say:
-exact zeros in the last block, no disagreement, and the 6-block rows of the twelve-block atlas equal to the 6-block atlas."""
+"""The committed atlases (figures/atlas, figures/twelve-blocks/atlas) say what the theory and the results pages
+say: exact zeros in the last block, no disagreement, and the 6-block rows of the twelve-block atlas equal to the
+6-block atlas."""
 
 from __future__ import annotations
 

@@ -8,8 +8,8 @@ and for each null the minimum detectable effect at 80% power at alpha 0.05 and 0
     python -m analyses.twelve_blocks.finetune_report [--out figures/twelve-blocks/finetune]
 
 Reads ``<out>/convergence/runs`` (``make -C analyses twelve-blocks-convergence``) and writes there
-``run_summaries.csv``, ``contrasts.{csv,md}``, ``cells.{csv,md}``, ``verdict.md`` and ``convergence_curves.{csv,pdf,png}`` (the plan's rule for the seed's
-claim holding at twelve blocks, applied to the contrasts).
+``run_summaries.csv``, ``contrasts.{csv,md}``, ``cells.{csv,md}``, ``verdict.md`` (the plan's rule for the seed's
+claim holding at twelve blocks, applied to the contrasts) and ``convergence_curves.{csv,pdf,png}``.
 """
 
 from __future__ import annotations
@@ -89,7 +89,8 @@ def verdict(table: pd.DataFrame) -> tuple[bool, str]:
                        f"{'positive and significant' if up else 'not a significant gain'}; the other task "
                        f"{'significantly negative' if other_down else 'not significantly negative'}; the model "
                        f"contrast {interval(model[task])} (Holm p {model[task].p_holm:.3g}): "
-                       f"{'positive' if model_up else 'not positive'} (the plan asks for its sign, not its significance)"
+                       f"{'positive' if model_up else 'not positive'} "
+                       "(the plan asks for its sign, not its significance)"
                        f" -> {'holds' if ok else 'does not hold'} on this task")
     head = ("The seed's claim holds at twelve blocks" if holds else
             "The seed's claim does not hold at twelve blocks") + " (the plan's rule, figures/twelve-blocks/plan.md):"
