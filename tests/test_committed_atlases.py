@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from synthetic_runs import AFTER_MIXING
 
 ROOT = Path(__file__).resolve().parents[1]
 ATLASES = [ROOT / "figures/atlas/atlas.csv", ROOT / "figures/twelve-blocks/atlas/atlas.csv"]
-AFTER_MIXING = ("attn.q", "attn.out", "attn.norm", "ffn.in", "ffn.out", "ffn.norm")
 
 
 @pytest.mark.parametrize("path", ATLASES, ids=lambda p: p.parent.name)
