@@ -231,3 +231,25 @@ def test_probe_pair_runs_only_the_named_labels(monkeypatch, capsys):
     with pytest.raises(SystemExit) as exit_:
         run.main()
     assert exit_.value.code == 2 and "--labels nope: not a model of the pair mini12-en" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("folder, models", [
+    ("figures/probes/robustness", {"mini-en": "gradflow-mini-en", "twin": "gradflow-mini-en-alltoken"}),
+    ("figures/twelve-blocks/probes/robustness", {"mini12-en": "gradflow-mini12-en",
+                                                 "twin": "gradflow-mini12-en-alltoken"}),
+])
+def test_the_committed_drop_tables_are_what_the_committed_runs_give(folder, models, tmp_path):
+    from analyses.probes import robustness
+
+    committed = robustness.ROOT / folder
+    if not (committed / "last_layer_drops.csv").exists():
+        pytest.skip(f"{folder} is not committed")
+    for run in committed.iterdir():  # the runs linked, not copied; the tables written fresh beside them
+        if run.is_dir():
+            (tmp_path / run.name).symlink_to(run, target_is_directory=True)
+    robustness.write_tables(str(tmp_path), models, ["brown-pos", "brown-propn"], list(robustness.FAMILIES),
+                            list(robustness.SIZES))
+    fresh, kept = pd.read_csv(tmp_path / "last_layer_drops.csv"), pd.read_csv(committed / "last_layer_drops.csv")
+    pd.testing.assert_frame_equal(fresh.drop(columns=["run_s"], errors="ignore"),
+                                  kept.drop(columns=["run_s"], errors="ignore"), rtol=1e-9, check_dtype=False)
+    assert (tmp_path / "last_layer_drops.md").read_text() == (committed / "last_layer_drops.md").read_text()
