@@ -14,6 +14,17 @@ from gradflow.runs import record as record_module
 from gradflow.runs.interrupts import stop_on_sigint
 
 
+@pytest.fixture(autouse=True)
+def python_default_sigint():
+    """Each test starts from Python's own SIGINT handler, however pytest was launched: a shell's background
+    job (``nohup pytest &``) inherits an ignored SIGINT, which ``stop_on_sigint`` rightly leaves alone."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def test_first_sigint_is_a_request_the_second_an_interrupt_and_the_handler_comes_back():
     with stop_on_sigint() as request:
         assert not request.requested
