@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 import sys
 
-from gradflow.progress import LOG_INTERVAL_S, TERMINAL_INTERVAL_S, progress_bar, redraw_interval
+from gradflow.progress import LOG_INTERVAL_S, TERMINAL_INTERVAL_S, TQDM_MAXINTERVAL_S, progress_bar, redraw_interval
 
 
 class _Terminal(io.StringIO):
@@ -46,7 +46,7 @@ def test_the_monitor_thread_does_not_redraw_a_log_bar_sooner_than_its_interval(m
     bar.close()
     monkeypatch.setattr(sys, "stderr", _Terminal())
     bar = progress_bar(total=10, file=io.StringIO())
-    assert bar.mininterval == TERMINAL_INTERVAL_S and bar.maxinterval == 10.0  # tqdm's default on a terminal
+    assert bar.mininterval == TERMINAL_INTERVAL_S and bar.maxinterval == TQDM_MAXINTERVAL_S  # tqdm's default
     bar.close()
 
 

@@ -15,6 +15,7 @@ import sys
 
 TERMINAL_INTERVAL_S = 0.1
 LOG_INTERVAL_S = 30.0
+TQDM_MAXINTERVAL_S = 10.0  # tqdm's default: its monitor thread redraws a bar idle this long
 FALLBACK_COLUMNS = 80
 FALLBACK_ROWS = 24
 
@@ -45,8 +46,7 @@ def progress_bar(*args, **kwargs):
     from tqdm.auto import tqdm
 
     interval = kwargs.setdefault("mininterval", redraw_interval())
-    # tqdm's monitor thread redraws a bar that has not drawn for ``maxinterval`` s (default 10): never sooner than ours
-    kwargs.setdefault("maxinterval", max(interval, 10.0))
+    kwargs.setdefault("maxinterval", max(interval, TQDM_MAXINTERVAL_S))  # the monitor: never sooner than ours
     if kwargs.get("ncols") is None and terminal_columns(kwargs.get("file") or sys.stderr) == 0:
         kwargs.update(ncols=FALLBACK_COLUMNS, dynamic_ncols=False)
         if kwargs.get("nrows") is None:  # tqdm reads the 0 rows as -1 and draws no bar at all
@@ -54,5 +54,5 @@ def progress_bar(*args, **kwargs):
     return tqdm(*args, **kwargs)
 
 
-__all__ = ["FALLBACK_COLUMNS", "FALLBACK_ROWS", "LOG_INTERVAL_S", "TERMINAL_INTERVAL_S", "progress_bar", "redraw_interval",
-           "terminal_columns"]
+__all__ = ["FALLBACK_COLUMNS", "FALLBACK_ROWS", "LOG_INTERVAL_S", "TERMINAL_INTERVAL_S", "TQDM_MAXINTERVAL_S",
+           "progress_bar", "redraw_interval", "terminal_columns"]
