@@ -31,6 +31,36 @@ def test_python_dash_m_entry_point_help():
     assert proc.returncode == 0 and "record" in proc.stdout and "demo" in proc.stdout and "finetune" in proc.stdout
 
 
+def test_version_flag_prints_the_versions_and_exits_0():
+    from importlib import metadata
+
+    from gradflow.version import __version__
+
+    proc = subprocess.run([sys.executable, "-m", "gradflow", "--version"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == ""
+    assert proc.stdout.startswith(f"gradflow {__version__} (")
+    assert f"torch {metadata.version('torch')}" in proc.stdout
+    assert f"transformers {metadata.version('transformers')}" in proc.stdout
+    assert "Python 3." in proc.stdout
+
+
+def test_version_text_names_a_missing_package(monkeypatch):
+    import importlib
+    from importlib import metadata
+
+    cli_main = importlib.import_module("gradflow.cli.main")  # the module (gradflow.cli.main is also the function)
+    real = metadata.version
+
+    def fake(name):
+        if name == "transformers":
+            raise metadata.PackageNotFoundError(name)
+        return real(name)
+
+    monkeypatch.setattr(cli_main.metadata, "version", fake)
+    assert "transformers not installed" in cli_main.version_text()
+
+
 def _toy_task(root) -> str:
     """A sequence task directory: sentences with and without "progress", labelled pos / neg."""
     from conftest import SAMPLE_LINES
