@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import tomllib
 from pathlib import Path
 
@@ -38,3 +39,34 @@ def test_the_version_is_written_once():
 def test_the_changelog_has_a_section_for_this_version():
     text = (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
     assert f"\n## {gradflow.__version__}\n" in text and "\n## Unreleased\n" in text
+
+
+def _bibtex_fields(text: str) -> dict[str, str]:
+    """The fields of the one ```bibtex block of docs/cite.md, ``name = {value},`` per line."""
+    block = re.search(r"```bibtex\n(.*?)\n```", text, re.S)
+    assert block, "docs/cite.md has no ```bibtex block"
+    return {m["name"]: m["value"] for m in re.finditer(r"^\s*(?P<name>\w+)\s*=\s*\{(?P<value>.*)\},?\s*$",
+                                                       block[1], re.M)}
+
+
+def test_the_bibtex_has_year_and_url_and_agrees_with_citation_cff():
+    fields = _bibtex_fields((ROOT / "docs" / "cite.md").read_text(encoding="utf-8"))
+    preferred = yaml.safe_load((ROOT / "CITATION.cff").read_text(encoding="utf-8"))["preferred-citation"]
+    for name in ("author", "title", "version", "year", "url", "license", "note"):
+        assert fields.get(name, "").strip(), f"the BibTeX in docs/cite.md has no {name}"
+    assert fields["title"] == preferred["title"]
+    assert fields["version"] == preferred["version"] == gradflow.__version__
+    assert fields["license"] == preferred["license"]
+    assert re.fullmatch(r"20\d\d", fields["year"]) and int(fields["year"]) == preferred["year"]
+    # the repository's public address is not written in CITATION.cff yet: the BibTeX says URL and the page
+    # says where to read it; once CITATION.cff names it, the BibTeX must carry the same address
+    address = preferred.get("url") or preferred.get("repository-code")
+    assert fields["url"] == (address or "URL")
+
+
+def test_the_bibtex_reader_sees_a_missing_year_or_url():
+    """The check above would fail on the page as it was before (no year, no url)."""
+    before = "```bibtex\n@software{gradflow,\n  title   = {t},\n  version = {0.1.0},\n}\n```\n"
+    fields = _bibtex_fields(before)
+    assert fields == {"title": "t", "version": "0.1.0"}
+    assert "year" not in fields and "url" not in fields
