@@ -5,10 +5,12 @@ Regenerates the pressure numbers quoted in README.md (about 3 min on 2 cores):
 
     python -m analyses.pressure.run [--out figures/pressure]
 
-Records both embedded models on the committed sample under the all-positions loss
-(``runs/pressure-*``, not committed), writes ``figures/pressure/pressure.csv`` (every layer and
-sublayer of both models), ``figures/pressure/last_block.md`` (the README table) and the comparison
-report with its ``compare_context_pressure`` figure under ``figures/pressure/``.
+Records both embedded models on the committed sample under the all-positions loss (scratch runs,
+not committed: ``runs/pressure-*`` of the clone for the committed location; with another ``--out``,
+``OUT/runs/<label>``, so that ``make -C analyses pressure OUT=...`` writes nothing into the clone),
+writes ``figures/pressure/pressure.csv`` (every layer and sublayer of both models),
+``figures/pressure/last_block.md`` (the README table) and the comparison report with its
+``compare_context_pressure`` figure under ``figures/pressure/``.
 """
 
 from __future__ import annotations
@@ -34,27 +36,48 @@ def gradflow(*args: str) -> None:
     subprocess.run(command, cwd=ROOT, check=True)
 
 
-def main() -> int:
+def as_argument(path: Path) -> str:
+    """``path`` for a gradflow command run from the repository root: relative to it when inside (as the committed
+    results' commands were written), else absolute."""
+    path = Path(path).resolve()
+    return str(path.relative_to(ROOT.resolve())) if path.is_relative_to(ROOT.resolve()) else str(path)
+
+
+def scratch_runs(pair: str, out: Path) -> dict[str, Path]:
+    """label -> the run directory each model of ``pair`` is recorded into before the comparison.
+
+    At the pair's committed location (``out`` is its default): ``runs/pressure-<label>``
+    (``runs/pressure-<pair>-<label>`` for another pair than mini-en) in the repository's ``runs/`` (ignored by git), as
+    the committed results were made; anywhere else: ``out/runs/<label>``, beside the results, and nothing in the clone.
+    """
+    models, default_out = PAIRS[pair]
+    if Path(out).resolve() == (ROOT / default_out).resolve():
+        prefix = "pressure-" if pair == "mini-en" else f"pressure-{pair}-"
+        return {label: ROOT / "runs" / f"{prefix}{label}" for label in models}
+    return {label: Path(out) / "runs" / label for label in models}
+
+
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pair", choices=PAIRS, default="mini-en",
                         help="mini-en: the 6-block pair (issue 14); mini12-en: the 12-block pair (issue 31)")
     parser.add_argument("--out", default=None, help="relative to the repository root (default figures/pressure, "
                         "figures/twelve-blocks/pressure)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     models, default_out = PAIRS[args.pair]
-    out_dir = args.out or default_out
-    out = ROOT / out_dir
+    out = ROOT / (args.out or default_out)  # an absolute --out stays as given
     from gradflow.analysis import load_run
     from gradflow.analysis.pressure import context_pressure
     from gradflow.formatting import format_estimate
 
-    prefix = "runs/pressure-" if args.pair == "mini-en" else f"runs/pressure-{args.pair}-"  # runs/: not committed
-    runs = {label: f"{prefix}{label}" for label in models}
+    runs = scratch_runs(args.pair, out)
     for label, model in models.items():
-        gradflow("record", "--model", model, "--loss", "all-positions", "--out", runs[label], "--overwrite", "--quiet")
+        gradflow("record", "--model", model, "--loss", "all-positions", "--out", as_argument(runs[label]),
+                 "--overwrite", "--quiet")
     out.mkdir(parents=True, exist_ok=True)
-    gradflow("compare", *runs.values(), "--labels", *models, "--out", out_dir, "--format", "pdf,png")
-    tables = [context_pressure(load_run(ROOT / path)).assign(model=label) for label, path in runs.items()]
+    gradflow("compare", *map(as_argument, runs.values()), "--labels", *models, "--out", as_argument(out),
+             "--format", "pdf,png")
+    tables = [context_pressure(load_run(path)).assign(model=label) for label, path in runs.items()]
     frame = pd.concat(tables, ignore_index=True)
     frame.to_csv(out / "pressure.csv", index=False, float_format="%.6g")
     last = {label: t[t["last_block"]].set_index("sublayer") for label, t in zip(models, tables)}
