@@ -10,6 +10,7 @@ import matplotlib as mpl  # noqa: E402
 import matplotlib.image as mpimg  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 from matplotlib.collections import LineCollection, PolyCollection, QuadMesh  # noqa: E402
 from matplotlib.colors import to_hex  # noqa: E402
@@ -105,6 +106,56 @@ def test_depth_profile_counts_and_colors(run):
     assert ax.get_yscale() == "log"
     assert "exactly 0" in [t.get_text() for t in ax.get_legend().get_texts()]
     assert _rc() == before
+
+
+def _display_x(marker) -> np.ndarray:
+    """Where a floor marker's points are drawn, in display pixels (its transform carries the sideways shift)."""
+    marker.figure.canvas.draw()
+    return marker.get_transform().transform(np.column_stack([marker.get_xdata(), marker.get_ydata()]))[:, 0]
+
+
+def _tick_x(ax, layer) -> float:
+    return float(ax.transData.transform((layer, 1.0))[0])
+
+
+def test_depth_profile_zero_marker_sits_on_the_last_layers_tick(run):
+    """Issue 49: the context zero of the last block was drawn 3.5-7 pt right of the last tick (a per-role shift)."""
+    prof = A.role_profile(run, n_resamples=50)
+    for roles in (None, ("context", "masked"), ("masked", "random", "kept", "context")):
+        artists = F.depth_profile(prof, roles=roles)
+        (zeros,) = _gid(artists, "zeros:")
+        ax = zeros.axes
+        assert N_LAYERS in ax.get_xticks()
+        np.testing.assert_allclose(_display_x(zeros), [_tick_x(ax, N_LAYERS)], atol=1e-6)
+
+
+def test_depth_profile_zero_markers_of_several_roles_are_centred_on_their_layer():
+    from gradflow.figures.canvas import ZERO_SPACING_PT
+
+    layers = np.arange(4)
+    means = {"masked": [1.0, 1.0, 1.0, 1.0], "kept": [0.5, 0.0, 0.5, 0.0], "context": [0.5, 0.5, 0.5, 0.0]}
+    prof = pd.DataFrame([{"layer": int(l), "role": r, "grad_norm_mean": m[l], "ci_low": m[l] / 2, "ci_high": m[l] * 2}
+                         for r, m in means.items() for l in layers])
+    artists = F.depth_profile(prof, roles=list(means))
+    ax = artists[0].axes
+    drawn = {}
+    for marker in _gid(artists, "zeros:"):
+        for x, px in zip(marker.get_xdata(), _display_x(marker)):
+            drawn.setdefault(int(x), {})[marker.get_gid()] = px
+    assert set(drawn[1]) == {"zeros:kept"} and set(drawn[3]) == {"zeros:kept", "zeros:context"}
+    assert drawn[1]["zeros:kept"] == pytest.approx(_tick_x(ax, 1))  # alone: on the tick
+    pair = drawn[3]  # two roles at the last layer: side by side, centred on the tick, in the roles' order
+    assert (pair["zeros:kept"] + pair["zeros:context"]) / 2 == pytest.approx(_tick_x(ax, 3))
+    spacing_px = ZERO_SPACING_PT / 72 * ax.figure.dpi
+    assert pair["zeros:context"] - pair["zeros:kept"] == pytest.approx(spacing_px)
+
+
+def test_floor_marker_shifts():
+    from gradflow.figures.canvas import floor_marker_shifts
+
+    shifts = floor_marker_shifts({"a": np.array([1, 3]), "b": np.array([3]), "c": np.array([2, 3])}, spacing_pt=4.0)
+    assert shifts["a"].tolist() == [0.0, -4.0] and shifts["b"].tolist() == [0.0] and shifts["c"].tolist() == [0.0, 4.0]
+    assert floor_marker_shifts({}) == {} and floor_marker_shifts({"a": np.array([])})["a"].size == 0
 
 
 def test_depth_profile_draws_into_given_axes(run):

@@ -87,6 +87,24 @@ def log_floor_markers(ax: Axes, x: np.ndarray, color: str, gid: str, shift_pt: f
     return line
 
 
+ZERO_SPACING_PT = 4.5
+"""Sideways distance between the zero markers of several roles at one layer (the markers' width)."""
+
+
+def floor_marker_shifts(zero_x: dict[str, np.ndarray], spacing_pt: float = ZERO_SPACING_PT) -> dict[str, np.ndarray]:
+    """key -> sideways shift in points of each of its exact zeros at ``zero_x[key]``.
+
+    At an x where one key is zero its marker sits on x itself (on the layer's tick); where several are, their
+    markers are side by side, ``spacing_pt`` apart, centred on x, in the order of ``zero_x``.
+    """
+    shifts = {key: np.zeros(len(x)) for key, x in zero_x.items()}
+    for value in np.unique(np.concatenate([np.asarray(x, dtype=float) for x in zero_x.values()] or [np.empty(0)])):
+        keys = [key for key, x in zero_x.items() if np.any(np.asarray(x, dtype=float) == value)]
+        for rank, key in enumerate(keys):
+            shifts[key][np.asarray(zero_x[key], dtype=float) == value] = (rank - (len(keys) - 1) / 2) * spacing_pt
+    return shifts
+
+
 def zero_proxy() -> Line2D:
     """Legend handle for exact zeros."""
     return Line2D([], [], linestyle="none", marker=ZERO_MARKER, markersize=4, color="#555555",

@@ -23,6 +23,7 @@ from gradflow.figures.canvas import (
     add_colorbar,
     draw_heatmap,
     finish_log_panel,
+    floor_marker_shifts,
     layer_axis,
     layer_grid,
     log_floor_markers,
@@ -41,9 +42,10 @@ def depth_profile(profile: pd.DataFrame, ax: Axes | None = None, roles: Sequence
     """Mean gradient norm by layer, one line per role with its bootstrap CI band, log y.
 
     ``profile``: the :func:`gradflow.analysis.role_profile` table (``layer``, ``role``,
-    ``grad_norm_mean``, ``ci_low``, ``ci_high``). Exact zeros are triangles on the axis floor.
+    ``grad_norm_mean``, ``ci_low``, ``ci_high``). Exact zeros are triangles on the axis floor, on
+    their layer's tick (side by side, centred on it, where several roles are zero at one layer).
     Returns the lines (gid ``profile:<role>``), bands (``band:<role>``), zero markers
-    (``zeros:<role>``) and the legend.
+    (``zeros:<role>``, one artist per role and sideways shift) and the legend.
     """
     ax = new_axes(ax, width, 0.72)
     drawn: list[Artist] = []
@@ -51,7 +53,13 @@ def depth_profile(profile: pd.DataFrame, ax: Axes | None = None, roles: Sequence
     any_zero = False
     roles = present_roles(profile, roles)
     set_log_or_linear(ax, profile.loc[profile["role"].isin(roles), "grad_norm_mean"].to_numpy())
-    for k, role in enumerate(roles):
+    zero_x = {}
+    for role in roles:
+        d = profile[profile["role"] == role]
+        y = d["grad_norm_mean"].to_numpy(dtype=float)
+        zero_x[role] = np.sort(d["layer"].to_numpy()[np.isfinite(y) & ~(y > 0)])
+    shifts = floor_marker_shifts(zero_x)
+    for role in roles:
         d = profile[profile["role"] == role].sort_values("layer")
         x, y = d["layer"].to_numpy(), d["grad_norm_mean"].to_numpy(dtype=float)
         pos = y > 0
@@ -65,10 +73,11 @@ def depth_profile(profile: pd.DataFrame, ax: Axes | None = None, roles: Sequence
             hi = np.where(pos, d["ci_high"].to_numpy(dtype=float), np.nan)
             drawn.append(ax.fill_between(x, lo, hi, color=color, alpha=0.14, linewidth=0, gid=f"band:{role}",
                                          zorder=2))
-        if (~pos & np.isfinite(y)).any():
+        if zero_x[role].size:
             any_zero = True
-            shift = (k - (len(roles) - 1) / 2) * 3.5
-            drawn.append(log_floor_markers(ax, x[~pos & np.isfinite(y)], color, f"zeros:{role}", shift))
+            for shift in np.unique(shifts[role]):
+                at = zero_x[role][shifts[role] == shift]
+                drawn.append(log_floor_markers(ax, at, color, f"zeros:{role}", float(shift)))
     layer_axis(ax, profile["layer"].unique())
     return finish_log_panel(ax, drawn, "gradient norm (mean)", title, handles if legend else [], any_zero)
 
