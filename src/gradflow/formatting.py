@@ -19,11 +19,19 @@ of option ranges in usage messages (``in (0, 1]``).
 :func:`format_estimate` is an estimate with its interval, ``value [low, high]``, each part by
 :func:`format_number` (``0.501 [0.43, 0.57]``; a missing bound is ``–``: ``0.5 [–, –]``).
 :func:`format_p_value` is a p-value: three decimals, scientific below 0.001.
+
+Tables a paper prints use **fixed decimals per column** instead (:func:`column_decimals`,
+:func:`format_fixed`, :func:`format_fixed_estimate`): every number of a column has the same number
+of digits after the point (``0.480 [0.465, 0.494]`` above ``0.376 [0.365, 0.387]``), chosen so the
+column's smallest non-zero estimate keeps two significant digits (3 to 5 decimals). An exact zero is
+written ``0`` with no decimals, so a structural zero never reads like a small number rounded
+(``0.000``).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from typing import Any
 
 MISSING = "–"
@@ -71,4 +79,52 @@ def format_p_value(p: Any) -> str:
     return f"{v:.1e}" if v < 1e-3 else f"{v:.3f}"
 
 
-__all__ = ["MISSING", "format_estimate", "format_number", "format_p_value"]
+MIN_DECIMALS = 3
+"""Fewest decimals of a fixed-decimal column."""
+MAX_DECIMALS = 5
+"""Most decimals of a fixed-decimal column (smaller values show as ``0.00000`` or ``-0.00000``: not zero)."""
+
+
+def column_decimals(values: Iterable[Any], significant: int = 2) -> int:
+    """Decimals of a fixed-decimal column: enough for ``significant`` digits of its smallest non-zero finite
+    magnitude, within [:data:`MIN_DECIMALS`, :data:`MAX_DECIMALS`] (``[0.48, 0.0193]`` -> 3, ``[0.0012]`` -> 4)."""
+    magnitudes = [abs(v) for v in (_float(x) for x in values) if v is not None and math.isfinite(v) and v != 0]
+    if not magnitudes:
+        return MIN_DECIMALS
+    needed = significant - 1 - math.floor(math.log10(min(magnitudes)))
+    return max(MIN_DECIMALS, min(MAX_DECIMALS, needed))
+
+
+def format_fixed(x: Any, decimals: int) -> str:
+    """``x`` with exactly ``decimals`` decimals; an exact zero is ``0``; ``–`` for NaN or ``None``."""
+    v = _float(x)
+    if v is None:
+        return str(x)
+    if math.isnan(v):
+        return MISSING
+    if v == 0:
+        return "0"
+    if math.isinf(v):
+        return "inf" if v > 0 else "-inf"
+    return f"{v:.{decimals}f}"
+
+
+def format_fixed_estimate(value: Any, low: Any, high: Any, decimals: int) -> str:
+    """``value [low, high]``, each by :func:`format_fixed` with ``decimals`` (``0.480 [0.465, 0.494]``)."""
+    return f"{format_fixed(value, decimals)} [{format_fixed(low, decimals)}, {format_fixed(high, decimals)}]"
+
+
+def fixed_column(values: Iterable[Any], lows: Iterable[Any] | None = None, highs: Iterable[Any] | None = None,
+                 decimals: int | None = None) -> list[str]:
+    """One table column with fixed decimals: each value (``value [low, high]`` when bounds are given) with the
+    decimals :func:`column_decimals` picks from the values, or ``decimals``; a missing value is ``–`` alone."""
+    values = list(values)
+    places = column_decimals(values) if decimals is None else decimals
+    if lows is None or highs is None:
+        return [format_fixed(v, places) for v in values]
+    return [MISSING if format_fixed(v, places) == MISSING else format_fixed_estimate(v, lo, hi, places)
+            for v, lo, hi in zip(values, lows, highs)]
+
+
+__all__ = ["MAX_DECIMALS", "MIN_DECIMALS", "MISSING", "column_decimals", "fixed_column", "format_estimate", "format_fixed",
+           "format_fixed_estimate", "format_number", "format_p_value"]

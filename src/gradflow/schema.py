@@ -142,7 +142,8 @@ ANALYSIS_COLUMNS: dict[str, tuple[str, ...]] = {
     "last_block": ("layer", "sublayer", "param", "role", "share", "earlier_mean", "earlier_min", "earlier_max",
                    "ratio_to_earlier", "coverage", "earlier_coverage_mean", "exact_zero", "n_earlier"),
     "channel_quantiles": ("layer", "site", "role", "n_positions", "mean", "median", "q05", "q95", "zero_fraction"),
-    "ratio_differences": ("label", "baseline", "layer", "role", "difference", "ci_low", "ci_high", "paired"),
+    "ratio_differences": ("label", "baseline", "layer", "baseline_layer", "relative_depth", "role", "difference",
+                          "ci_low", "ci_high", "paired"),
 }
 """Column order of each table :mod:`gradflow.analysis` builds, by name: :func:`~gradflow.analysis.role_profile`,
 ``role_ratios``, ``layer_tests``, ``sublayer_shares``, ``last_block`` (``last_block_deficit``), ``channel_quantiles``,
@@ -174,10 +175,10 @@ ANALYSIS_NOTES: dict[str, str] = {
     "n_earlier": "number of earlier blocks behind the ``earlier_*`` columns (0: one-block model, they are NaN)",
     "mean": "channels.csv's ``grad_norm_mean`` under a short name (``median``, ``q05``, ``q95`` likewise)",
     "label": "the run's label in a comparison (``baseline``: the label of the run differences are taken to)",
-    "difference": "``ratio`` of the run minus the baseline's, same layer and role; the CI is of the difference",
+    "difference": "the run's ``ratio`` minus the baseline's, same role and relative depth; the CI is of the difference",
     "paired": "both runs measured the same sequences and were resampled together",
     "relative_depth": "``layer`` / the run's number of blocks",
-    "share_difference": "``share`` minus the baseline run's at the same keys (``coverage_difference`` likewise)",
+    "share_difference": "``share`` minus the baseline's at ``baseline_layer`` (NaN: none); ``coverage_difference`` too",
 }
 """What the analysis columns whose name does not say it all mean (a name means the same in every table)."""
 
@@ -245,7 +246,8 @@ COMPARISON_TABLES: dict[str, tuple[str, ...]] = {
     "profiles": ("label", *ANALYSIS_COLUMNS["role_profile"], "relative_depth"),
     "ratios": ("label", *ANALYSIS_COLUMNS["role_ratios"], "relative_depth"),
     "ratio_differences": ANALYSIS_COLUMNS["ratio_differences"],
-    "shares": ("label", *ANALYSIS_COLUMNS["sublayer_shares"], "share_difference", "coverage_difference"),
+    "shares": ("label", *ANALYSIS_COLUMNS["sublayer_shares"], "baseline_layer", "share_difference",
+               "coverage_difference"),
     "last_block": ("label", *ANALYSIS_COLUMNS["last_block"], "share_difference"),
     "layer_tests": ("label", *ANALYSIS_COLUMNS["layer_tests"]),
     "context_pressure": REPORT_TABLES["context_pressure"],

@@ -136,6 +136,8 @@ COLUMNS: dict[str, Column] = {
     "label": _c("str", "-", "the run's label in a comparison (``--labels``, default: the directory name)"),
     "baseline": _c("str", "-", "the label of the run the difference is taken to (the first run)"),
     "difference": _note("float64", "1", "difference"),
+    "baseline_layer": _c("int64", "-", "the baseline's layer at ``layer``'s relative depth (blocks 6 vs 12: layer k "
+                                       "against 2k; equal depths: ``layer``)"),
     "paired": _note("bool", "-", "paired"),
     "relative_depth": _note("float64", "1", "relative_depth"),
     "share_difference": _note("float64", "1", "share_difference"),

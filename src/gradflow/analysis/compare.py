@@ -2,12 +2,19 @@
 
 Differences are ``run - baseline``; ratio differences get a bootstrap CI, paired (same seed) when
 both runs measured the same sequences.
+
+Runs of different depth are compared at the **same relative depth** (layer / blocks), never by raw
+layer index: a 6-block run's layer k is matched with a 12-block run's layer 2k
+(:func:`matched_layers`), so the row after both last blocks compares two exact zeros under the MLM
+loss. Depths that share no finer grid (5 and 7 blocks) are matched only at the embeddings (0) and
+after the last block (1); every difference row names both layers and their relative depth.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from math import gcd
 
 import numpy as np
 import pandas as pd
@@ -40,10 +47,13 @@ class Comparison:
 
     - ``profiles``: :func:`role_profile` columns plus ``label``, ``relative_depth``.
     - ``ratios``: :func:`role_ratios` columns plus ``label``, ``relative_depth``.
-    - ``ratio_differences``: ``label``, ``baseline``, ``layer``, ``role``, ``difference``,
-      ``ci_low``, ``ci_high`` (bootstrap CI of the difference), ``paired`` (True when both runs
-      measured the same sequences and were resampled together).
-    - ``shares``: :func:`context_share` columns plus ``label``, ``share_difference``,
+    - ``ratio_differences``: ``label``, ``baseline``, ``layer`` (the run's), ``baseline_layer``
+      (the baseline's layer at the same relative depth), ``relative_depth``, ``role``,
+      ``difference``, ``ci_low``, ``ci_high`` (bootstrap CI of the difference), ``paired`` (True
+      when both runs measured the same sequences and were resampled together). Only layers with a
+      baseline layer at the same relative depth have a row (:func:`matched_layers`).
+    - ``shares``: :func:`context_share` columns plus ``label``, ``baseline_layer`` (the baseline's
+      block at the same relative depth; NaN where none), ``share_difference``,
       ``coverage_difference`` (no CI: sublayer tables have no per-sequence rows).
     - ``last_block``: :func:`last_block_deficit` columns plus ``label``, ``share_difference``.
     - ``tests``: :func:`layer_tests` columns plus ``label``.
@@ -90,11 +100,14 @@ def compare_runs(runs: Sequence[Run], labels: Sequence[str] | None = None, basel
     profs = [bootstrap_profile(run, point, n_resamples, seed if paired[i] else _offset_seed(seed, i))
              for i, run in enumerate(runs)]
     frames = _run_frames(runs, labels, profs, roles, point, confidence, param)
-    diffs = pd.concat([_ratio_difference(profs[i], profs[baseline], roles, confidence).assign(
+    depths = [max(run.num_layers, 1) for run in runs]
+    diffs = pd.concat([_ratio_difference(profs[i], profs[baseline], roles, confidence,
+                                         dict(matched_layers(depths[i], depths[baseline])), depths[i]).assign(
         label=labels[i], baseline=base_label, paired=paired[i])
         for i in range(len(runs)) if i != baseline] or [pd.DataFrame()], ignore_index=True)
     shares = _with_difference(pd.concat(frames["shares"], ignore_index=True), SHARE_KEYS,
-                              base_label, ("share", "coverage"))
+                              base_label, ("share", "coverage"),
+                              {lab: dict(matched_layers(depths[i], depths[baseline])) for i, lab in enumerate(labels)})
     last = _with_difference(pd.concat(frames["last_block"], ignore_index=True), ["sublayer", "param"],
                             base_label, ("share",))
     return Comparison(labels=labels, baseline=base_label,
@@ -138,31 +151,54 @@ def _offset_seed(seed: int | None, i: int) -> int | None:
     return None if seed is None else int(seed) + 7919 * (i + 1)
 
 
-def _ratio_difference(prof: RoleProfile, base: RoleProfile, roles: Sequence[str], confidence: float) -> pd.DataFrame:
-    """Per layer and role: ratio(run) - ratio(baseline) with a bootstrap CI of the difference."""
+def matched_layers(depth: int, baseline_depth: int) -> list[tuple[int, int]]:
+    """(layer, baseline layer) pairs at the same relative depth, ``layer / depth == baseline_layer /
+    baseline_depth``, from 0 (embeddings) to the last blocks: 6 vs 12 blocks gives ``(k, 2k)`` for k = 0..6;
+    5 vs 7 only ``(0, 0)`` and ``(5, 7)``; equal depths every layer with itself. Depths are block counts (>= 1)."""
+    if depth < 1 or baseline_depth < 1:
+        raise RunError(f"Depths must be at least one block, got {depth} and {baseline_depth}.")
+    common = gcd(depth, baseline_depth)
+    step, base_step = depth // common, baseline_depth // common
+    return [(k * step, k * base_step) for k in range(common + 1)]
+
+
+def _ratio_difference(prof: RoleProfile, base: RoleProfile, roles: Sequence[str], confidence: float,
+                      matched: dict[int, int], depth: int) -> pd.DataFrame:
+    """Per matched layer and role: ratio(run) - ratio(baseline at the same relative depth), with a bootstrap CI
+    of the difference. ``matched``: the run's layer -> the baseline's (:func:`matched_layers`)."""
     present, point, reps = ratio_replicates(prof, roles)
     bpresent, bpoint, breps = ratio_replicates(base, roles)
     rows = []
     for role in (r for r in present if r in bpresent):
         ri, bi = present.index(role), bpresent.index(role)
         for li, layer in enumerate(prof.cube.layers):
-            bl = np.flatnonzero(base.cube.layers == layer)
+            bl = np.flatnonzero(base.cube.layers == matched.get(int(layer), -1))
             if bl.size == 0:
                 continue
             diff = point[li, ri] - bpoint[bl[0], bi]
             low, high = percentile_interval(reps[:, li, ri] - breps[:, bl[0], bi], confidence)
-            rows.append({"layer": int(layer), "role": role, "difference": diff, "ci_low": float(low),
-                         "ci_high": float(high)})
+            rows.append({"layer": int(layer), "baseline_layer": int(base.cube.layers[bl[0]]),
+                         "relative_depth": int(layer) / depth, "role": role, "difference": diff,
+                         "ci_low": float(low), "ci_high": float(high)})
     return pd.DataFrame(rows, columns=DIFFERENCE_COLUMNS)
 
 
-def _with_difference(frame: pd.DataFrame, keys: list[str], baseline: str, values: Sequence[str]) -> pd.DataFrame:
-    """Add ``<value>_difference`` = value - baseline's value at the same keys."""
+def _with_difference(frame: pd.DataFrame, keys: list[str], baseline: str, values: Sequence[str],
+                     matched: dict[str, dict[int, int]] | None = None) -> pd.DataFrame:
+    """Add ``<value>_difference`` = value - baseline's value at the same keys; with ``matched`` (label -> the
+    run's layer -> the baseline's layer at the same relative depth) also ``baseline_layer``, and ``layer`` is
+    matched through it (NaN where the baseline has no layer at that depth)."""
     if frame.empty:
         return frame
     base = frame[frame["label"] == baseline].set_index(keys)[list(values)]
     base.columns = [f"{v}_baseline" for v in values]
-    out = frame.join(base, on=keys)
+    if matched is None:
+        out = frame.join(base, on=keys)
+    else:
+        layers = [matched.get(lab, {}).get(int(layer)) for lab, layer in zip(frame["label"], frame["layer"])]
+        out = frame.assign(baseline_layer=pd.array(layers, dtype="Int64"))
+        base.index = base.index.set_names(["baseline_layer" if k == "layer" else k for k in keys])
+        out = out.join(base, on=["baseline_layer" if k == "layer" else k for k in keys])
     for v in values:
         out[f"{v}_difference"] = out[v] - out[f"{v}_baseline"]
     return _label_first([out.drop(columns=[f"{v}_baseline" for v in values])])
@@ -181,4 +217,4 @@ def _table(frame: pd.DataFrame, name: str) -> pd.DataFrame:
     return conform(frame, COMPARISON_TABLES[name], name)
 
 
-__all__ = ["Comparison", "check_same_tokenizer", "compare_runs"]
+__all__ = ["Comparison", "check_same_tokenizer", "compare_runs", "matched_layers"]

@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from gradflow.cli.options import add_figure_output, formats, probe_dirs
+from gradflow.cli.options import add_figure_output, add_latex_layout, formats, probe_dirs
 from gradflow.errors import UsageError
 
 
@@ -19,6 +19,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                                                      "two or more probe directories written by `gradflow probe`")
     compare.add_argument("--labels", nargs="+", default=None, help="one label per run (default: directory names)")
     add_figure_output(compare, width=True)
+    add_latex_layout(compare)
     compare.set_defaults(run=run)
 
 
@@ -35,7 +36,7 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
         paths.extend(_probe_differences(args))
     else:
         paths = write_comparison(args.run_dirs, args.labels, args.out, formats=formats(args.format),
-                                 width=args.width)
+                                 width=args.width, latex_layout=args.latex_layout)
     print(f"wrote {len(paths)} files to {args.out}")
     return 0
 

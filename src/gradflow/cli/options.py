@@ -236,6 +236,15 @@ def add_figure_output(parser: argparse.ArgumentParser, width: bool = False) -> N
                             metavar="WIDTH", help="figure width preset: %(choices)s (default %(default)s)")
 
 
+def add_latex_layout(parser: argparse.ArgumentParser) -> None:
+    """``--latex-layout``: how ``tables.tex`` and ``latex/<name>.tex`` are laid out (:mod:`gradflow.figures.tables`)."""
+    parser.add_argument("--latex-layout", choices=RegistryChoices("gradflow.figures.tables", "LATEX_LAYOUTS"),
+                        default="page", metavar="LAYOUT",
+                        help="LaTeX tables: page (a one-column paper), wide (table*, across both columns of a "
+                             "two-column paper) or column (one column of a two-column paper: intervals under their "
+                             "estimates); default %(default)s")
+
+
 def formats(text: str) -> tuple[str, ...]:
     """``"pdf,png"`` -> ``("pdf", "png")``."""
     return tuple(f.strip() for f in text.split(",") if f.strip())

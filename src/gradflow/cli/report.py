@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from gradflow.cli.options import add_figure_output, formats, probe_dirs
+from gradflow.cli.options import add_figure_output, add_latex_layout, formats, probe_dirs
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -14,6 +14,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     report.add_argument("run_dir", help="a run directory written by `gradflow record`, or a probe directory "
                                         "(`gradflow probe`: its figure is drawn again)")
     add_figure_output(report, width=True)
+    add_latex_layout(report)
     report.set_defaults(run=run)
 
 
@@ -26,6 +27,6 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
         paths = write_probe_figures([args.run_dir], None, args.out, formats=formats(args.format), width=args.width)
     else:
-        paths = write_report(args.run_dir, args.out, formats=formats(args.format), width=args.width)
+        paths = write_report(args.run_dir, args.out, formats=formats(args.format), width=args.width, latex_layout=args.latex_layout)
     print(f"wrote {len(paths)} files to {args.out}")
     return 0

@@ -71,7 +71,9 @@ def comparison_ratios(comparison: object, role: str = "context", axes: Sequence[
     ``comparison``: a :class:`gradflow.analysis.Comparison`. Runs share the role's colour in
     shades and differ by dash and marker; bands are bootstrap CIs (of the difference in the second
     panel). The panels sit side by side at page width and stacked at column width; the legend of
-    the runs goes under the figure (into the first panel when ``axes`` are given). Returns lines
+    the runs goes under the figure (into the first panel when ``axes`` are given). Runs of different depth
+    are drawn against relative depth (layer / blocks), and each difference pairs layers at the same relative
+    depth (``ratio_differences``' ``layer`` and ``baseline_layer``), so the second panel spans 0 to 1. Returns lines
     (gid ``ratio:<label>``, ``difference:<label>``), bands and the legend.
     """
     ratios = comparison.ratios[comparison.ratios["role"] == role]  # type: ignore[attr-defined]
@@ -80,7 +82,7 @@ def comparison_ratios(comparison: object, role: str = "context", axes: Sequence[
     labels: list[str] = list(comparison.labels)  # type: ignore[attr-defined]
     baseline: str = comparison.baseline  # type: ignore[attr-defined]
     wide = figure_width(width) > 5
-    axs, _ = panel_grid(2, axes, width, 0.62 if wide else 0.5, 2 if wide else 1, sharey=False)
+    axs, _ = panel_grid(2, axes, width, 0.62 if wide else 0.36, 2 if wide else 1, sharey=False)
     col, xlabel = _depth_column(ratios)
     drawn: list[Artist] = []
     handles: list[Artist] = []
@@ -93,7 +95,7 @@ def comparison_ratios(comparison: object, role: str = "context", axes: Sequence[
                                             linewidth=0, gid=f"band:{label}")]
         dd = diffs[diffs["label"] == label].sort_values("layer")
         if len(dd) and label != baseline:
-            xd = dd["layer"] if col == "layer" else dd["layer"].map(d.set_index("layer")[col])
+            xd = dd[col]  # a difference row holds the run's layer and its relative depth (matched to the baseline's)
             (dl,) = axs[1].plot(xd, dd["difference"], markersize=2.5, gid=f"difference:{label}", **st)
             drawn += [dl, axs[1].fill_between(xd, dd["ci_low"], dd["ci_high"], color=st["color"], alpha=0.18,
                                               linewidth=0, gid=f"diffband:{label}")]
@@ -106,7 +108,8 @@ def comparison_ratios(comparison: object, role: str = "context", axes: Sequence[
         if col == "layer":
             ax.xaxis.set_major_locator(MaxNLocator(integer=True, nbins=12))
     wrap_title(axs[0], "ratio (95% CI)")
-    wrap_title(axs[1], f"run − {baseline} (95% CI)")
+    wrap_title(axs[1], f"run − {baseline} (95% CI)" if col == "layer" else
+               f"run − {baseline} at the same relative depth (95% CI)")
     if axes is None:
         drawn.append(legend_below(axs[0].figure, handles, handlelength=2.2))
     else:

@@ -37,10 +37,18 @@ from gradflow.figures import canvas
 from gradflow.figures.comparison import comparison_last_block, comparison_profiles, comparison_ratios
 from gradflow.figures.pressure import PRESSURE_FIGURE, pressure_bars, pressure_csv, pressure_section, pressure_tables
 from gradflow.figures.profiles import depth_profile, distribution_ranges, ratio_heatmap
+from gradflow.figures.report_tables import (
+    check_layout,
+    comparison_last_table,
+    comparison_ratio_table,
+    deficit_table,
+    layer_table,
+    write_latex,
+)
 from gradflow.figures.style import DEFAULT_WIDTH, gradflow_style
 from gradflow.figures.sublayers import last_block_bars, sublayer_heatmap
-from gradflow.figures.tables import TextTable, latex_label, markdown_table, write_latex_tables
-from gradflow.formatting import MISSING, format_estimate, format_number, format_p_value
+from gradflow.figures.tables import TextTable, latex_label, markdown_table
+from gradflow.formatting import format_estimate, format_number
 from gradflow.provenance import display_name, portable_path
 from gradflow.schema import COMPARISON_TABLES, REPORT_TABLES, REQUIRED_META_KEYS, conform
 
@@ -60,18 +68,31 @@ def _compact(value: Any) -> str:
     return str(value)
 
 
+def _run_directory(path: Path, out: Path) -> str:
+    """The run directory as a summary in ``out`` names it: :func:`portable_path`'s form, relative to ``out``
+    (``../runs/a``) where that would be a machine's absolute path, so a summary never prints one."""
+    text = portable_path(path, out)
+    if not os.path.isabs(text):
+        return text
+    try:
+        return Path(os.path.relpath(Path(path).resolve(), Path(out).resolve())).as_posix()
+    except ValueError:  # another drive (Windows): no relative path exists
+        return Path(path).name
+
+
 def _provenance(run: Run, out: Path) -> list[str]:
     """Markdown provenance table of one run's meta.json, for a summary written to ``out``.
 
     No machine's absolute path: the run directory as :func:`gradflow.provenance.portable_path`
-    writes it for ``out``; absolute paths in an older meta.json as that run would record them now.
+    writes it for ``out`` (relative to ``out`` where that would be absolute); absolute paths in an
+    older meta.json as that run would record them now.
     """
     def portable(value: Any) -> Any:
         return portable_path(value, run.path) if isinstance(value, str) and os.path.isabs(value) else value
 
     meta = {k: portable(v) for k, v in run.meta.items()}
     tok = {k: portable(v) for k, v in meta.get("tokenizer", {}).items()}
-    rows = [("run directory", f"`{portable_path(run.path, out)}`"), ("model", meta.get("model")),
+    rows = [("run directory", f"`{_run_directory(run.path, out)}`"), ("model", meta.get("model")),
             ("family", meta.get("family")), ("blocks", meta.get("num_layers")), ("tokenizer", tok.get("name_or_path")),
             ("vocabulary size", tok.get("vocab_size")), ("tokenizer hash", f"`{tok.get('hash')}`"),
             ("loss", meta.get("loss")), ("masking", f"`{_compact(meta.get('masking'))}`"),
@@ -120,11 +141,15 @@ def _incomplete_banner(labels: Sequence[str]) -> str:
 # ----------------------------------------------------------------------------------------------
 
 def write_report(run_dir: str | Path, out_dir: str | Path, formats: Sequence[str] = ("pdf", "png"),
-                 width: str | float = DEFAULT_WIDTH, n_resamples: int = 2000, seed: int = 0) -> list[Path]:
-    """Write every single-run figure, the metric tables (CSV, and ``tables.tex``) and ``summary.md``; return the paths.
+                 width: str | float = DEFAULT_WIDTH, n_resamples: int = 2000, seed: int = 0,
+                 latex_layout: str = "page") -> list[Path]:
+    """Write every single-run figure, the metric tables (CSV, and LaTeX: ``tables.tex`` with every table, and one
+    ``latex/<name>.tex`` per table) and ``summary.md``; return the paths.
 
-    Raises :class:`RunError` when ``run_dir`` is missing or malformed.
+    ``latex_layout``: one of :data:`gradflow.figures.tables.LATEX_LAYOUTS` (``column`` for one column of a
+    two-column paper). Raises :class:`RunError` when ``run_dir`` is missing or malformed.
     """
+    check_layout(latex_layout)
     run = load_run(run_dir)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -158,12 +183,17 @@ def write_report(run_dir: str | Path, out_dir: str | Path, formats: Sequence[str
                                 pressure_section(pressure, n_resamples, seed)), encoding="utf-8")
     name = display_name(run.meta.get("model") or run.path.name)
     ci = f"95% sequence-bootstrap CIs ({n_resamples} resamples, seed {seed})"
-    latex = [replace(_layer_table(ratios, tests), label=latex_label("ratios", name), caption=f"{name}: context / loss"
-                     f"-position gradient-norm ratio per layer ({ci}); Mann-Whitney U test, Holm-corrected.")]
+    sites = latex_layout != "column"
+    latex = [replace(layer_table(ratios, tests, sites=sites), name="ratios", label=latex_label("ratios", name),
+                     caption=f"{name}: context / loss-position gradient-norm ratio per layer "
+                             f"({'' if sites else 'layer 0: the embeddings, layer k: block k; '}{ci}; 0: exactly "
+                             "zero); Mann-Whitney U test, Holm-corrected.")]
     if not deficit.empty:
-        latex.append(replace(_deficit_table(deficit), label=latex_label("last-block", name), caption=f"{name}: "
-                             "context share of the last block's weight gradient per sublayer, against earlier blocks."))
-    return [summary, write_latex_tables(out / "tables.tex", latex, "gradflow report"), *written]
+        latex.append(replace(deficit_table(deficit, short=not sites), name="last_block",
+                             label=latex_label("last-block", name),
+                             caption=f"{name}: context share of the last block's weight gradient per sublayer, "
+                                     "against earlier blocks (0: exactly zero)."))
+    return [summary, *write_latex(out, latex, "gradflow report", latex_layout), *written]
 
 
 def _write_tables(folder: Path, tables: dict[str, pd.DataFrame], contract: Mapping[str, Sequence[str]]) -> list[Path]:
@@ -190,7 +220,7 @@ def _summary(run: Run, ratios: pd.DataFrame, tests: pd.DataFrame, deficit: pd.Da
               f"sequences ({n_resamples} resamples, seed {seed}). Rank test: Mann-Whitney U on per-sequence "
               "mean norms, context vs masked, "
               "Holm-corrected across layers; effect size = rank-biserial correlation (< 0: context smaller).", ""]
-    lines += markdown_table(_layer_table(ratios, tests)) + [""]
+    lines += markdown_table(layer_table(ratios, tests)) + [""]
     if not deficit.empty:
         layer = int(deficit["layer"].iloc[0])
         lines += [f"## Last block (layer {layer}): context share of the weight-gradient signal", "",
@@ -198,7 +228,7 @@ def _summary(run: Run, ratios: pd.DataFrame, tests: pd.DataFrame, deficit: pd.Da
                   "from context channels, and coverage (fraction of context positions sending non-zero signal), "
                   "against the mean of the earlier blocks." + (" Weight-shared block: the shares of its last "
                   "application (headline: the shared weights')." if last_block_sharing(run.meta, layer) else ""), ""]
-        lines += markdown_table(_deficit_table(deficit)) + [""]
+        lines += markdown_table(deficit_table(deficit)) + [""]
     lines += [*extra, *_figure_list(figures, formats), ""]
     lines += ["## Provenance", ""] + _provenance(run, out) + [""]
     return "\n".join(lines)
@@ -260,38 +290,6 @@ def _sample_warning(n_sequences: int) -> str:
     return ""
 
 
-def _layer_table(ratios: pd.DataFrame, tests: pd.DataFrame) -> TextTable:
-    """Per-layer table: context and masked ratios with CIs, rank test."""
-    by_role = {role: ratios[ratios["role"] == role].set_index("layer") for role in ("context", "masked")}
-    test = tests.set_index("layer") if len(tests) else pd.DataFrame()
-    sites = ratios.drop_duplicates("layer").set_index("layer")["site"]
-
-    def ratio_cell(role: str, layer: int) -> str:
-        frame = by_role[role]
-        if layer not in frame.index:
-            return MISSING
-        row = frame.loc[layer]
-        return format_estimate(row["ratio"], row["ci_low"], row["ci_high"])
-
-    rows = []
-    for layer in sorted(ratios["layer"].unique()):
-        effect, p = (MISSING, MISSING)
-        if layer in test.index:
-            effect, p = format_number(test.loc[layer, "rank_biserial"]), format_p_value(test.loc[layer, "p_holm"])
-        rows.append((int(layer), sites[layer], ratio_cell("context", layer), ratio_cell("masked", layer), effect, p))
-    return _table(("layer", "site", "context / loss [95% CI]", "masked / loss [95% CI]", "rank-biserial",
-                   "p (Holm)"), rows)
-
-
-def _deficit_table(deficit: pd.DataFrame) -> TextTable:
-    """Last-block sublayer table."""
-    rows = [(r.sublayer, format_number(r.share), format_estimate(r.earlier_mean, r.earlier_min, r.earlier_max),
-             format_number(r.ratio_to_earlier), format_number(r.coverage), format_number(r.earlier_coverage_mean))
-            for r in deficit.itertuples()]
-    return _table(("sublayer", "context share", "earlier blocks: mean [min, max]", "ratio to earlier",
-                   "coverage", "earlier coverage"), rows)
-
-
 def _figure_list(figures: list[str], formats: Sequence[str]) -> list[str]:
     """Links to the figures (PNG inline when written)."""
     lines = ["## Figures", ""]
@@ -309,13 +307,17 @@ def _figure_list(figures: list[str], formats: Sequence[str]) -> list[str]:
 
 def write_comparison(run_dirs: Sequence[str | Path], labels: Sequence[str] | None, out_dir: str | Path,
                      formats: Sequence[str] = ("pdf", "png"), width: str | float = DEFAULT_WIDTH, baseline: int = 0,
-                     n_resamples: int = 2000, seed: int = 0) -> list[Path]:
-    """Write the comparison figures, tables (CSV, ``tables.tex``) and ``summary.md`` for several runs; return the paths.
+                     n_resamples: int = 2000, seed: int = 0, latex_layout: str = "page") -> list[Path]:
+    """Write the comparison figures, tables (CSV; LaTeX: ``tables.tex`` with every table and one
+    ``latex/<name>.tex`` per table) and ``summary.md`` for several runs; return the paths.
 
     ``labels`` default to the run directory names; the first run is the baseline of the
-    differences unless ``baseline`` says otherwise. Raises :class:`RunError` for a missing or
-    malformed run directory and when the runs come from different tokenizers.
+    differences unless ``baseline`` says otherwise. Runs of different depths are compared at the
+    same relative depth (:func:`gradflow.analysis.compare.matched_layers`). ``latex_layout``: as
+    :func:`write_report`'s. Raises :class:`RunError` for a missing or malformed run directory and
+    when the runs come from different tokenizers.
     """
+    check_layout(latex_layout)
     if len(run_dirs) < 2:
         raise RunError(f"A comparison needs at least two run directories, got {len(run_dirs)}; use "
                        "write_report for a single run.")
@@ -343,20 +345,26 @@ def write_comparison(run_dirs: Sequence[str | Path], labels: Sequence[str] | Non
         "shares": comp.shares, "last_block": comp.last_block, "layer_tests": comp.tests, **pressure_csv(pressure)},
         COMPARISON_TABLES)
     summary = out / "summary.md"
-    summary.write_text(_comparison_summary(runs, comp, incomplete, list(figures), formats, n_resamples, seed,
+    depths = {lab: run.num_layers for lab, run in zip(comp.labels, runs)}
+    summary.write_text(_comparison_summary(runs, comp, depths, incomplete, list(figures), formats, n_resamples, seed,
                                            out, pressure_section(pressure, n_resamples, seed)), encoding="utf-8")
     ci = f"95% sequence-bootstrap CIs ({n_resamples} resamples, seed {seed})"
-    latex = [replace(_comparison_ratio_table(comp), label=latex_label("ratios", *comp.labels),
-                     caption=f"Context / loss-position gradient-norm ratio per layer, each run and its difference "
-                             f"to {comp.baseline}; {ci}.")]
+    where = ("per layer" if len(set(depths.values())) == 1 else
+             "at each relative depth (layer / blocks; the layers of each run in the second column), differences "
+             "only where both runs have a layer at that depth")
+    latex = [replace(comparison_ratio_table(comp, depths), name="ratios", label=latex_label("ratios", *comp.labels),
+                     caption=f"Context / loss-position gradient-norm ratio {where}, each run and its difference "
+                             f"to {comp.baseline}; {ci}; 0: exactly zero.")]
     if not comp.last_block.empty:
-        latex.append(replace(_comparison_last_table(comp), label=latex_label("last-block", *comp.labels),
+        latex.append(replace(comparison_last_table(comp), name="last_block",
+                             label=latex_label("last-block", *comp.labels),
                              caption="Context share of the last block's weight gradient per sublayer (in "
-                                     "parentheses: its ratio to the earlier blocks' mean)."))
-    return [summary, write_latex_tables(out / "tables.tex", latex, "gradflow compare"), *written]
+                                     "parentheses: its ratio to the earlier blocks' mean; 0: exactly zero)."))
+    return [summary, *write_latex(out, latex, "gradflow compare", latex_layout), *written]
 
 
-def _comparison_summary(runs: Sequence[Run], comp: Comparison, incomplete: list[str], figures: list[str],
+def _comparison_summary(runs: Sequence[Run], comp: Comparison, depths: Mapping[str, int], incomplete: list[str],
+                        figures: list[str],
                         formats: Sequence[str], n_resamples: int, seed: int, out: Path,
                         extra: Sequence[str] = ()) -> str:
     """The Markdown summary of a comparison (written to ``out``)."""
@@ -369,52 +377,27 @@ def _comparison_summary(runs: Sequence[Run], comp: Comparison, incomplete: list[
     lines += markdown_table(_table(("label", "model", "loss", "masking", "blocks", "sequences", "complete"), [
         (lab, r.meta.get("model"), r.meta.get("loss"), f"`{_compact(r.meta.get('masking'))}`", r.num_layers,
          r.sequences["sequence_index"].nunique(), r.complete) for lab, r in zip(comp.labels, runs)])) + [""]
-    lines += [f"## Context / loss gradient-norm ratio, per layer (baseline: {comp.baseline})", "",
+    same = len(set(depths.values())) == 1
+    lines += [f"## Context / loss gradient-norm ratio, {'per layer' if same else 'by relative depth'} "
+              f"(baseline: {comp.baseline})", "",
               f"Ratio [95% bootstrap CI over sequences; {n_resamples} resamples, seed {seed}] per run; "
               "differences are run − baseline with a bootstrap CI of the difference (paired when both runs "
-              "measured the same sequences).", ""]
-    lines += markdown_table(_comparison_ratio_table(comp)) + [""]
+              "measured the same sequences); 0 is exactly zero."
+              + ("" if same else " The runs differ in depth ("
+                 + ", ".join(f"{lab}: {depths[lab]} blocks" for lab in comp.labels)
+                 + "), so rows are relative depths (layer / blocks) and each run's layer there is listed, in the "
+                   "order of the runs (their block counts in the header); a "
+                   "difference compares the layers at the same relative depth and is left out (–) where a run has "
+                   "no layer at that depth."), ""]
+    lines += markdown_table(comparison_ratio_table(comp, depths)) + [""]
     if not comp.last_block.empty:
         lines += ["## Last block: context share per sublayer", ""]
-        lines += markdown_table(_comparison_last_table(comp)) + [""]
+        lines += markdown_table(comparison_last_table(comp)) + [""]
     lines += [*extra, *_figure_list(figures, formats), ""]
     lines += ["## Provenance", ""]
     for lab, run in zip(comp.labels, runs):
         lines += [f"### {lab}", ""] + _provenance(run, out) + [""]
     return "\n".join(lines)
-
-
-def _comparison_ratio_table(comp: Comparison) -> TextTable:
-    """Per layer: every run's context ratio and each non-baseline run's difference."""
-    ratios = comp.ratios[comp.ratios["role"] == "context"]
-    diffs = comp.ratio_differences[comp.ratio_differences["role"] == "context"]
-    others = [lab for lab in comp.labels if lab != comp.baseline]
-    header = ["layer", *comp.labels, *[f"{lab} − {comp.baseline}" for lab in others]]
-    rows = []
-    for layer in sorted(ratios["layer"].unique()):
-        row: list[Any] = [int(layer)]
-        for lab in comp.labels:
-            r = ratios[(ratios["label"] == lab) & (ratios["layer"] == layer)]
-            row.append(format_estimate(*r[["ratio", "ci_low", "ci_high"]].iloc[0]) if len(r) else MISSING)
-        for lab in others:
-            d = diffs[(diffs["label"] == lab) & (diffs["layer"] == layer)]
-            row.append(format_estimate(*d[["difference", "ci_low", "ci_high"]].iloc[0]) if len(d) else MISSING)
-        rows.append(row)
-    return _table(header, rows)
-
-
-def _comparison_last_table(comp: Comparison) -> TextTable:
-    """Per last-block sublayer: each run's context share (and its ratio to the earlier blocks)."""
-    last = comp.last_block
-    rows = []
-    for sub in dict.fromkeys(last["sublayer"]):
-        row: list[Any] = [sub]
-        for lab in comp.labels:
-            r = last[(last["label"] == lab) & (last["sublayer"] == sub)]
-            row.append(f"{format_number(r['share'].iloc[0])} ({format_number(r['ratio_to_earlier'].iloc[0])}×)"
-                       if len(r) else MISSING)
-        rows.append(row)
-    return _table(["sublayer", *[f"{lab}: share (× earlier)" for lab in comp.labels]], rows)
 
 
 __all__ = ["INCOMPLETE_NOTE", "write_comparison", "write_report"]

@@ -1,0 +1,134 @@
+"""The tables of a report and of a comparison, as :class:`TextTable` (Markdown in ``summary.md``, LaTeX in
+``tables.tex`` and ``latex/<name>.tex``), every number column with fixed decimals (:func:`fixed_column`).
+
+- :func:`layer_table`: one run's context and masked ratios per layer with the rank test;
+- :func:`deficit_table`: one run's last-block sublayers against the earlier blocks;
+- :func:`comparison_ratio_table`: every run's context ratio and the differences to the baseline, per layer, or
+  per relative depth when the runs differ in depth (layers matched as :func:`gradflow.analysis.compare.matched_layers`
+  matches them);
+- :func:`comparison_last_table`: every run's last-block share per sublayer;
+- :func:`write_latex`: ``tables.tex`` and one ``latex/<name>.tex`` per table, in a layout of
+  :data:`gradflow.figures.tables.LATEX_LAYOUTS`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from gradflow.analysis import Comparison
+from gradflow.errors import UsageError
+from gradflow.figures.tables import LATEX_FOLDER, LATEX_LAYOUTS, TextTable, write_latex_files, write_latex_tables
+from gradflow.formatting import MISSING, fixed_column, format_p_value
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[Any]], caption: str = "", label: str = "") -> TextTable:
+    return TextTable(tuple(header), tuple(tuple(row) for row in rows), caption, label)
+
+
+def check_layout(layout: str) -> None:
+    """Raise :class:`UsageError` for a LaTeX layout that is not one of :data:`LATEX_LAYOUTS`."""
+    if layout not in LATEX_LAYOUTS:
+        raise UsageError(f"unknown LaTeX layout {layout!r}; choose one of {', '.join(LATEX_LAYOUTS)} (column: one "
+                         "column of a two-column paper; wide: across both; page: a one-column paper).")
+
+
+def write_latex(out: Path, tables: list[TextTable], source: str, layout: str) -> list[Path]:
+    """``tables.tex`` (every table) and ``latex/<name>.tex`` (one each); returns the paths."""
+    return [write_latex_tables(out / "tables.tex", tables, source, layout),
+            *write_latex_files(out / LATEX_FOLDER, tables, source, layout)]
+
+
+def layer_table(ratios: pd.DataFrame, tests: pd.DataFrame, sites: bool = True) -> TextTable:
+    """Per-layer table: context and masked ratios with CIs (fixed decimals per column), rank test; ``sites=False``
+    leaves the site column out (the ``column`` LaTeX layout: layer k is block k's output, 0 the embeddings')."""
+    test = tests.set_index("layer") if len(tests) else pd.DataFrame()
+    layers = sorted(int(x) for x in ratios["layer"].unique())
+    site_of = ratios.drop_duplicates("layer").set_index("layer")["site"]
+    columns = {}
+    for role in ("context", "masked"):
+        frame = ratios[ratios["role"] == role].set_index("layer").reindex(layers)
+        columns[role] = fixed_column(frame["ratio"], frame["ci_low"], frame["ci_high"])
+    effects = fixed_column([test.loc[layer, "rank_biserial"] if layer in test.index else None for layer in layers],
+                           decimals=2)
+    rows = []
+    for k, layer in enumerate(layers):
+        p = format_p_value(test.loc[layer, "p_holm"]) if layer in test.index else MISSING
+        cells = [columns["context"][k], columns["masked"][k], effects[k], p]
+        rows.append((layer, site_of[layer], *cells) if sites else (layer, *cells))
+    return _table(("layer", *(("site",) if sites else ()), "context / loss [95% CI]", "masked / loss [95% CI]",
+                   "rank-biserial", "p (Holm)"), rows)
+
+
+def deficit_table(deficit: pd.DataFrame, short: bool = False) -> TextTable:
+    """Last-block sublayer table (fixed decimals per column); ``short`` headers for one column of a page."""
+    share, ratio = fixed_column(deficit["share"]), fixed_column(deficit["ratio_to_earlier"], decimals=2)
+    earlier = fixed_column(deficit["earlier_mean"], deficit["earlier_min"], deficit["earlier_max"])
+    coverage = fixed_column(pd.concat([deficit["coverage"], deficit["earlier_coverage_mean"]]))
+    n = len(deficit)
+    rows = [(sub, share[k], earlier[k], ratio[k], coverage[k], coverage[n + k])
+            for k, sub in enumerate(deficit["sublayer"])]
+    if short:
+        return _table(("sublayer", "share", "earlier mean [min, max]", "× earlier", "coverage", "earlier coverage"),
+                      rows)
+    return _table(("sublayer", "context share", "earlier blocks: mean [min, max]", "ratio to earlier",
+                   "coverage", "earlier coverage"), rows)
+
+
+def comparison_ratio_table(comp: Comparison, depths: Mapping[str, int]) -> TextTable:
+    """Every run's context ratio and each non-baseline run's difference, at matched relative depth.
+
+    Runs of one depth: a row per layer. Runs of different depths (``depths``: label -> blocks): a row per relative
+    depth of any run (layer / blocks), with each run's layer there (``–`` where it has none); a difference only
+    where both runs have a layer at that depth (:func:`gradflow.analysis.compare.matched_layers`). Fixed decimals
+    per column."""
+    ratios = comp.ratios[comp.ratios["role"] == "context"]
+    diffs = comp.ratio_differences[comp.ratio_differences["role"] == "context"]
+    others = [lab for lab in comp.labels if lab != comp.baseline]
+    same = len({depths[lab] for lab in comp.labels}) == 1
+    grid = sorted({Fraction(int(layer), depths[lab]) for lab, layer in zip(ratios["label"], ratios["layer"])})
+
+    def layer_at(lab: str, depth: Fraction) -> int | None:
+        layer = depth * depths[lab]
+        return int(layer) if layer.denominator == 1 else None
+
+    columns: list[list[str]] = []
+    for lab in comp.labels:
+        frame = ratios[ratios["label"] == lab].set_index("layer")
+        picked = frame.reindex([layer_at(lab, d) if layer_at(lab, d) is not None else -1 for d in grid])
+        columns.append(fixed_column(picked["ratio"], picked["ci_low"], picked["ci_high"]))
+    for lab in others:
+        frame = diffs[diffs["label"] == lab].set_index("layer")
+        picked = frame.reindex([layer_at(lab, d) if layer_at(lab, d) is not None else -1 for d in grid])
+        columns.append(fixed_column(picked["difference"], picked["ci_low"], picked["ci_high"]))
+    rows = []
+    for k, depth in enumerate(grid):
+        if same:
+            head: list[Any] = [int(depth * depths[comp.labels[0]])]
+        else:
+            layers = [layer_at(lab, depth) for lab in comp.labels]
+            head = [f"{float(depth):.3f}", "/".join(MISSING if x is None else str(x) for x in layers)]
+        rows.append([*head, *(column[k] for column in columns)])
+    first = ["layer"] if same else ["depth", "layers (" + "/".join(str(depths[lab]) for lab in comp.labels) + ")"]
+    return _table([*first, *comp.labels, *[f"{lab} − {comp.baseline}" for lab in others]], rows)
+
+
+def comparison_last_table(comp: Comparison) -> TextTable:
+    """Per last-block sublayer: each run's context share (and its ratio to the earlier blocks), fixed decimals."""
+    last = comp.last_block
+    subs = list(dict.fromkeys(last["sublayer"]))
+    cells = []
+    for lab in comp.labels:
+        frame = last[last["label"] == lab].drop_duplicates("sublayer").set_index("sublayer").reindex(subs)
+        shares, ratios = fixed_column(frame["share"]), fixed_column(frame["ratio_to_earlier"], decimals=2)
+        cells.append([MISSING if pd.isna(v) else f"{sh} ({ra}×)" for v, sh, ra in zip(frame["share"], shares, ratios)])
+    rows = [[sub, *(column[k] for column in cells)] for k, sub in enumerate(subs)]
+    return _table(["sublayer", *[f"{lab}: share (× earlier)" for lab in comp.labels]], rows)
+
+
+__all__ = ["check_layout", "comparison_last_table", "comparison_ratio_table", "deficit_table", "layer_table",
+           "write_latex"]
