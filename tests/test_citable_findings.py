@@ -11,8 +11,8 @@ half a unit of its last digit of the committed value, read at full precision fro
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pandas as pd
 import pytest
@@ -193,31 +193,38 @@ def test_the_checker_catches_a_changed_number():
     assert not disagreements("+0.0040", [0.00404999])
     assert disagreements("0", [1e-30])  # a printed integer is exact
     assert disagreements("0.1 / 0.2", [0.1])  # a missing number
-    numbers, interval = EXPECTED[3]()
+    numbers, _ = EXPECTED[3]()
     assert disagreements(findings(INDEX)[3]["number"], [numbers[0] + 0.001, numbers[1]])
 
 
+CONTRASTS = {8: (SIX, [("mini-en repair1 - full", "brown-pos"), ("mini-en repair1 - full", "brown-propn")]),
+             9: (SIX, [("mini-en drop1 - full", "brown-pos")]),
+             10: (SIX, [("(mini-en drop1 - full) - (twin drop1 - full)", "brown-pos")]),
+             11: (TWELVE, [("mini12-en drop1 - full", "brown-pos")]),
+             12: (TWELVE, [("mini12-en repair1 - full", "brown-pos")]),
+             13: (TWELVE, [("mini12-en reinit1 - full", "brown-pos"), ("mini12-en reinit1 - full", "brown-propn")])}
+
+
 def test_design_column():
-    """Pre-registered rows say which plan family; the significance they state is the committed one."""
+    """Each row's design is the plans' (pre-registered, exploratory, ...); a contrast row's Holm family is the
+    committed table's size, and the significance it states is the committed one."""
     rows = findings(INDEX)
     for n, design in DESIGN.items():
         assert rows[n]["design"].startswith(design), (n, rows[n]["design"])
-    for n, path, family in [(8, SIX, 14), (9, SIX, 14), (10, SIX, 14), (11, TWELVE, 8), (12, TWELVE, 8), (13, TWELVE, 8)]:
-        assert f"Holm over {family}" in rows[n]["design"]
+    for n, (path, contrasts_) in CONTRASTS.items():
         table = _csv(path)
-        assert len(table) == family, f"{path}: {len(table)} contrasts, the design says Holm over {family}"
-    significant = _csv(SIX).set_index(["regime", "contrast", "task"])["significant"]
-    assert significant[("convergence", "(mini-en drop1 - full) - (twin drop1 - full)", "brown-pos")] == False  # noqa: E712
-    assert "(not significant)" in rows[10]["design"]
-    for n in (8, 9, 11, 12, 13):
-        assert "significant)" in rows[n]["design"] and "not significant" not in rows[n]["design"]
-    twelve = _csv(TWELVE).set_index(["contrast", "task"])["significant"]
-    assert twelve[("mini12-en reinit1 - full", "brown-propn")] and twelve[("mini12-en drop1 - full", "brown-pos")]
-    assert significant[("convergence", "mini-en repair1 - full", "brown-propn")]
+        table = table[table["regime"] == "convergence"] if "regime" in table else table
+        design = rows[n]["design"]
+        family = len(_csv(path))
+        assert f"Holm over {family}" in design, f"row {n}: {path} holds {family} contrasts: {design!r}"
+        significant = [bool(_one(table, contrast=c, task=task)["significant"].iloc[0]) for c, task in contrasts_]
+        said = "not significant" not in design
+        assert "significant)" in design and significant == [said] * len(significant), (n, design, significant)
 
 
 @pytest.mark.parametrize("path, verdicts", [
-    ("probes/robustness/last_layer_drops.md", {("mini-en", "brown-pos"): "no drop", ("mini-en", "brown-propn"): "no drop"}),
+    ("probes/robustness/last_layer_drops.md",
+     {("mini-en", "brown-pos"): "no drop", ("mini-en", "brown-propn"): "no drop"}),
     ("twelve-blocks/probes/robustness/last_layer_drops.md",
      {("mini12-en", "brown-pos"): "no drop", ("mini12-en", "brown-propn"): "no drop",
       ("twin", "brown-pos"): "gain (last layer best)", ("twin", "brown-propn"): "gain (last layer best)"}),
@@ -259,6 +266,10 @@ def test_the_reproduce_index_has_a_network_column():
     assert network["pressure"] == "no" and network["tasks"].startswith("yes")
 
 
+def _minutes(cell: str) -> set[str]:
+    return set(re.findall(r"\d[\d,.]*\d|\d|not recorded|not run", cell))
+
+
 def test_each_row_names_existing_targets_tables_and_the_indexed_minutes():
     targets = set(re.findall(r"^([a-z0-9][a-z0-9-]*)\s*:(?!=)", MAKEFILE.read_text(encoding="utf-8"), re.MULTILINE))
     reproduce = _reproduce_rows()
@@ -268,8 +279,7 @@ def test_each_row_names_existing_targets_tables_and_the_indexed_minutes():
         for path in re.findall(r"`(figures/[^`]+)`", row["committed table"]):
             assert (ROOT / path).is_file(), (n, path)
         minutes = next(r["minutes on 2 cores"] for r in reproduce if f"`{named[0]}`" in r["make target"])
-        tokens = lambda cell: set(re.findall(r"\d[\d,.]*\d|\d|not recorded|not run", cell))  # noqa: E731
-        assert tokens(row["minutes on 2 cores"]) & tokens(minutes), \
+        assert _minutes(row["minutes on 2 cores"]) & _minutes(minutes), \
             f"row {n}: minutes {row['minutes on 2 cores']!r}, the Reproduce index says {minutes!r} for {named[0]}"
         assert row["network"].startswith("yes" if "yes" in next(
             r["network"] for r in reproduce if f"`{named[0]}`" in r["make target"]) else "no"), (n, row["network"])
@@ -291,6 +301,21 @@ def test_the_two_samples_of_mini_en_pressure_are_named_where_they_are_quoted():
     for page in ("docs/results/index.md", "docs/results/probes-and-pressure.md", "docs/results/twelve-blocks.md"):
         text = (ROOT / page).read_text(encoding="utf-8")
         assert "0.477 / 0.272" in text and "0.472 / 0.287" in text and "48 windows" in text, page
+
+
+def test_the_readme_headline_estimates_are_the_committed_ratios():
+    """The demo paragraph above the findings (README.md and docs/index.md) quotes row 2's ratios and the twin's
+    after its last block, under its own all-positions loss; each estimate is the committed one."""
+    ratios = _csv("report/compare_models/tables/ratios.csv").set_index(["label", "layer", "role"])
+    committed = [ratios.loc[("mini-en, MLM loss", 0, "context")], ratios.loc[("mini-en, MLM loss", 5, "context")],
+                 ratios.loc[("alltoken twin, all-positions loss", 6, "context")]]
+    for page in COPIES:
+        text = page.read_text(encoding="utf-8")
+        head = " ".join(text[: text.index("## What it found")].split())
+        quoted = re.findall(r"\d\.\d+ \[\d\.\d+, \d\.\d+\]", head)
+        assert len(quoted) == 3, (page.name, quoted)
+        for cell, row in zip(quoted, committed):
+            assert not disagreements(cell, [row["ratio"], row["ci_low"], row["ci_high"]]), (page.name, cell)
 
 
 # ---------------------------------------------------------------------- point 5: the docs read unbuilt
@@ -317,7 +342,7 @@ def test_raw_pages_name_committed_files():
         depth = len(page.relative_to(ROOT / "docs").parts) - 1
         for target in re.findall(r"!\[[^\]]*\]\(([^)\s]+)\)", text):
             parts = Path(target).parts
-            if parts[:depth] == ("..",) * depth and parts[depth:depth + 1] == ("figures",):
-                if not (ROOT / Path(*parts[depth:])).is_file():
-                    missing.append(f"{page.relative_to(ROOT)}: image {target}")
+            in_figures = parts[:depth] == ("..",) * depth and parts[depth:depth + 1] == ("figures",)
+            if in_figures and not (ROOT / Path(*parts[depth:])).is_file():
+                missing.append(f"{page.relative_to(ROOT)}: image {target}")
     assert not missing, missing
