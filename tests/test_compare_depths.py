@@ -214,3 +214,23 @@ def test_each_layout_compiles_and_fits_its_page(six_and_twelve, tmp_path, layout
     assert proc.returncode == 0, proc.stdout[-2000:]
     log = (tmp_path / "paper.log").read_text(errors="replace")
     assert "Overfull \\hbox" not in log, log[log.index("Overfull"):][:600]
+
+
+def test_the_summary_gives_the_mean_loss_per_loss_position(tmp_path):
+    """Under reduction 'sequence' meta.json's mean_loss is per batch (a sum of its sequence means: 30.7 for batches
+    of 8); the summary divides by the mean batch size, which gives exactly the mean over sequences."""
+    import json
+
+    run = write_run(tmp_path / "run", num_layers=2, n_sequences=30)
+    meta = json.loads((run / "meta.json").read_text())
+    meta.update(reduction="sequence", mean_loss=30.72, counts={**meta["counts"], "batches": 4, "sequences_recorded": 32})
+    (run / "meta.json").write_text(json.dumps(meta))
+    report.write_report(run, tmp_path / "out", formats=("png",), **FAST)
+    text = (tmp_path / "out" / "summary.md").read_text()
+    assert "| mean_loss | 3.84 nats per loss position (mean over the 32 sequences of each sequence's mean; " \
+           "meta.json's `mean_loss` 30.72 is per batch, a sum of its sequence means) |" in text
+    meta.update(reduction="batch", mean_loss=3.5)
+    (run / "meta.json").write_text(json.dumps(meta))
+    report.write_report(run, tmp_path / "out2", formats=("png",), **FAST)
+    assert "| mean_loss | 3.5 nats per loss position (mean over batches of each batch's mean) |" in \
+        (tmp_path / "out2" / "summary.md").read_text()

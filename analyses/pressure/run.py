@@ -57,18 +57,50 @@ def scratch_runs(pair: str, out: Path) -> dict[str, Path]:
     return {label: Path(out) / "runs" / label for label in models}
 
 
+def last_block_lines(frame: pd.DataFrame, models: list[str]) -> list[str]:
+    """The README's last-block table (Markdown lines) from ``pressure.csv``'s rows: each model's pressure and its
+    ratio to the earlier blocks, with 95% CIs, fixed decimals per column (:func:`gradflow.formatting.fixed_column`)."""
+    from gradflow.formatting import fixed_column
+
+    last = {label: frame[(frame["model"] == label) & frame["last_block"]].set_index("sublayer") for label in models}
+    mlm = models[0]
+    subs = list(last[mlm].index)
+    columns = []
+    for label in models:
+        r = last[label].reindex(subs)
+        columns += [fixed_column(r["pressure"], r["ci_low"], r["ci_high"]),
+                    fixed_column(r["vs_earlier"], r["vs_earlier_ci_low"], r["vs_earlier_ci_high"])]
+    lines = [f"| last-block sublayer | {mlm} pressure [95% CI] | {mlm} vs earlier blocks | twin pressure [95% CI] | "
+             "twin vs earlier blocks |", "|---|---|---|---|---|"]
+    lines += [f"| {sub} | " + " | ".join(column[k] for column in columns) + " |" for k, sub in enumerate(subs)]
+    return lines
+
+
+def write_last_block_table(frame: pd.DataFrame, models: list[str], out: Path) -> Path:
+    """Write ``last_block.md`` into ``out`` (and print it)."""
+    lines = last_block_lines(frame, models)
+    path = out / "last_block.md"
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    print("\n".join(lines))
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pair", choices=PAIRS, default="mini-en",
                         help="mini-en: the 6-block pair (issue 14); mini12-en: the 12-block pair (issue 31)")
     parser.add_argument("--out", default=None, help="relative to the repository root (default figures/pressure, "
                         "figures/twelve-blocks/pressure)")
+    parser.add_argument("--tables-only", action="store_true",
+                        help="rewrite last_block.md from the committed pressure.csv in --out; record nothing")
     args = parser.parse_args(argv)
     models, default_out = PAIRS[args.pair]
     out = ROOT / (args.out or default_out)  # an absolute --out stays as given
+    if args.tables_only:
+        write_last_block_table(pd.read_csv(out / "pressure.csv"), list(models), out)
+        return 0
     from gradflow.analysis import load_run
     from gradflow.analysis.pressure import context_pressure
-    from gradflow.formatting import format_estimate
 
     runs = scratch_runs(args.pair, out)
     for label, model in models.items():
@@ -80,19 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     tables = [context_pressure(load_run(path)).assign(model=label) for label, path in runs.items()]
     frame = pd.concat(tables, ignore_index=True)
     frame.to_csv(out / "pressure.csv", index=False, float_format="%.6g")
-    last = {label: t[t["last_block"]].set_index("sublayer") for label, t in zip(models, tables)}
-    mlm = next(iter(models))
-    lines = [f"| last-block sublayer | {mlm} pressure [95% CI] | {mlm} vs earlier blocks | twin pressure [95% CI] | "
-             "twin vs earlier blocks |", "|---|---|---|---|---|"]
-    for sublayer in last[mlm].index:
-        cells = []
-        for label in models:
-            r = last[label].loc[sublayer]
-            cells += [format_estimate(r.pressure, r.ci_low, r.ci_high),
-                      format_estimate(r.vs_earlier, r.vs_earlier_ci_low, r.vs_earlier_ci_high)]
-        lines.append(f"| {sublayer} | " + " | ".join(cells) + " |")
-    (out / "last_block.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    print("\n".join(lines))
+    write_last_block_table(frame, list(models), out)
     return 0
 
 

@@ -9,7 +9,6 @@ numbers are the actual context signal, not the counterfactual pressure.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -27,7 +26,7 @@ from gradflow.figures.canvas import (
     sublayer_ticklabel,
 )
 from gradflow.figures.style import RUN_HATCHES, RUN_MARKERS, role_color, shade, styled
-from gradflow.formatting import MISSING, format_estimate, format_number
+from gradflow.formatting import fixed_column
 from gradflow.schema import SUBLAYER_SEQUENCES_FILE, sorted_sublayers
 
 PRESSURE_FIGURE = "context_pressure"
@@ -127,17 +126,13 @@ def pressure_section(tables: Mapping[str, pd.DataFrame], n_resamples: int, seed:
     header = ["sublayer"] + [f"{prefix(lab)}{h}" for lab in tables
                              for h in ("pressure [95% CI]", "earlier", "× earlier [95% CI]")]
     lasts = {lab: t[t["last_block"]].set_index("sublayer") for lab, t in tables.items()}
-    rows = []
-    for sub in sorted_sublayers([s for t in lasts.values() for s in t.index]):
-        row: list[Any] = [sub]
-        for last in lasts.values():
-            if sub not in last.index:
-                row += [MISSING] * 3
-                continue
-            r = last.loc[sub]
-            row += [format_estimate(r["pressure"], r["ci_low"], r["ci_high"]), format_number(r["earlier_mean"]),
-                    format_estimate(r["vs_earlier"], r["vs_earlier_ci_low"], r["vs_earlier_ci_high"])]
-        rows.append(row)
+    subs = sorted_sublayers([s for t in lasts.values() for s in t.index])
+    columns: list[list[str]] = []
+    for last in lasts.values():  # fixed decimals per column (gradflow.formatting.fixed_column)
+        r = last[~last.index.duplicated()].reindex(subs)
+        columns += [fixed_column(r["pressure"], r["ci_low"], r["ci_high"]), fixed_column(r["earlier_mean"]),
+                    fixed_column(r["vs_earlier"], r["vs_earlier_ci_low"], r["vs_earlier_ci_high"])]
+    rows = [[sub, *(column[k] for column in columns)] for k, sub in enumerate(subs)]
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
     return lines + [""]

@@ -8,8 +8,6 @@ Runs with ``complete = false`` get a warning banner on every figure and at the t
 
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -39,18 +37,20 @@ from gradflow.figures.pressure import PRESSURE_FIGURE, pressure_bars, pressure_c
 from gradflow.figures.profiles import depth_profile, distribution_ranges, ratio_heatmap
 from gradflow.figures.report_tables import (
     check_layout,
+    compact,
     comparison_last_table,
     comparison_ratio_table,
     deficit_table,
     layer_table,
+    provenance_table,
     write_latex,
 )
 from gradflow.figures.style import DEFAULT_WIDTH, gradflow_style
 from gradflow.figures.sublayers import last_block_bars, sublayer_heatmap
 from gradflow.figures.tables import TextTable, latex_label, markdown_table
 from gradflow.formatting import format_estimate, format_number
-from gradflow.provenance import display_name, portable_path
-from gradflow.schema import COMPARISON_TABLES, REPORT_TABLES, REQUIRED_META_KEYS, conform
+from gradflow.provenance import display_name
+from gradflow.schema import COMPARISON_TABLES, REPORT_TABLES, conform
 
 INCOMPLETE_NOTE = ("**Warning: incomplete run.** `meta.json` has `complete: false`: the run stopped before "
                    "the end of its corpus, so these numbers come from partial data and may change. Finish or "
@@ -59,49 +59,6 @@ INCOMPLETE_NOTE = ("**Warning: incomplete run.** `meta.json` has `complete: fals
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[Any]], caption: str = "", label: str = "") -> TextTable:
     return TextTable(tuple(header), tuple(tuple(row) for row in rows), caption, label)
-
-
-def _compact(value: Any) -> str:
-    """Dicts and lists as compact JSON, everything else as text."""
-    if isinstance(value, (dict, list)):
-        return json.dumps(value, sort_keys=True, separators=(", ", ": "))
-    return str(value)
-
-
-def _run_directory(path: Path, out: Path) -> str:
-    """The run directory as a summary in ``out`` names it: :func:`portable_path`'s form, relative to ``out``
-    (``../runs/a``) where that would be a machine's absolute path, so a summary never prints one."""
-    text = portable_path(path, out)
-    if not os.path.isabs(text):
-        return text
-    try:
-        return Path(os.path.relpath(Path(path).resolve(), Path(out).resolve())).as_posix()
-    except ValueError:  # another drive (Windows): no relative path exists
-        return Path(path).name
-
-
-def _provenance(run: Run, out: Path) -> list[str]:
-    """Markdown provenance table of one run's meta.json, for a summary written to ``out``.
-
-    No machine's absolute path: the run directory as :func:`gradflow.provenance.portable_path`
-    writes it for ``out`` (relative to ``out`` where that would be absolute); absolute paths in an
-    older meta.json as that run would record them now.
-    """
-    def portable(value: Any) -> Any:
-        return portable_path(value, run.path) if isinstance(value, str) and os.path.isabs(value) else value
-
-    meta = {k: portable(v) for k, v in run.meta.items()}
-    tok = {k: portable(v) for k, v in meta.get("tokenizer", {}).items()}
-    rows = [("run directory", f"`{_run_directory(run.path, out)}`"), ("model", meta.get("model")),
-            ("family", meta.get("family")), ("blocks", meta.get("num_layers")), ("tokenizer", tok.get("name_or_path")),
-            ("vocabulary size", tok.get("vocab_size")), ("tokenizer hash", f"`{tok.get('hash')}`"),
-            ("loss", meta.get("loss")), ("masking", f"`{_compact(meta.get('masking'))}`"),
-            ("seed", meta.get("seed")), ("complete", meta.get("complete")),
-            ("counts", f"`{_compact(meta.get('counts'))}`"),
-            ("versions", f"`{_compact(meta.get('versions'))}`"), ("command", f"`{meta.get('command')}`")]
-    extra = sorted(k for k in meta if k not in REQUIRED_META_KEYS)
-    rows += [(k, f"`{_compact(meta[k])}`") for k in extra]
-    return markdown_table(_table(("key", "value"), rows))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -230,7 +187,7 @@ def _summary(run: Run, ratios: pd.DataFrame, tests: pd.DataFrame, deficit: pd.Da
                   "application (headline: the shared weights')." if last_block_sharing(run.meta, layer) else ""), ""]
         lines += markdown_table(deficit_table(deficit)) + [""]
     lines += [*extra, *_figure_list(figures, formats), ""]
-    lines += ["## Provenance", ""] + _provenance(run, out) + [""]
+    lines += ["## Provenance", ""] + provenance_table(run, out) + [""]
     return "\n".join(lines)
 
 
@@ -375,7 +332,7 @@ def _comparison_summary(runs: Sequence[Run], comp: Comparison, depths: Mapping[s
                   "those runs before citing the comparison.", ""]
     lines += ["## Runs", ""]
     lines += markdown_table(_table(("label", "model", "loss", "masking", "blocks", "sequences", "complete"), [
-        (lab, r.meta.get("model"), r.meta.get("loss"), f"`{_compact(r.meta.get('masking'))}`", r.num_layers,
+        (lab, r.meta.get("model"), r.meta.get("loss"), f"`{compact(r.meta.get('masking'))}`", r.num_layers,
          r.sequences["sequence_index"].nunique(), r.complete) for lab, r in zip(comp.labels, runs)])) + [""]
     same = len(set(depths.values())) == 1
     lines += [f"## Context / loss gradient-norm ratio, {'per layer' if same else 'by relative depth'} "
@@ -396,7 +353,7 @@ def _comparison_summary(runs: Sequence[Run], comp: Comparison, depths: Mapping[s
     lines += [*extra, *_figure_list(figures, formats), ""]
     lines += ["## Provenance", ""]
     for lab, run in zip(comp.labels, runs):
-        lines += [f"### {lab}", ""] + _provenance(run, out) + [""]
+        lines += [f"### {lab}", ""] + provenance_table(run, out) + [""]
     return "\n".join(lines)
 
 

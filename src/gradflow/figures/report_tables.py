@@ -7,12 +7,16 @@
   per relative depth when the runs differ in depth (layers matched as :func:`gradflow.analysis.compare.matched_layers`
   matches them);
 - :func:`comparison_last_table`: every run's last-block share per sublayer;
+- :func:`provenance_table`: a run's meta.json as a table, with no machine's absolute path and the
+  mean loss in nats per loss position;
 - :func:`write_latex`: ``tables.tex`` and one ``latex/<name>.tex`` per table, in a layout of
   :data:`gradflow.figures.tables.LATEX_LAYOUTS`.
 """
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Mapping, Sequence
 from fractions import Fraction
 from pathlib import Path
@@ -20,10 +24,19 @@ from typing import Any
 
 import pandas as pd
 
-from gradflow.analysis import Comparison
+from gradflow.analysis import Comparison, Run
 from gradflow.errors import UsageError
-from gradflow.figures.tables import LATEX_FOLDER, LATEX_LAYOUTS, TextTable, write_latex_files, write_latex_tables
-from gradflow.formatting import MISSING, fixed_column, format_p_value
+from gradflow.figures.tables import (
+    LATEX_FOLDER,
+    LATEX_LAYOUTS,
+    TextTable,
+    markdown_table,
+    write_latex_files,
+    write_latex_tables,
+)
+from gradflow.formatting import MISSING, fixed_column, format_number, format_p_value
+from gradflow.provenance import portable_path
+from gradflow.schema import REQUIRED_META_KEYS
 
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[Any]], caption: str = "", label: str = "") -> TextTable:
@@ -130,5 +143,70 @@ def comparison_last_table(comp: Comparison) -> TextTable:
     return _table(["sublayer", *[f"{lab}: share (× earlier)" for lab in comp.labels]], rows)
 
 
-__all__ = ["check_layout", "comparison_last_table", "comparison_ratio_table", "deficit_table", "layer_table",
-           "write_latex"]
+def compact(value: Any) -> str:
+    """Dicts and lists as compact JSON, everything else as text."""
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, sort_keys=True, separators=(", ", ": "))
+    return str(value)
+
+
+def _run_directory(path: Path, out: Path) -> str:
+    """The run directory as a summary in ``out`` names it: :func:`portable_path`'s form, relative to ``out``
+    (``../runs/a``) where that would be a machine's absolute path, so a summary never prints one."""
+    text = portable_path(path, out)
+    if not os.path.isabs(text):
+        return text
+    try:
+        return Path(os.path.relpath(Path(path).resolve(), Path(out).resolve())).as_posix()
+    except ValueError:  # another drive (Windows): no relative path exists
+        return Path(path).name
+
+
+def provenance_table(run: Run, out: Path) -> list[str]:
+    """Markdown provenance table of one run's meta.json, for a summary written to ``out``.
+
+    No machine's absolute path: the run directory as :func:`gradflow.provenance.portable_path`
+    writes it for ``out`` (relative to ``out`` where that would be absolute); absolute paths in an
+    older meta.json as that run would record them now.
+    """
+    def portable(value: Any) -> Any:
+        return portable_path(value, run.path) if isinstance(value, str) and os.path.isabs(value) else value
+
+    meta = {k: portable(v) for k, v in run.meta.items()}
+    tok = {k: portable(v) for k, v in meta.get("tokenizer", {}).items()}
+    rows = [("run directory", f"`{_run_directory(run.path, out)}`"), ("model", meta.get("model")),
+            ("family", meta.get("family")), ("blocks", meta.get("num_layers")), ("tokenizer", tok.get("name_or_path")),
+            ("vocabulary size", tok.get("vocab_size")), ("tokenizer hash", f"`{tok.get('hash')}`"),
+            ("loss", meta.get("loss")), ("masking", f"`{compact(meta.get('masking'))}`"),
+            ("seed", meta.get("seed")), ("complete", meta.get("complete")),
+            ("counts", f"`{compact(meta.get('counts'))}`"),
+            ("versions", f"`{compact(meta.get('versions'))}`"), ("command", f"`{meta.get('command')}`")]
+    extra = sorted(k for k in meta if k not in REQUIRED_META_KEYS)
+    rows += [(k, _mean_loss(meta) if k == "mean_loss" else f"`{compact(meta[k])}`") for k in extra]
+    return markdown_table(_table(("key", "value"), rows))
+
+
+def _mean_loss(meta: Mapping[str, Any]) -> str:
+    """meta.json's ``mean_loss`` (a per-batch value) as nats per loss position.
+
+    Under ``reduction: sequence`` a batch's loss is the sum of its sequences' mean cross-entropies, so
+    ``mean_loss`` grows with the batch size; ``mean_loss * batches / sequences_recorded`` is exactly the
+    mean over sequences of each sequence's mean (nats per loss position). Under ``batch`` it already is
+    the mean over batches of each batch's per-position mean."""
+    value = meta.get("mean_loss")
+    counts = meta.get("counts") or {}
+    batches, sequences = counts.get("batches"), counts.get("sequences_recorded")
+    if not isinstance(value, (int, float)) or value != value:
+        return f"`{compact(value)}`"
+    if meta.get("reduction") == "sequence" and batches and sequences:
+        per = value * batches / sequences
+        return (f"{format_number(per, 4)} nats per loss position (mean over the {sequences} sequences of each "
+                f"sequence's mean; meta.json's `mean_loss` {format_number(value, 4)} is per batch, a sum of its "
+                "sequence means)")
+    if meta.get("reduction") == "batch":
+        return f"{format_number(value, 4)} nats per loss position (mean over batches of each batch's mean)"
+    return f"`{compact(value)}`"
+
+
+__all__ = ["check_layout", "compact", "comparison_last_table", "comparison_ratio_table", "deficit_table",
+           "layer_table", "provenance_table", "write_latex"]

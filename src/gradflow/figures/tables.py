@@ -1,4 +1,4 @@
-"""Tables of numbers as text: Markdown for ``summary.md`` and booktabs LaTeX for ``tables.tex``.
+r"""Tables of numbers as text: Markdown for ``summary.md`` and booktabs LaTeX for ``tables.tex``.
 
 A table is a header and rows of cells already formatted (:mod:`gradflow.formatting`), so the
 Markdown summary and the LaTeX file a paper pastes show the same rounding.
