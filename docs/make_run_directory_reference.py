@@ -93,15 +93,18 @@ def render() -> str:
         "## `gradflow report`",
         "",
         "Writes the figures (PDF and PNG by default, `--format`), `summary.md` (the headline numbers with their "
-        "95% CIs, the provenance table), `tables.tex` (booktabs tables of the same estimates) and the tables "
-        "behind the figures as `tables/<name>.csv`. `context_pressure` is written only for a run recorded under a "
-        "loss other than `mlm` with `sublayer_sequences.parquet`.",
+        "95% CIs, the provenance table), `tables.tex` (booktabs tables of the same estimates, fixed decimals per "
+        "column; `--latex-layout` page, wide or column) and the same tables one per file as `latex/<name>.tex` "
+        "(`ratios`, `last_block`), and the tables behind the figures as `tables/<name>.csv`. `context_pressure` is "
+        "written only for a run recorded under a loss other than `mlm` with `sublayer_sequences.parquet`.",
         "",
         *_tables("gradflow report", "")[2:],
         "## `gradflow compare`",
         "",
         "The same files across runs: every run's rows under its `label`, differences to the baseline (the first "
-        "run); `shares` holds the context role only; `context_pressure` only when every run has it.",
+        "run); `shares` holds the context role only; `context_pressure` only when every run has it. Runs of "
+        "different depth are compared at the same relative depth (layer / blocks): `ratio_differences` and `shares` "
+        "name the baseline's layer (`baseline_layer`) each row is compared with.",
         "",
         *_tables("gradflow compare", "")[2:],
         "## `gradflow check --json`",
@@ -134,7 +137,10 @@ def render() -> str:
         "",
         "`gradflow probe` writes `" + S.PROBES_FILE + "` (one row per regime and site), `" + S.PROBE_DROPS_FILE +
         "` (one row per regime and metric: the last-layer drop with its paired CI) and `" + S.PROBE_WORDS_FILE +
-        "`; `gradflow atlas --merge` writes `" + S.ATLAS_FILE + "`. Their columns and dtypes:",
+        "`; `gradflow atlas --merge` writes `" + S.ATLAS_FILE + "` and its tables: `tables.md`, `tables.tex` and "
+        "`latex/context_ratio.tex` (every model's context / loss ratio at the depth fractions all models share) and "
+        "`latex/last_block.tex` (the last block's context share per sublayer, the skippable FLOP share). Their "
+        "columns and dtypes:",
         "",
         "| file | columns (dtype) |",
         "|---|---|",

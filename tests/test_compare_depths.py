@@ -192,7 +192,7 @@ PREAMBLE = ("\\documentclass[10pt{opts}]{{article}}\\usepackage{{booktabs}}\\set
 
 
 @pytest.mark.skipif(shutil.which("pdflatex") is None,
-                    reason="no pdflatex here (.ci/run installs texlive-latex-recommended): only the structure tests ran")
+                    reason="no pdflatex here (.ci/run installs texlive-latex-recommended): structure tests only")
 @pytest.mark.parametrize("layout", LATEX_LAYOUTS)
 def test_each_layout_compiles_and_fits_its_page(six_and_twelve, tmp_path, layout):
     """Columns 3.125 in, text 6.5 in; a table wider than its column or page is an overfull box in the log."""
@@ -223,7 +223,8 @@ def test_the_summary_gives_the_mean_loss_per_loss_position(tmp_path):
 
     run = write_run(tmp_path / "run", num_layers=2, n_sequences=30)
     meta = json.loads((run / "meta.json").read_text())
-    meta.update(reduction="sequence", mean_loss=30.72, counts={**meta["counts"], "batches": 4, "sequences_recorded": 32})
+    meta.update(reduction="sequence", mean_loss=30.72,
+                counts={**meta["counts"], "batches": 4, "sequences_recorded": 32})
     (run / "meta.json").write_text(json.dumps(meta))
     report.write_report(run, tmp_path / "out", formats=("png",), **FAST)
     text = (tmp_path / "out" / "summary.md").read_text()

@@ -18,6 +18,7 @@ from gradflow.cli.options import (
     add_checkpointing,
     add_device,
     add_dtype,
+    add_latex_layout,
     add_limit,
     add_number,
     add_seed,
@@ -65,6 +66,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                                                      "list`, built by `gradflow tasks fetch`)")
     add_number(p, "--resamples", int, AT_LEAST_ONE, "bootstrap resamples of the CIs", 2000)
     p.add_argument("--format", default=FORMATS_DEFAULT, help="comma-separated figure formats (default %(default)s)")
+    add_latex_layout(p)
     p.add_argument("--quiet", action="store_true", help="no progress lines")
     add_trust_remote_code(p)
     add_checkpointing(p, resume=False)  # an interrupted model's record and diagnostics steps always resume
@@ -84,7 +86,8 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
         max_length=args.max_length, batch_size=args.batch_size, seed=args.seed, device=args.device,
         dtype=args.dtype, pressure=args.pressure, probes=args.probes, probe_task=args.probe_task,
         probe_limit=args.probe_limit, data_root=args.data_root, resamples=args.resamples,
-        formats=formats(args.format), quiet=args.quiet, trust_remote_code=args.trust_remote_code,
+        formats=formats(args.format), latex_layout=args.latex_layout, quiet=args.quiet,
+        trust_remote_code=args.trust_remote_code,
         command=command_line(argv), checkpoint_every=args.checkpoint_every,
         checkpoint_minutes=args.checkpoint_minutes)
     summary = run_atlas(config)
@@ -100,6 +103,6 @@ def _merge(args: argparse.Namespace, argv: Sequence[str]) -> int:
     if args.models:
         raise UsageError(f"--merge takes atlas directories, not models; drop {' '.join(args.models)} or --merge")
     path = merge_atlas(args.merge, args.out, formats=formats(args.format), resamples=args.resamples, seed=args.seed,
-                       command=command_line(argv))
+                       command=command_line(argv), latex_layout=args.latex_layout)
     print(f"wrote {path}")
     return 0

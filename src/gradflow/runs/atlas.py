@@ -8,13 +8,12 @@ context pressure), ``check/`` (``check.json``, :func:`gradflow.runs.check.check_
 task, when the model's vocabulary fits the task's words; otherwise the reason is recorded), each
 with its ``meta.json``, then the model's own ``meta.json`` and, last, ``atlas_done.json``.
 
-Resumable: a model whose ``atlas_done.json`` exists is skipped. A model directory without it (an
-interrupted model) started with the same settings (``atlas_started.json``) keeps its record, pressure and
-diagnostics steps: a finished step is kept, an unfinished one resumes from its last checkpoint (the tables
-of an uninterrupted run); everything else in it is redone. Started with other settings, it is redone
-from scratch. ``shard=(i, n)`` runs only the models at
-positions i-1, i-1+n, i-1+2n, ... of the list (1-based i), so the n tasks of a cluster array job
-cover the list once between them; :func:`gradflow.runs.atlas_merge.merge_atlas` builds the table.
+Resumable: a model whose ``atlas_done.json`` exists is skipped. A model directory without it (an interrupted
+model) started with the same settings (``atlas_started.json``) keeps its record, pressure and diagnostics steps:
+a finished step is kept, an unfinished one resumes from its last checkpoint (the tables of an uninterrupted
+run); everything else in it is redone. Started with other settings, it is redone from scratch. ``shard=(i, n)``
+runs only the models at positions i-1, i-1+n, i-1+2n, ... of the list (1-based i), so the n tasks of a cluster
+array job cover the list once between them; :func:`gradflow.runs.atlas_merge.merge_atlas` builds the table.
 """
 
 from __future__ import annotations
@@ -78,6 +77,7 @@ class AtlasConfig:
     data_root: str | None = None
     resamples: int = 2000
     formats: tuple[str, ...] = ("pdf", "png")
+    latex_layout: str = "page"           # the tables' LaTeX layout (gradflow.figures.tables.LATEX_LAYOUTS)
     quiet: bool = False
     trust_remote_code: bool = False
     command: str = ""
@@ -250,7 +250,7 @@ def run_atlas(config: AtlasConfig) -> AtlasSummary:
         run_model(model, config, task, out, lambda step, w=where: _say(config, f"{w}: {step}"))
         summary.ran.append(model.label)
     if shard[1] == 1:
-        merge_atlas([out], out, formats=config.formats, resamples=config.resamples, command=config.command)
+        merge_atlas([out], out, config.formats, config.resamples, 0, config.command, config.latex_layout)
     return summary
 
 
@@ -261,7 +261,7 @@ def _say(config: AtlasConfig, text: str) -> None:
 
 RESUMABLE_STEPS = ("record", "pressure", "diagnostics")  # kept when finished, else resumed; the others redone
 UNSETTLED = ("models", "out", "command", "texts", "quiet", "shard", "formats", "resamples", "checkpoint_every",
-             "checkpoint_minutes")
+             "checkpoint_minutes", "latex_layout")
 """Atlas options that do not change a model's recorded and diagnosed steps."""
 
 
