@@ -119,7 +119,8 @@ def latex_table(table: TextTable, layout: str = "page") -> str:
 
 def write_latex_tables(path: Path, tables: Sequence[TextTable], source: str, layout: str = "page") -> Path:
     r"""Write ``tables`` to ``path`` for ``\input`` in a paper (needs ``\usepackage{booktabs}``); returns the path."""
-    head = [f"% gradflow tables from {source}, {layout} layout; needs \\usepackage{{booktabs}}", ""]
+    where = "" if layout == "page" else f", {layout} layout"
+    head = [f"% gradflow tables from {source}{where}; needs \\usepackage{{booktabs}}", ""]
     path.write_text("\n".join(head) + "\n\n".join(latex_table(t, layout) for t in tables) + "\n", encoding="utf-8")
     return path
 
