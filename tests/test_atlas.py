@@ -60,6 +60,7 @@ def _mtimes(path):
 
 
 # ------------------------------------------------------------------------------ (1) resumable per model
+@pytest.mark.slow
 def test_interrupted_model_is_redone_and_finished_models_are_not(tmp_path, models, tiny_corpus, monkeypatch):
     out = tmp_path / "atlas"
     real_diagnose = atlas_job._diagnose
@@ -106,6 +107,7 @@ def test_a_directory_the_atlas_did_not_start_is_refused(tmp_path, models, tiny_c
 
 
 # ------------------------------------------------------------------------------ (2) shards + merge == one run
+@pytest.mark.slow
 def test_shards_merged_equal_one_unsharded_run(tmp_path, models, tiny_corpus, task_file, unsharded):
     for i, shard_dir in ((1, tmp_path / "s1"), (2, tmp_path / "s2")):
         assert _atlas(shard_dir, models, tiny_corpus, "--probe-task", task_file, "--probe-limit", "20",

@@ -59,6 +59,7 @@ def assert_same_model(reference: Path, run: Path) -> None:
     assert {k: v for k, v in done.items() if k != "wall_s"} == {k: v for k, v in ref_done.items() if k != "wall_s"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("step, point", [("record", "kill_at_batch:5"), ("diagnostics", "kill_at_batch:11")])
 def test_model_killed_in_a_step_resumes_it(step, point, tmp_path, reference, tiny_mlm_dir, tiny_corpus,
                                            monkeypatch):

@@ -26,11 +26,13 @@ def test_zoo_model_not_fetched_is_a_clear_error(capsys, tmp_path, monkeypatch):
     assert code == 2 and "gradflow zoo fetch antiberty" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_python_dash_m_entry_point_help():
     proc = subprocess.run([sys.executable, "-m", "gradflow", "--help"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0 and "record" in proc.stdout and "demo" in proc.stdout and "finetune" in proc.stdout
 
 
+@pytest.mark.slow
 def test_version_flag_prints_the_versions_and_exits_0():
     from importlib import metadata
 
@@ -92,6 +94,7 @@ def test_finetune_command(tmp_path, capsys, tiny_mlm_dir):
     assert err.startswith("gradflow: error: no task 'brown-pos'") and "`gradflow tasks fetch --out " in err
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not all((embedded_model_dir(n) / "model.safetensors").exists() for n in EMBEDDED_MODELS),
                     reason="embedded model weights not in this checkout")
 def test_demo_runs_offline(tmp_path, monkeypatch, capsys):
@@ -118,6 +121,7 @@ def test_demo_runs_offline(tmp_path, monkeypatch, capsys):
     assert float(last.grad_norm_mean.iloc[0]) > 0.0
 
 
+@pytest.mark.slow
 def test_report_and_compare_bad_input_exit_2(tmp_path, capsys, tiny_mlm_dir, tiny_corpus):
     assert main(["report", str(tmp_path / "missing"), "--out", str(tmp_path / "f")]) == 2
     err = capsys.readouterr().err

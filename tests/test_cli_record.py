@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 from gradflow.cli import main
 from gradflow.progress import LOG_INTERVAL_S
@@ -180,6 +181,7 @@ def test_crash_mid_run_flushes_partial_results(tmp_path, tiny_mlm_dir, tiny_corp
     assert pd.read_parquet(out / "sequences.parquet").sequence_index.nunique() == 8
 
 
+@pytest.mark.slow
 def test_sigint_subprocess_leaves_loadable_partial_run(tmp_path, tiny_mlm_dir):
     import pty
     import re

@@ -191,6 +191,7 @@ PREAMBLE = ("\\documentclass[10pt{opts}]{{article}}\\usepackage{{booktabs}}\\set
             "\\setlength{{\\columnsep}}{{0.25in}}\\setlength{{\\oddsidemargin}}{{0in}}\\begin{{document}}\n")
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("pdflatex") is None,
                     reason="no pdflatex here (.ci/run installs texlive-latex-recommended): structure tests only")
 @pytest.mark.parametrize("layout", LATEX_LAYOUTS)
@@ -216,6 +217,7 @@ def test_each_layout_compiles_and_fits_its_page(six_and_twelve, tmp_path, layout
     assert "Overfull \\hbox" not in log, log[log.index("Overfull"):][:600]
 
 
+@pytest.mark.slow
 def test_the_summary_gives_the_mean_loss_per_loss_position(tmp_path):
     """Under reduction 'sequence' meta.json's mean_loss is per batch (a sum of its sequence means: 30.7 for batches
     of 8); the summary divides by the mean batch size, which gives exactly the mean over sequences."""

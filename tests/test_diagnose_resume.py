@@ -73,6 +73,7 @@ def killed(tmp_path_factory, tiny_mlm_dir) -> dict[str, Path]:
     return {point: out for point, (out, _) in procs.items()}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("point", KILL_POINTS)
 def test_sigkill_then_resume_is_identical(point, killed, reference, tiny_mlm_dir):
     out = killed[point]

@@ -9,6 +9,7 @@ import sys
 
 import numpy as np
 import pandas as pd
+import pytest
 
 ENV = {**os.environ, "PYTHONWARNINGS": "ignore", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1",
        "GRADFLOW_BACKEND": "gloo"}
@@ -19,6 +20,7 @@ def _run(args: list[str]) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
+@pytest.mark.slow
 def test_two_process_gloo_equals_one_process(tmp_path, tiny_mlm_dir, tiny_corpus):
     common = ["record", "--model", str(tiny_mlm_dir), "--texts", str(tiny_corpus), "--max-length", "24",
               "--batch-size", "3", "--quiet"]

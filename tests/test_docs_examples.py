@@ -144,6 +144,7 @@ def page_dirs(tmp_path_factory) -> dict[str, Path]:
     return {}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("block", PYTHON, ids=[b.id for b in PYTHON])
 def test_python_block_runs_as_written(block, page_dirs, tmp_path_factory):
     if block.not_run is not None:

@@ -58,6 +58,7 @@ def test_loads_offline_by_name(loaded):
     assert loaded.model.config.num_hidden_layers == _layers(loaded.name)
 
 
+@pytest.mark.slow
 def test_heldout_accuracy_at_least_reported(loaded):
     acc = mlm_accuracy(loaded, default_texts(), BertMasking(seed=0), limit=256)
     reported = _reported(loaded.name)

@@ -258,6 +258,7 @@ def test_save_figure_strips_known_suffix(tmp_path):
     assert [p.name for p in paths] == ["x.png"]
 
 
+@pytest.mark.slow
 def test_saved_files_are_byte_stable(tmp_path):
     """Saving the same figure twice, a second apart, gives identical bytes (no dates, no random ids)."""
     import os

@@ -134,6 +134,7 @@ def test_weights_of_one_equal_no_weights(tiny_mlm_dir):
 
 
 # ---------------------------------------------------------------------------------------- training
+@pytest.mark.slow
 def test_token_task_loss_decreases(tiny_mlm_dir, tmp_path):
     result = finetune(_config(tiny_mlm_dir, out_dir=str(tmp_path / "run")), task=TOKEN_TASK, data=_splits(_token_rows(64)))
     first, last = sum(result.train_loss[:5]) / 5, sum(result.train_loss[-5:]) / 5
@@ -147,6 +148,7 @@ def test_token_task_loss_decreases(tiny_mlm_dir, tmp_path):
     assert saved["final"]["test"]["entity_f1"] == pytest.approx(result.final["test"]["entity_f1"])
 
 
+@pytest.mark.slow
 def test_sequence_task_with_surgery_and_seeds(tiny_mlm_dir):
     rows = _seq_rows(64)
     result = finetune(_config(tiny_mlm_dir, drop_last=1), task=SEQ_TASK, data=_splits(rows))
@@ -158,6 +160,7 @@ def test_sequence_task_with_surgery_and_seeds(tiny_mlm_dir):
     assert other.train_loss[0] != result.train_loss[0]
 
 
+@pytest.mark.slow
 def test_float16_checkpoint_trains_in_float32(tiny_mlm_dir, tmp_path):
     """The embedded models ship float16: fine-tuning must keep float32 master weights."""
     import shutil
@@ -175,6 +178,7 @@ def test_float16_checkpoint_trains_in_float32(tiny_mlm_dir, tmp_path):
     assert all(math.isfinite(v) for v in result.train_loss)
 
 
+@pytest.mark.slow
 def test_bfloat16_autocast_matches_float32_closely(tiny_mlm_dir):
     rows = _splits(_token_rows(48))
     exact = finetune(_config(tiny_mlm_dir, steps=20), task=TOKEN_TASK, data=rows)
@@ -206,6 +210,7 @@ def test_truncated_words_get_the_fallback_label(tiny_mlm_dir):
 
 
 # ---------------------------------------------------------------------------------------- task files
+@pytest.mark.slow
 def test_task_directory(tmp_path, tiny_mlm_dir):
     task_dir = tmp_path / "toy"
     task_dir.mkdir()

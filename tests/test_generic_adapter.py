@@ -75,6 +75,7 @@ def pair(request):
     return request.param, model, batch, (hand, hand_rec), (auto, auto_rec)
 
 
+@pytest.mark.slow
 def test_block_output_sites_identical(pair):
     family, model, batch, (hand, _), (auto, auto_rec) = pair
     assert auto_rec.adapter.family == "generic" and auto.num_blocks == hand.num_blocks == 3
@@ -128,6 +129,7 @@ def test_standard_sublayers_identical(pair):
     assert compared >= 24, family
 
 
+@pytest.mark.slow
 def test_auto_contributions_sum_to_autograd(pair):
     family, model, batch, _, (auto, auto_rec) = pair
     _check_sums(model, batch, auto, auto_rec)

@@ -28,6 +28,7 @@ def test_every_benchmark_is_a_step_on_cuda():
     assert checklist.MAX_STEP_S <= 9 * 60
 
 
+@pytest.mark.slow
 def test_a_step_past_its_timeout_is_killed_and_reported():
     code = "import subprocess, sys, time; print('started', flush=True); time.sleep(120)"
     result = checklist.run_step([sys.executable, "-c", code], timeout_s=1.5)
@@ -52,6 +53,7 @@ def test_the_timeout_is_capped_at_nine_minutes(tmp_path, monkeypatch):
     assert seen == [checklist.MAX_STEP_S]
 
 
+@pytest.mark.slow
 def test_dry_run_writes_the_report_and_keeps_earlier_steps(tmp_path, monkeypatch):
     """The real dry run of the cuda tests (they skip on the CPU, with their reason), then one more step."""
     assert checklist.main(["--dry-run", "--out", str(tmp_path), "--only", "cuda-tests"]) == 0
@@ -86,6 +88,7 @@ def test_without_cuda_the_full_run_is_refused(tmp_path, monkeypatch):
     assert not list(tmp_path.iterdir())
 
 
+@pytest.mark.slow
 def test_record_throughput_dry_run_counts_the_long_runs_extra_sequences():
     step = next(s for s in checklist.STEPS if s.name == "bench_record_throughput")
     result = checklist.run_step(step.command(True), timeout_s=300)

@@ -46,6 +46,7 @@ def test_an_ignored_sigint_stays_ignored():
         signal.signal(signal.SIGINT, previous)
 
 
+@pytest.mark.slow
 def test_sigint_mid_record_stops_after_that_batch_and_writes_it(tmp_path, tiny_mlm_dir, tiny_corpus, monkeypatch,
                                                                 capsys):
     real = record_module._record_batch

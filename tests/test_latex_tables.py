@@ -41,6 +41,7 @@ def _tables(path) -> list[str]:
     return re.findall(r"\\begin\{table\}.*?\\end\{table\}", path.read_text(), flags=re.S)
 
 
+@pytest.mark.slow
 def test_report_writes_tables_tex_with_the_summary_numbers(tmp_path):
     run = write_run(tmp_path / "run", num_layers=3, n_sequences=40)
     paths = report.write_report(run, tmp_path / "out", formats=("png",), **FAST)
@@ -66,6 +67,7 @@ def test_compare_writes_tables_tex(tmp_path):
     assert r"$\times$" in last
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("pdflatex") is None, reason="no pdflatex here: the structure tests above still ran")
 def test_tables_tex_compiles(tmp_path):
     runs = [write_run(tmp_path / name, num_layers=2, n_sequences=30, seed=k) for k, name in enumerate("ab")]

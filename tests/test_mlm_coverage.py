@@ -95,6 +95,7 @@ def test_convbert_span_convolution_zero_and_nonzero_modules():
     assert torch.all(grads["kernel"][batch.roles == Role.MASKED].norm(dim=-1) > 0)
 
 
+@pytest.mark.slow
 def test_big_bird_block_sparse_keeps_the_exact_zero():
     model = tiny_model("big_bird", attention_type="block_sparse", block_size=2, num_random_blocks=1)
     batch = tiny_batch(t=32)
@@ -121,6 +122,7 @@ def test_esmc_query_norm_zero_key_norm_not():
     assert torch.all(grads["k_norm"][context].norm(dim=-1) > 0)
 
 
+@pytest.mark.slow
 def test_ultrabert_sliding_window_keeps_the_exact_zero():
     """The notes' statement: the window narrows which keys a query sees and leaves the last block's zero.
 

@@ -246,6 +246,7 @@ def test_record_meta_json_is_portable(tmp_path, tiny_mlm_dir, tiny_corpus):
     assert meta["command"] == f"gradflow record --model {tiny_mlm_dir} --texts={tiny_corpus} --out ."
 
 
+@pytest.mark.slow
 def test_record_meta_names_the_default_corpus_and_embedded_model_in_the_package(tmp_path):
     from gradflow.runs.record import RecordConfig, record_corpus
 
@@ -286,6 +287,7 @@ def test_surgery_json_is_portable(tmp_path, tiny_mlm_dir):
     assert meta["source"] == str(tiny_mlm_dir)  # outside the repository: as given
 
 
+@pytest.mark.slow
 def test_diagnostics_meta_json_is_portable(tmp_path, tiny_mlm_dir, tiny_corpus):
     from gradflow.models import load_model
     from gradflow.runs.diagnose import diagnose_corpus
@@ -360,6 +362,7 @@ def test_titles_name_a_model_not_a_path(tmp_path):
         assert display_name(name) == name
 
 
+@pytest.mark.slow
 def test_a_report_of_a_model_elsewhere_is_titled_by_its_name(tmp_path, tiny_mlm_dir, tiny_corpus):
     from gradflow.figures.report import write_report
     from gradflow.runs.record import RecordConfig, record_corpus

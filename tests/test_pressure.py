@@ -183,6 +183,7 @@ def test_all_positions_training_relieves_the_last_blocks_context_pressure(tmp_pa
     assert (after.loc[mixed, "ci_high"] < before.loc[mixed, "ci_low"]).all()
 
 
+@pytest.mark.slow
 def test_report_has_pressure_only_under_all_positions(runs, tmp_path):
     from gradflow.figures.report import write_comparison, write_report
 

@@ -90,6 +90,7 @@ def test_half_stop_resume_is_bit_identical(corpus: Path, straight: Path, tmp_pat
     assert all(s["wall_s"] > 0 and s["cpu_s"] > 0 for s in segments)
 
 
+@pytest.mark.slow
 def test_sigterm_mid_run_then_resume(corpus: Path, straight: Path, tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "analyses.pretraining.pretrain_base", "--corpus", str(corpus), "--out", str(tmp_path),
            "--tokenizer", str(corpus / "tokenizer"), *COMMON, "--throttle-s", "0.2"]

@@ -71,6 +71,7 @@ def test_a_stopped_and_resumed_run_writes_the_same_snapshot_bytes(corpus: Path, 
     assert read_index(out) == read_index(straight)
 
 
+@pytest.mark.slow
 def test_sparse_recipe_loss_and_gradients_are_the_dense_ones(corpus: Path, straight: Path):
     """--sparse (the last block's query side at the loss rows only): the recipe's loss and every gradient
     equal its dense loss's on a real batch of the run (float32, relative 1e-5)."""

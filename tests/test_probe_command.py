@@ -142,6 +142,7 @@ def probe_run(tiny_mlm_dir, tmp_path_factory):
     return run
 
 
+@pytest.mark.slow
 def test_probe_tables_are_complete_and_consistent(probe_run):
     probes, drops = probe_run.probes, probe_run.drops
     assert tuple(probes.columns) == PROBE_COLUMNS and tuple(drops.columns) == PROBE_DROP_COLUMNS

@@ -112,6 +112,7 @@ def test_train_limit_changes_train_only():
             limited_splits(task, 6, bad)
 
 
+@pytest.mark.slow
 def test_mlp_runs_with_different_train_sizes_score_the_same_test_words(tiny_mlm_dir, toy_task, tmp_path, capsys):
     outs = []
     for size in ("20", "all"):

@@ -44,6 +44,7 @@ def banners(monkeypatch) -> list[str]:
     return seen
 
 
+@pytest.mark.slow
 def test_write_report_writes_figures_tables_and_summary(tmp_path, banners):
     rc = dict(mpl.rcParams)
     run_dir = write_run(tmp_path / "run", num_layers=3, n_sequences=20)
@@ -68,6 +69,7 @@ def test_write_report_writes_figures_tables_and_summary(tmp_path, banners):
     assert after == rc  # the style never leaks into the caller's rcParams
 
 
+@pytest.mark.slow
 def test_one_sequence_run_reports_no_interval(tmp_path):
     run_dir = write_run(tmp_path / "run", num_layers=3, n_sequences=1)
     report.write_report(run_dir, tmp_path / "out", **FAST)
@@ -96,6 +98,7 @@ def test_report_errors_are_run_errors(tmp_path):
         report.write_report(run_dir, tmp_path / "out")
 
 
+@pytest.mark.slow
 def test_write_comparison(tmp_path, banners):
     a = write_run(tmp_path / "a", num_layers=3, n_sequences=20)
     b = write_run(tmp_path / "b", num_layers=3, n_sequences=20, seed=4, loss="all-positions", complete=False)
@@ -157,6 +160,7 @@ def test_the_tokenizer_refusal_names_the_command_that_compares_such_models(tmp_p
     assert args.models == ["gradflow-mini-en", "/data/albert-smiles"] and args.probes is False
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("n_sequences", "warned"), [(12, True), (29, True), (30, False), (40, False)])
 def test_a_headline_over_few_sequences_carries_a_small_sample_warning(tmp_path, n_sequences, warned):
     run = write_run(tmp_path / "run", num_layers=2, n_sequences=n_sequences)

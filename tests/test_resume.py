@@ -85,6 +85,7 @@ def killed(tmp_path_factory, tiny_mlm_dir) -> dict[str, Path]:
     return {point: out for point, (out, _) in procs.items()}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("point", KILL_POINTS)
 def test_sigkill_then_resume_is_identical(point, killed, reference, tiny_mlm_dir):
     out = killed[point]
@@ -171,6 +172,7 @@ def test_cadence_every_n_sequences_or_m_minutes(monkeypatch):
     assert (resume.DEFAULT_EVERY, resume.DEFAULT_MINUTES) == (1024, 10.0)
 
 
+@pytest.mark.slow
 def test_torchrun_two_processes_killed_then_resumed_is_identical(tmp_path, tiny_mlm_dir):
     # each rank checkpoints its own shard (.checkpoint/rank<r>); torchrun gives up when a rank is SIGKILLed
     env = {**ENV, "OMP_NUM_THREADS": "1", "GRADFLOW_BACKEND": "gloo"}

@@ -87,6 +87,7 @@ def commands(tiny_mlm_dir, tiny_corpus, tmp_path_factory):
     return root
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", ["report", "compare"])
 def test_report_and_compare_tables_are_declared_and_described(commands, command):
     written = {p.stem: pd.read_csv(p) for p in sorted((commands / command / "tables").glob("*.csv"))}

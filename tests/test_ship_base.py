@@ -112,6 +112,7 @@ def test_an_unfinished_run_is_refused_with_what_to_do(shipped: dict, tmp_path: P
         ship_base.finished_run(tmp_path)
 
 
+@pytest.mark.slow
 def test_a_shipped_recipe_run_reproduces_its_log(shipped: dict, capsys: pytest.CaptureFixture) -> None:
     """check_reproduce re-trains the first steps from the card and gets the shipped losses bit for bit."""
     from analyses.pretraining import check_reproduce

@@ -135,6 +135,7 @@ def test_the_probe_sorts_tokenizers(tokenizer):
     assert (streamable(tokenizer) is None) == prepends, name
 
 
+@pytest.mark.slow
 def test_the_committed_sample_in_tiny_pieces(tokenizer, tiny_pieces, tmp_path):
     corpus = tmp_path / "sample.txt"
     lines = _lines()[:40]
@@ -144,6 +145,7 @@ def test_the_committed_sample_in_tiny_pieces(tokenizer, tiny_pieces, tmp_path):
     assert want[1].split_documents > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("words, piece", [(2_000, 37), (200_000, 997)])
 def test_one_long_line(tokenizer, monkeypatch, tmp_path, words, piece):
     if streamable(tokenizer) is None:  # the whole-document path (slow on 200k words): a 20k-word line checks it

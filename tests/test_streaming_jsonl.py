@@ -67,6 +67,7 @@ def _record(before: dict, text: str, after: dict, ascii_only: bool) -> str:
     return json.dumps(fields, ensure_ascii=ascii_only)
 
 
+@pytest.mark.slow
 @PROPERTY
 @given(st.dictionaries(texts, others, max_size=3), texts, st.dictionaries(texts, others, max_size=3),
        st.booleans(), st.lists(st.integers(0, 10_000), max_size=12))
@@ -164,6 +165,7 @@ def test_long_records_give_the_windows_of_the_whole_record(tokenizer, tiny_piece
         assert want[1].split_documents >= 3
 
 
+@pytest.mark.slow
 def test_the_committed_sample_as_records(tokenizer, tiny_pieces, tmp_path):
     lines = _lines()[:24]
     records = [{"text": line, "line": k} for k, line in enumerate(lines) if line.strip()]

@@ -88,6 +88,7 @@ def test_a_snapshot_loads_with_the_weights_written(tmp_path: Path):
     assert loaded.adapter is not None and not loaded.model.training
 
 
+@pytest.mark.slow
 def test_the_measurement_has_one_row_set_per_snapshot(measured):
     run, out, _ = measured
     table = dynamics.read_table(out)
@@ -258,6 +259,7 @@ def small_table() -> pd.DataFrame:
     return pd.DataFrame(rows, columns=list(dynamics.COLUMNS))
 
 
+@pytest.mark.slow
 def test_the_figure_and_table_render_from_a_small_csv(tmp_path: Path):
     table = small_table()
     src = tmp_path / "in"
@@ -305,6 +307,7 @@ def test_token_ticks_are_short_labels_that_do_not_collide():
         assert all(not a.overlaps(b) for a, b in zip(boxes, boxes[1:]))
 
 
+@pytest.mark.slow
 def test_the_drop_axes_and_note_say_which_way_is_better(tmp_path: Path):
     """Both probe drops are above 0 when the last layer is the better feature; the labels must say so for bits."""
     from gradflow.analysis.probes import code_length_drop, last_layer_drop

@@ -72,6 +72,7 @@ def test_no_contrast_before_every_cell_has_its_ten_seeds() -> None:
     assert len(report.missing_runs(frame.iloc[0:0])) == 12
 
 
+@pytest.mark.slow
 def test_the_committed_tables_are_what_the_committed_runs_give(tmp_path) -> None:
     """Recompute the report from the 120 committed runs (linked, not copied) and compare with the committed tables."""
     committed = report.OUT

@@ -131,6 +131,7 @@ def test_a_model_without_sharing_gets_no_sharing_note():
 
 
 # ------------------------------------------------------------------------------ record + report
+@pytest.mark.slow
 def test_record_meta_and_report_headline_state_the_per_application_zero(albert_atlas_model, tmp_path):
     run_dir = albert_atlas_model / ATLAS_STEP_DIRS["record"]
     meta = json.loads((run_dir / META_FILE).read_text())
@@ -158,6 +159,7 @@ def test_record_meta_and_report_headline_state_the_per_application_zero(albert_a
     assert "Weight-shared block: the shares of its last application" in summary
 
 
+@pytest.mark.slow
 def test_a_run_without_sharing_has_no_caveat(tiny_mlm_dir, tiny_corpus, tmp_path):
     run_dir = tmp_path / "bert"
     record_corpus(RecordConfig(out=str(run_dir), model=str(tiny_mlm_dir), texts=str(tiny_corpus), **RECORD))
@@ -190,6 +192,7 @@ def test_atlas_rows_and_figure_carry_the_shared_weights_share(albert_atlas_model
 
 
 # ------------------------------------------------------------------------------ explorer
+@pytest.mark.slow
 def test_explorer_payload_states_the_shared_weights_share(albert_dir, tiny_mlm_dir):
     loaded = load_model(str(albert_dir))
     text = SAMPLE_LINES[0]

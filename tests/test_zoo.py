@@ -152,6 +152,7 @@ def test_fetched_model_loads_with_provenance(name):
     assert meta["source"].startswith(e.model_dir)
 
 
+@pytest.mark.slow
 @pytest.mark.zoo
 @pytest.mark.parametrize("name", sorted(ZOO))
 def test_masked_token_accuracy(name):
@@ -169,6 +170,7 @@ def test_masked_token_accuracy(name):
     assert accuracy > ACCURACY_THRESHOLD[name], f"{name}: top-1 accuracy {accuracy:.3f}"
 
 
+@pytest.mark.slow
 @pytest.mark.zoo
 @pytest.mark.parametrize("name", sorted(ZOO))
 def test_last_block_gradient_is_exactly_zero_off_loss(name):
