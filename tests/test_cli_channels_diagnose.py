@@ -120,3 +120,40 @@ def test_diagnostics_state_is_bounded_over_a_long_corpus(tiny_mlm_dir, tiny_corp
     assert sizes[1] == sizes[-1] > 0  # after the first pass filled the reservoirs, nothing grows
     assert all(r.values.shape[0] == 16 for r in diag.input_shift.reservoirs.values())
     assert diag.input_shift.moments[(0, "context")].n > 16 * 8
+
+
+def test_channels_seed_is_recorded_and_selection_is_per_token(tmp_path, capsys):
+    """--seed draws BERT's masking (each token on its own, so a short sentence is rarely 15%), is written to
+    meta.json with what it selected, and the same seed gives the same selection."""
+    import pandas as pd
+
+    from gradflow.explore.service import DEFAULT_TEXT
+
+    runs = {}
+    for name, seed in (("a", 0), ("b", 0), ("c", 4)):
+        out = tmp_path / name
+        assert main(["channels", "--text", DEFAULT_TEXT, "--seed", str(seed), "--out", str(out), "--format", "png"]) == 0
+        printed = capsys.readouterr().out
+        runs[name] = (json.loads((out / "meta.json").read_text()), printed, pd.read_csv(out / "channel_view.csv"))
+    meta, printed, table = runs["a"]
+    assert meta["seed"] == 0 and meta["masking"]["policy"] == "bert" and meta["masking"]["seed"] == 0
+    assert meta["command"].startswith("gradflow channels --text") and "--seed 0" in meta["command"]
+    assert meta["selection"] == {"positions": [3, 4, 12, 14], "selected": 4, "maskable": 17, "fraction": 0.2353,
+                                 "masked": 4, "random": 0, "kept": 0}  # 24%, not 15%: per-token draws
+    assert "4 of 17 tokens carry the loss (24%; 4 masked; BERT's masking, seed 0" in printed
+    loss_rows = table[table.site == "embeddings.out"].query("role in ['masked', 'random', 'kept']").position.tolist()
+    assert loss_rows == meta["selection"]["positions"]
+    assert runs["b"][0]["selection"] == meta["selection"]  # same seed, same draw
+    assert runs["c"][0]["seed"] == 4 and runs["c"][0]["selection"]["selected"] == 1  # seed 4 draws 1 of 17 (6%)
+    # the four attribution columns are there and empty for grad_norm (documented in the guide)
+    assert table[["attribution_sum", "attribution_norm", "ig_sum", "ig_norm"]].isna().all().all()
+
+
+def test_channels_explicit_positions_record_no_draw(tmp_path, capsys):
+    out = tmp_path / "explicit"
+    assert main(["channels", "--text", "The nation is at peace.", "--mask-positions", "2", "--out", str(out),
+                 "--format", "png"]) == 0
+    assert "1 of 6 tokens carry the loss (17%; 1 masked; the positions given)" in capsys.readouterr().out
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["masking"] == {"policy": "explicit", "action": "mask", "positions": [2]}
+    assert meta["selection"]["positions"] == [2]

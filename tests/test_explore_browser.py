@@ -16,7 +16,7 @@ pytest.importorskip("plotly")
 
 from browser import headless_chromium, live_server  # noqa: E402
 from gradflow.explore.server import create_app  # noqa: E402
-from gradflow.explore.service import ExploreConfig, ExploreService  # noqa: E402
+from gradflow.explore.service import DEFAULT_TEXT, ExploreConfig, ExploreService  # noqa: E402
 from gradflow.explore.view import channel_view  # noqa: E402
 
 SENTENCE = "The abundant fruits of another year have blessed our country with plenty."
@@ -57,6 +57,10 @@ def _figure_facts(chrome) -> dict:
         " text: heat.customdata.map(r => r.map(c => c[3]))};")
 
 
+def _text_of(chrome) -> str:
+    return chrome.execute_script("return document.body.innerText;")
+
+
 @pytest.fixture(scope="module")
 def served():
     service = ExploreService(ExploreConfig(models=("gradflow-mini-en", "gradflow-mini-en-alltoken")))
@@ -64,6 +68,36 @@ def served():
         yield url
 
 
+@pytest.mark.slow
+def test_first_screen_is_berts_15_percent_at_seed_0(served, tmp_path):
+    """Opened with no interaction: the example sentence, BERT's masking drawn at seed 0, a drawn view, no notice."""
+    from selenium.webdriver.common.by import By
+
+    expected = channel_view("gradflow-mini-en", DEFAULT_TEXT, mask="random", seed=0)
+    with headless_chromium() as chrome:
+        chrome.get(served)
+        _wait_state(chrome, "ready")
+        chips = _chips(chrome)
+        assert [c["role"] for c in chips] == expected.roles
+        assert [c["position"] for c in chips if c["role"] in ("masked", "random", "kept")] == \
+            expected.masking["selected"] != []
+        assert [c["zero"] for c in chips] == expected.last_block_zero()
+        assert chrome.find_element(By.ID, "seed").get_attribute("value") == "0"
+        assert chrome.find_element(By.ID, "text").get_attribute("value") == DEFAULT_TEXT
+        assert "No token is selected" not in _text_of(chrome)
+        assert "In the last block (blocks.5)" in chrome.find_element(By.ID, "explanation").text
+        labels = chrome.execute_script("return document.getElementById('heatmap').layout.xaxis.ticktext;")
+        assert labels[0] == "embeddings.out" and labels[-1] == "blocks.5.out"
+        assert chrome.find_element(By.ID, "exports").text == "Export: PNG · PDF · CSV"
+        chrome.save_screenshot(str(_shots(tmp_path) / "explore_first_screen.png"))
+        chrome.find_element(By.ID, "clear").click()  # no token selected: the notice is said once, not twice
+        from selenium.webdriver.support.ui import WebDriverWait
+
+        WebDriverWait(chrome, TIMEOUT).until(lambda d: "No token is selected" in _text_of(d))
+        assert _text_of(chrome).count("No token is selected") == 1
+
+
+@pytest.mark.slow
 def test_type_click_and_read_the_last_block_zeros(served, tmp_path):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys
@@ -109,6 +143,7 @@ def test_type_click_and_read_the_last_block_zeros(served, tmp_path):
         assert not any(c["zero"] for c in _chips(chrome) if c["role"] != "special")
 
 
+@pytest.mark.slow
 def test_errors_are_sentences_in_the_page(served):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys
@@ -131,6 +166,7 @@ def test_errors_are_sentences_in_the_page(served):
         assert any(c["role"] in ("masked", "random", "kept") for c in _chips(chrome))
 
 
+@pytest.mark.slow
 def test_static_page_opens_offline(tmp_path):
     from selenium.webdriver.support.ui import WebDriverWait
 
@@ -150,4 +186,7 @@ def test_static_page_opens_offline(tmp_path):
         assert fetched == []  # nothing was requested: everything the page needs is inside it
         chips = _chips(chrome)
         assert [c["zero"] for c in chips] == view.last_block_zero()
+        assert chrome.find_element("id", "exports").text == "Export: PNG · CSV"  # no PDF, and no empty item
+        ticks = chrome.execute_script("return document.getElementById('heatmap').data[0].colorbar.ticktext;")
+        assert "0.1" in ticks and "0.01" in ticks and not any("e" in t for t in ticks), ticks  # as the PNG writes them
         chrome.save_screenshot(str(_shots(tmp_path) / "explore_static.png"))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 import re
 
@@ -84,6 +85,7 @@ def test_random_masking_is_seeded_and_all_positions_loss_leaves_no_context_dark(
 def test_no_selected_position_gives_a_notice_not_a_gradient(mini, tmp_path):
     view = channel_view(mini, TEXT, mask=[])
     assert not view.has_gradient and "No token is selected" in view.notice
+    assert not any("No token is selected" in p for p in view.payload()["explanation"])  # said once, not twice
     assert view.payload()["grad_norm"] is None
     with pytest.raises(ChannelViewError, match="cannot write its numbers"):
         view.to_csv(tmp_path / "x.csv")
@@ -131,7 +133,45 @@ def test_static_page_is_self_contained_and_survives_hostile_text(mini, tmp_path)
     config = re.search(r"window\.GRADFLOW = (\{.*?\});</script>", page, flags=re.S).group(1)
     assert json.loads(config)["view"]["text"] == hostile
     assert "Plotly" in page and len(page) > 1_000_000  # plotly.js itself is inline
-    assert view._repr_html_().startswith("<iframe srcdoc=")
+    frame = re.search(r'<iframe srcdoc="([^"]*)"', view._repr_html_()).group(1)
+    assert "<script>alert(1)" not in html.unescape(frame)  # in the notebook frame too, the text stays data
+
+
+def test_notebook_outputs_carry_plotly_once_per_kernel_session(masked_view, mini):
+    pytest.importorskip("plotly")
+    from gradflow.explore.page import NOTEBOOK_PLOTLY_ID, plotly_js_path
+    from gradflow.explore.view import reset_notebook_plotly
+
+    marker = plotly_js_path().read_text(encoding="utf-8")[:200]  # plotly.js's licence header
+    reset_notebook_plotly()
+    first, second = masked_view._repr_html_(), channel_view(mini, TEXT, mask=[5])._repr_html_()
+    assert first.startswith(f'<script type="text/plain" id="{NOTEBOOK_PLOTLY_ID}">') and marker in first
+    assert marker not in second and NOTEBOOK_PLOTLY_ID in second  # only the script that hands plotly.js over
+    assert len(first) > 4_000_000 and len(second) < 200_000
+    for output in (first, second):
+        frame = html.unescape(re.search(r'<iframe srcdoc="([^"]*)"', output).group(1))
+        assert marker not in frame and '"plotly": "parent"' in frame  # the frame asks the notebook for it
+        assert 'sandbox="allow-scripts allow-downloads"' in output  # still apart from the notebook's origin
+    reset_notebook_plotly()
+    assert marker in masked_view._repr_html_()
+
+
+def test_text_repr_is_one_short_line(masked_view, mini):
+    text = repr(masked_view)
+    assert "\n" not in text and len(text) < 250, text
+    assert text == ("<ChannelView gradflow-mini-en, loss mlm: 19 tokens (2 masked, 15 context, 2 special); "
+                    "13 sites x 19 positions; text 'The progress of public credit is witnessed by a considera...'>")
+    assert "grad_norm" not in text and "DataFrame" not in text  # no table dumped
+    empty = repr(channel_view(mini, "The nation.", mask=[]))
+    assert "no gradient" in empty and "3 context" in empty
+
+
+def test_site_labels_are_site_names_and_the_text_counts_blocks_from_0(masked_view):
+    payload = masked_view.payload()
+    assert [s["label"] for s in payload["sites"]] == [s["name"] for s in payload["sites"]]
+    assert payload["sites"][-1]["label"] == f"blocks.{masked_view.num_blocks - 1}.out"
+    assert "In the last block (blocks.5)" in payload["explanation"][1]
+    assert not re.search(r"\bblock 6\b", " ".join(payload["explanation"]))
 
 
 def test_loaded_model_by_name(masked_view):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
-from gradflow.cli.options import RegistryChoices, add_figure_output, add_model, formats
+from gradflow.cli.options import RegistryChoices, add_figure_output, add_model, add_seed, command_line, formats
 from gradflow.errors import UsageError
 
 
@@ -17,7 +17,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     # range-checked against the sentence's length by the library ("out of range ... positions 0..n-1")
     channels.add_argument("--mask-positions", type=int, nargs="+", default=None,
                           help="token positions to mask, special tokens included in the count (0 is the first); "
-                               "default: seeded BERT masking")
+                               "default: BERT's masking seeded by --seed")
+    add_seed(channels, meaning="seed of BERT's masking when --mask-positions is not given (each token is selected on "
+                               "its own with probability 0.15, so one sentence's share varies around 15 percent)")
     channels.add_argument("--quantity", default="grad_norm", metavar="QUANTITY",
                           choices=RegistryChoices("gradflow.runs.channels", "QUANTITIES"),
                           help="what each cell shows: %(choices)s (default %(default)s)")
@@ -31,19 +33,22 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     """Draw the channel view (and write the HTML page)."""
     from gradflow.models import load_model
-    from gradflow.runs.channels import write_channel_view
+    from gradflow.runs.channels import channel_batch, selection_text, write_channel_view
 
     loaded = load_model(args.model)
     if args.html and args.quantity != "grad_norm":
         raise UsageError(f"--html shows the gradient norms only; drop --html or use --quantity grad_norm "
                          f"(got {args.quantity})")
     paths = write_channel_view(loaded, args.text, args.out, mask_positions=args.mask_positions,
-                               quantity=args.quantity, formats=formats(args.format))
-    print(f"wrote {len(paths)} files to {args.out}")
+                               quantity=args.quantity, formats=formats(args.format), seed=args.seed,
+                               command=command_line(argv))
+    batch = channel_batch(loaded, args.text, args.mask_positions, seed=args.seed)
+    print(selection_text(batch, args.seed if args.mask_positions is None else None))
+    print(f"wrote {len(paths) + 1} files to {args.out} (the figure, channel_view.csv and meta.json)")
     if args.html:
         from gradflow.explore.view import channel_view
 
         mask = "random" if args.mask_positions is None else args.mask_positions
-        channel_view(loaded, args.text, mask=mask).to_html(args.html)
+        channel_view(loaded, args.text, mask=mask, seed=args.seed).to_html(args.html)
         print(f"wrote the self-contained page {args.html}")
     return 0

@@ -4,10 +4,17 @@ Both are the same template (``static/page.html``) and script (``static/explore.j
 loads plotly.js from the server (``static/plotly.min.js``, the copy inside the plotly wheel) and
 asks the server for each view, the static page carries plotly.js and one view's data inline, so it
 opens offline in any browser with no server. Nothing is ever fetched from a CDN.
+
+In a notebook (:func:`notebook_html`) each view is the static page in a sandboxed frame without
+plotly.js: the frame asks the notebook page for it with ``postMessage``. The first view displayed in
+a kernel session carries plotly.js once, as inert text (``<script type="text/plain">``), beside a
+small script that answers those requests; later views carry only that script, so an executed
+notebook holds plotly.js (about 4.7 MB) once however many views it shows.
 """
 
 from __future__ import annotations
 
+import html
 import json
 import re
 from importlib import resources
@@ -18,6 +25,23 @@ from gradflow.errors import ExploreError
 STATIC_DIR: Path = Path(__file__).with_name("static")
 """The page template, its script and its style sheet."""
 MARKER = re.compile(r"/\*(STYLE|CONFIG|SCRIPT|PLOTLY)\*/")
+NOTEBOOK_PLOTLY_ID = "gradflow-plotly-js"
+"""The id of the element holding plotly.js as text in the notebook output that carries it."""
+# In the notebook page, beside each view: keep plotly.js's text (so it outlives a cleared output) and answer
+# each view frame's request for it. Installed once per page, however many outputs run it.
+NOTEBOOK_RESPONDER = """<script>
+(function () {
+  var w = window, el = document.getElementById("%(id)s");
+  if (el && !w.gradflowPlotlyJs) w.gradflowPlotlyJs = el.textContent;
+  if (w.gradflowPlotlyResponder) return;
+  w.gradflowPlotlyResponder = true;
+  w.addEventListener("message", function (e) {
+    if (!e.data || e.data.gradflow !== "plotly?" || !e.source) return;
+    var js = w.gradflowPlotlyJs || (document.getElementById("%(id)s") || {}).textContent || null;
+    e.source.postMessage({gradflow: "plotly", js: js}, "*");
+  });
+})();
+</script>""" % {"id": NOTEBOOK_PLOTLY_ID}
 INSTALL_HINT = "install the explorer's extra: pip install 'gradflow[explore]' (./setup.sh does)"
 
 
@@ -58,10 +82,31 @@ def live_page(models: list[str], losses: dict[str, str], max_tokens: int, max_ch
     return _render(config, '<script src="static/plotly.min.js"></script>')
 
 
-def static_page(view_payload: dict) -> str:
-    """One HTML file with plotly.js, the script and one view's data inline (about 4.7 MB)."""
-    plotly_js = plotly_js_path().read_text(encoding="utf-8").replace("</script", "<\\/script")
-    return _render({"mode": "static", "view": view_payload}, f"<script>{plotly_js}</script>")
+def _plotly_js() -> str:
+    return plotly_js_path().read_text(encoding="utf-8").replace("</script", "<\\/script")
 
 
-__all__ = ["INSTALL_HINT", "STATIC_DIR", "live_page", "plotly_js_path", "static_page"]
+def static_page(view_payload: dict, plotly: str = "inline") -> str:
+    """One HTML file with the script and one view's data inline. ``plotly``: ``"inline"`` puts plotly.js in it
+    too (about 4.7 MB; opens offline anywhere); ``"parent"`` leaves it out: the page, framed in a notebook,
+    asks its parent for it (see :func:`notebook_html`)."""
+    if plotly not in ("inline", "parent"):
+        raise ExploreError(f"plotly must be 'inline' or 'parent', got {plotly!r}")
+    if plotly == "parent":
+        return _render({"mode": "static", "plotly": "parent", "view": view_payload}, "")
+    return _render({"mode": "static", "plotly": "inline", "view": view_payload}, f"<script>{_plotly_js()}</script>")
+
+
+def notebook_html(view_payload: dict, height: int, carry_plotly: bool) -> str:
+    """A notebook output showing one view: the page (without plotly.js) in a sandboxed frame, the script that
+    hands the frame plotly.js and, when ``carry_plotly``, plotly.js itself as inert text (the first view of a
+    kernel session)."""
+    carrier = (f'<script type="text/plain" id="{NOTEBOOK_PLOTLY_ID}">{_plotly_js()}</script>\n'
+               if carry_plotly else "")
+    frame = html.escape(static_page(view_payload, plotly="parent"), quote=True)
+    return (f"{carrier}{NOTEBOOK_RESPONDER}\n<iframe srcdoc=\"{frame}\" style=\"width:100%;height:{height}px;border:0\" "
+            'sandbox="allow-scripts allow-downloads"></iframe>')
+
+
+__all__ = ["INSTALL_HINT", "NOTEBOOK_PLOTLY_ID", "NOTEBOOK_RESPONDER", "STATIC_DIR", "live_page", "notebook_html",
+           "plotly_js_path", "static_page"]

@@ -16,12 +16,17 @@ with :class:`GradFlowRecorder` under the MLM or the all-positions loss, and retu
 
 The object draws itself with the project's plotting code (:meth:`ChannelView.save`), writes its
 numbers (:meth:`ChannelView.to_csv`), becomes the explorer page's data (:meth:`ChannelView.payload`)
-and a self-contained HTML page (:meth:`ChannelView.to_html`, also Jupyter's ``_repr_html_``).
+and a self-contained HTML page (:meth:`ChannelView.to_html`). In Jupyter it displays as that page
+without plotly.js, which the first view of a kernel session brings once for every view of the
+notebook (:func:`gradflow.explore.page.notebook_html`; :func:`reset_notebook_plotly` makes the next
+view bring it again); its text form is one line (:meth:`ChannelView.__repr__`).
+
+Sites are named as everywhere in gradflow (``embeddings.out``, ``blocks.{i}.mid``, ``blocks.{i}.out``,
+blocks counted from 0); the page labels its columns with these names.
 """
 
 from __future__ import annotations
 
-import html
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -32,7 +37,7 @@ import pandas as pd
 from gradflow.adapters.base import block_modules
 from gradflow.analysis.atlas import shared_context_shares
 from gradflow.errors import ChannelViewError
-from gradflow.explore.page import static_page
+from gradflow.explore.page import notebook_html, static_page
 from gradflow.figures.channel_view import save_channel_view
 from gradflow.formatting import format_number
 from gradflow.hooks.recorder import GradFlowRecorder, RecorderConfig
@@ -49,9 +54,20 @@ LOSSES: dict[str, str] = {"mlm": "MLM: the selected positions only",
 
 NO_LOSS_NOTICE = ("No token is selected for the loss, so no gradient flows anywhere. Click a token to mask it, "
                   "or draw BERT's 15% at random.")
+NO_LOSS_EXPLANATION = ("The MLM loss is computed at the selected tokens only; with none selected there is nothing "
+                       "to backpropagate. Once a token carries the loss, this panel says where its gradient goes.")
+"""The explanation panel's text when no token carries the loss (the notice itself is shown once, above)."""
+
+_NOTEBOOK = {"plotly_sent": False}  # whether this kernel session has displayed plotly.js in a notebook output
 
 
-@dataclass
+def reset_notebook_plotly() -> None:
+    """Make the next view displayed in Jupyter carry plotly.js again (after the output that carried it was
+    cleared and the page reloaded: the views then say plotly.js did not arrive)."""
+    _NOTEBOOK["plotly_sent"] = False
+
+
+@dataclass(repr=False)
 class ChannelView:
     """The channel view of one sentence (see the module docstring).
 
@@ -114,7 +130,8 @@ class ChannelView:
                 "act_norm": _finite(self.grid("act_norm")) if self.has_gradient else None,
                 "last_block_zero": self.last_block_zero(), "sublayers": self._sublayer_rows(),
                 "after_mixing": self.after_mixing, "weight_sharing": self.weight_sharing,
-                "loss_value": self.loss_value, "notice": self.notice, "explanation": explanation(self)}
+                "loss_value": self.loss_value, "notice": self.notice, "explanation": explanation(self),
+                "csv_columns": list(CHANNEL_VIEW_COLUMNS)}
 
     def _sublayer_rows(self) -> list[dict]:
         if self.sublayers.empty:
@@ -146,10 +163,21 @@ class ChannelView:
         return page
 
     def _repr_html_(self) -> str:
-        """Jupyter: the static page in a sandboxed frame, so its script runs apart from the notebook's."""
-        height = 260 + 16 * len(self.tokens)
-        return (f'<iframe srcdoc="{html.escape(self.to_html(), quote=True)}" style="width:100%;height:{height}px;'
-                f'border:0" sandbox="allow-scripts allow-downloads"></iframe>')
+        """Jupyter: the page in a sandboxed frame (its script runs apart from the notebook's); plotly.js comes
+        with the first view of the kernel session only (see :func:`gradflow.explore.page.notebook_html`)."""
+        carry = not _NOTEBOOK["plotly_sent"]
+        output = notebook_html(self.payload(), height=260 + 16 * len(self.tokens), carry_plotly=carry)
+        _NOTEBOOK["plotly_sent"] = True
+        return output
+
+    def __repr__(self) -> str:
+        """One line: model, loss, the roles' counts, the table's shape and the sentence (cut to 60 characters)."""
+        counts = ", ".join(f"{self.roles.count(r)} {r}" for r in TOKEN_ROLES if r in self.roles)
+        text = self.text if len(self.text) <= 60 else self.text[:57] + "..."
+        shape = (f"{len(self.sites())} sites x {len(self.tokens)} positions" if self.has_gradient
+                 else "no gradient: no token carries the loss")
+        return (f"<ChannelView {self.model}, loss {self.loss}: {len(self.tokens)} tokens ({counts}); {shape}; "
+                f"text {text!r}>")
 
     def _require_gradient(self, what: str) -> None:
         if not self.has_gradient:
@@ -209,14 +237,14 @@ def explanation(view: ChannelView) -> list[str]:
     selected = [t for t, r in enumerate(view.roles) if r in LOSS_ROLES]
     clean = [t for t, r in enumerate(view.roles) if r == "context"]
     if not view.has_gradient:
-        return [view.notice or NO_LOSS_NOTICE]
+        return [NO_LOSS_EXPLANATION]
     zero = view.last_block_zero()
     n_zero = sum(zero[t] for t in clean)
     words = ", ".join(repr(view.tokens[t]) for t in selected[:6]) + (" ..." if len(selected) > 6 else "")
     if view.loss == "mlm":
         first = (f"The loss is computed at {len(selected)} selected position(s) ({words}). Each row is one token's "
                  "channel; each column a point in the network, from the embeddings (left) to the last block (right).")
-        second = (f"In block {view.num_blocks}, after the last attention, {n_zero} of the {len(clean)} context "
+        second = (f"In the last block ({_block_name(view)}), after the last attention, {n_zero} of the {len(clean)} context "
                   "channels get a gradient of exactly 0 (hatched): nothing mixes channels any more, so no signal "
                   "reaches a token that carries no loss. The last block's query, attention output, feed-forward and "
                   "LayerNorm weights therefore learn nothing from these tokens"
@@ -224,7 +252,8 @@ def explanation(view: ChannelView) -> list[str]:
     else:
         first = ("The all-positions loss predicts the original token at every word position (the twin model's "
                  "objective), so every channel carries its own loss.")
-        second = (f"Now no context channel is dark in block {view.num_blocks}: {n_zero} of {len(clean)} are exactly 0. "
+        second = (f"Now no context channel is dark in the last block ({_block_name(view)}): {n_zero} of {len(clean)} "
+                  "are exactly 0. "
                   "Switch back to the MLM loss to see the last block go dark.")
     third = ("Earlier blocks are not dark: attention sends the gradient of a selected token into the keys and values "
              "of every other token, so the clean channels are trained there, one attention later than you might think.")
@@ -241,15 +270,22 @@ def _sharing_text(view: ChannelView) -> list[str]:
     zero = ", ".join(f"{s} {format_number(100 * shares[s])}%" for s in view.after_mixing if s in shares)
     if not zero:
         return []
-    return [(f"This model shares one block's weights across depths: block {layers[-1]} is the same module as "
-             f"{layers_text(layers[:-1], 'block')} ({n} applications). The zeros are per application: the last "
+    return [(f"This model shares one block's weights across depths: the block at layer {layers[-1]} is the same module "
+             f"as at {layers_text(layers[:-1], 'layer')} ({n} applications; layer = block index + 1). "
+             "The zeros are per application: the last "
              "application gets exactly 0 from the context channels, but the same weights learn from context "
              f"through the earlier ones. Over all {n} applications, context gives {zero} of the shared weights' "
              "gradient in this sentence.")]
 
 
 def _site_label(site: str, layer: int, point: str) -> str:
-    return "embeddings" if layer == 0 else f"block {layer} {point}"
+    """The column label: the site's own name (``blocks.5.mid``), the one numbering of blocks (from 0)."""
+    return site
+
+
+def _block_name(view: ChannelView) -> str:
+    """``blocks.5`` for a 6-block model: the last block as its site names count it (from 0)."""
+    return f"blocks.{view.num_blocks - 1}"
 
 
 def _number(value):
@@ -262,4 +298,5 @@ def _finite(grid: list[list[float]]) -> list[list[float | None]]:
     return [[v if math.isfinite(v) else None for v in row] for row in grid]
 
 
-__all__ = ["LOSSES", "NO_LOSS_NOTICE", "ChannelView", "channel_view", "explanation"]
+__all__ = ["LOSSES", "NO_LOSS_EXPLANATION", "NO_LOSS_NOTICE", "ChannelView", "channel_view", "explanation",
+           "reset_notebook_plotly"]

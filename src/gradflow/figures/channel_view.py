@@ -3,8 +3,9 @@
 The table is :func:`gradflow.runs.channels.channel_table`'s (or ``channel_view.csv``): one row
 per (site, position) with ``position``, ``token``, ``input_token``, ``role``, ``site``, ``layer``,
 ``point`` and the value columns. Rows of the heat map are the sentence's tokens (their role
-coloured on the axis), columns the sites from the embeddings to the last block (labelled
-``layer point``; the last block is bracketed). Exact zeros are hatched grey cells. Gradient
+coloured on the axis), columns the sites from the embeddings to the last block, labelled with
+their site names (``embeddings.out``, ``blocks.0.mid`` ... ``blocks.{L-1}.out``: blocks count from 0,
+as in the table, the CSV and every run directory; the last block is bracketed). Exact zeros are hatched grey cells. Gradient
 norms use a log colour scale; attributions (``attribution_sum``, ``ig_sum``) a signed
 symmetric-log scale.
 """
@@ -44,10 +45,9 @@ def _site_info(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def _site_labels(table: pd.DataFrame, sites: list[str]) -> list[str]:
-    """``emb`` for layer 0, else ``<layer> <point>``, from the table's ``layer`` and ``point``."""
-    where = _site_info(table)
-    return ["emb" if int(where.at[s, "layer"]) == 0 else f"{int(where.at[s, 'layer'])} {where.at[s, 'point']}"
-            for s in sites]
+    """The site names themselves (``embeddings.out``, ``blocks.0.mid``, ...): the one numbering of blocks, from 0,
+    that the table, the CSV and run directories use (the ``layer`` column is the block's index + 1)."""
+    return [str(s) for s in sites]
 
 
 def _token_label(row: pd.Series) -> str:
@@ -115,7 +115,7 @@ def plot_channel_view(table: pd.DataFrame, value: str = "grad_norm", ax: Axes | 
         ax.tick_params(axis="both", length=0)
         for side in ("left", "bottom"):
             ax.spines[side].set_visible(False)
-        ax.set_xlabel("site (block, point); layers run left to right")
+        ax.set_xlabel("site (blocks count from 0); layers run left to right")
         drawn += _last_block_bracket(ax, table, sites)
         if title:
             wrap_title(ax, title, pad=22)

@@ -13,14 +13,23 @@ Every token position is a channel. Per (site, position) the table holds one of:
   reference (``ig_sum``, ``ig_norm``).
 
 The loss is the MLM loss with the ``"batch"`` reduction (mean over the chosen positions). Columns:
-:data:`gradflow.schema.CHANNEL_VIEW_COLUMNS` (those a quantity does not compute are empty).
-The figure is drawn by :mod:`gradflow.figures.channel_view` from the table alone.
+:data:`gradflow.schema.CHANNEL_VIEW_COLUMNS`; those a quantity does not compute are empty: with
+``grad_norm`` the four attribution columns (``attribution_sum``, ``attribution_norm``, ``ig_sum``,
+``ig_norm``), with ``attribution`` the two ``ig_*`` ones (and ``grad_norm``/``act_norm`` only at the
+embeddings and block outputs, the sites Captum reads). The figure is drawn by
+:mod:`gradflow.figures.channel_view` from the table alone.
+
+Seeded BERT masking selects each maskable token independently with probability 0.15, so one
+sentence's share is not 15%: :func:`selection` says what was drawn, and :func:`write_channel_view`
+records it with the seed in ``meta.json``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+
+import time
 
 import pandas as pd
 import torch
@@ -32,8 +41,9 @@ from gradflow.hooks.recorder import GradFlowRecorder, RecorderConfig
 from gradflow.hooks.records import BatchRecord
 from gradflow.inputs.masking import BertMasking, ExplicitMasking, MaskedBatch, encode, mask_batch
 from gradflow.models import LoadedModel
-from gradflow.roles import TOKEN_ROLES, Role
-from gradflow.runs.files import write_csv
+from gradflow.roles import LOSS_ROLES, TOKEN_ROLES, Role
+from gradflow.runs.files import write_csv, write_meta
+from gradflow.runs.meta import JobInputs, JobOutcome, job_meta
 from gradflow.schema import CHANNEL_VIEW_COLUMNS
 
 VALUE_COLUMN: dict[str, str] = {"grad_norm": "grad_norm", "attribution": "attribution_sum",
@@ -75,6 +85,29 @@ def channel_batch(loaded: LoadedModel, text: str, mask_positions: Sequence[int] 
                                        f"the MLM loss; choose a word position ({_listing(tokens)}).")
         policy = ExplicitMasking(positions={0: positions}, action="mask")
     return mask_batch(loaded.tokenizer, policy=policy, encodings=[enc], max_length=n)
+
+
+def selection(batch: MaskedBatch) -> dict:
+    """What the masking selected in the batch's first row: ``positions`` (token indices), the count per loss role
+    (``masked``, ``random``, ``kept``), ``selected`` of ``maskable`` (the positions that are not special) and
+    their ``fraction``. BERT's masking draws each token on its own, so the fraction of one short sentence
+    can be far from 15% (the explorer's sentence draws 4 of its 17 tokens at seed 0: 24%)."""
+    roles = [TOKEN_ROLES[int(r)] for r in batch.roles[0]]
+    positions = [t for t, r in enumerate(roles) if r in LOSS_ROLES]
+    maskable = sum(r not in ("special", "pad") for r in roles)
+    return {"positions": positions, "selected": len(positions), "maskable": maskable,
+            "fraction": round(len(positions) / maskable, 4) if maskable else 0.0,
+            **{role: roles.count(role) for role in LOSS_ROLES}}
+
+
+def selection_text(batch: MaskedBatch, seed: int | None) -> str:
+    """One line for the terminal: how many tokens carry the loss, and how they were chosen."""
+    chosen = selection(batch)
+    how = (f"BERT's masking, seed {seed}: each token is selected on its own with probability 0.15"
+           if seed is not None else "the positions given")
+    split = ", ".join(f"{chosen[r]} {r}" for r in LOSS_ROLES if chosen[r])
+    return (f"{chosen['selected']} of {chosen['maskable']} tokens carry the loss "
+            f"({100 * chosen['fraction']:.0f}%; {split}; {how})")
 
 
 def _listing(tokens: Sequence[str], limit: int = 40) -> str:
@@ -141,16 +174,21 @@ def sites_table(loaded: LoadedModel, batch: MaskedBatch, sites: list[SiteValues]
 
 
 def write_channel_view(loaded: LoadedModel, text: str, out_dir: str | Path, mask_positions: Sequence[int] | None = None,
-                       quantity: str = "grad_norm", formats: Sequence[str] = ("pdf", "png")) -> list[Path]:
-    """Channel view of one sentence: ``channel_view.<fmt>`` and ``channel_view.csv`` in ``out_dir``.
+                       quantity: str = "grad_norm", formats: Sequence[str] = ("pdf", "png"), seed: int = 0,
+                       command: str | Sequence[str] = "") -> list[Path]:
+    """Channel view of one sentence: ``channel_view.<fmt>``, ``channel_view.csv`` and ``meta.json`` in ``out_dir``.
 
     ``mask_positions``: token positions to mask (special tokens included in the count, so 0 is
-    ``[CLS]``/``<s>``); None draws BERT masking with seed 0. ``quantity``: one of
-    :data:`QUANTITIES`. Returns the written paths (figures first, the table last).
+    ``[CLS]``/``<s>``); None draws BERT masking seeded by ``seed`` (each token selected on its own
+    with probability 0.15). ``quantity``: one of :data:`QUANTITIES`. ``meta.json`` holds the
+    provenance block of every job (model, ``masking`` with its seed, ``seed``, versions, ``command``)
+    plus ``text``, ``quantity`` and ``selection`` (:func:`selection`). Returns the figures and the
+    table (figures first, the table last); ``meta.json`` is written last, beside them.
     """
 
     _check_quantity(quantity)
-    batch = channel_batch(loaded, text, mask_positions)
+    start = time.time()
+    batch = channel_batch(loaded, text, mask_positions, seed=seed)
     if not bool((batch.roles <= Role.KEPT).any()):
         raise ChannelViewError("no position was selected for the loss; pass mask_positions.")
     table = channel_table(loaded, batch, quantity)
@@ -160,8 +198,15 @@ def write_channel_view(loaded: LoadedModel, text: str, out_dir: str | Path, mask
                               title=Path(loaded.name).name or loaded.name, formats=formats)
     csv = out / "channel_view.csv"
     write_csv(table, csv, CHANNEL_VIEW_COLUMNS)
+    masking = (BertMasking(seed=seed).describe() if mask_positions is None
+               else {"policy": "explicit", "action": "mask", "positions": [int(p) for p in mask_positions]})
+    inputs = JobInputs(model=loaded.name, texts="--text", masking=masking, seed=int(seed),
+                       num_layers=int(table["layer"].max()))
+    outcome = JobOutcome(complete=True, error=None, start=start, command=command, out_dir=str(out))
+    write_meta(out / "meta.json", job_meta(loaded, inputs, outcome, {"text": text, "quantity": quantity,
+                                                                      "selection": selection(batch)}))
     return [*paths, csv]
 
 
-__all__ = ["QUANTITIES", "VALUE_COLUMN", "SiteValues", "channel_batch", "channel_table", "record_sites", "sites_table",
-           "write_channel_view"]
+__all__ = ["QUANTITIES", "VALUE_COLUMN", "SiteValues", "channel_batch", "channel_table", "record_sites", "selection",
+           "selection_text", "sites_table", "write_channel_view"]

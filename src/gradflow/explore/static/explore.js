@@ -1,5 +1,6 @@
 // gradflow explore: draws one sentence's channel view from the data the server (or the static export) provides.
-// window.GRADFLOW = {mode: "live" | "static", models, losses, max_tokens, max_chars, examples (live), view (static)}.
+// window.GRADFLOW = {mode: "live" | "static", models, losses, max_tokens, max_chars, examples (live), view (static),
+//                   plotly (static: "inline", or "parent" in a notebook frame, which asks the notebook for plotly.js)}.
 "use strict";
 
 const ROLE_COLORS = {masked: "#CC3311", random: "#EE7733", kept: "#EE3377", context: "#0077BB",
@@ -20,6 +21,12 @@ function valueText(v) {
   if (v === null || v === undefined) return "n/a";
   if (v === 0) return "exactly 0";
   return v.toPrecision(6);
+}
+
+// colour-bar tick 10^k as the PNG's log axes write it (gradflow.figures.canvas): 0.001 ... 1000 plain, else 10^k
+function decadeText(k) {
+  if (k >= -3 && k < 4) return k < 0 ? (10 ** k).toFixed(-k) : String(10 ** k);
+  return `10<sup>${k}</sup>`;
 }
 
 function showMessage(text, kind) {
@@ -83,7 +90,7 @@ function heatmapTraces(view) {
   for (let k = lo; k <= hi; k++) ticks.push(k);
   const heat = {type: "heatmap", z, customdata: custom, x: [...Array(S).keys()], y: [...Array(T).keys()],
     colorscale: "Viridis", xgap: 1, ygap: 1, hoverongaps: true, name: "gradient norm",
-    colorbar: {title: {text: "‖∂L/∂h‖", side: "right"}, tickvals: ticks, ticktext: ticks.map((k) => `1e${k}`),
+    colorbar: {title: {text: "‖∂L/∂h‖", side: "right"}, tickvals: ticks, ticktext: ticks.map(decadeText),
                thickness: 12, len: 0.8},
     hovertemplate: "<b>%{customdata[0]}</b> (%{customdata[1]})<br>%{customdata[2]}<br>" +
                    "‖∂L/∂h‖ = %{customdata[3]}<br>‖h‖ = %{customdata[4]}<extra></extra>"};
@@ -108,9 +115,9 @@ function heatmapLayout(view) {
     const bold = LOSS_ROLES.includes(role) ? `<b>${label}</b>` : label;
     return `<span style="color:${ROLE_COLORS[role] || "#333"}">${bold}</span>`;
   });
-  return {margin: {l: 110, r: 20, t: 40, b: 110}, height: Math.max(320, 150 + 22 * T),
+  return {margin: {l: 140, r: 20, t: 40, b: 130}, height: Math.max(340, 170 + 22 * T),
     xaxis: {tickvals: [...Array(S).keys()], ticktext: view.sites.map((s) => s.label), tickangle: -60,
-            range: [-1.6, S - 0.5], zeroline: false, showgrid: false, title: {text: "site (layers run left to right)"}},
+            range: [-1.6, S - 0.5], zeroline: false, showgrid: false, title: {text: "site (blocks count from 0; layers run left to right)"}},
     yaxis: {tickvals: [...Array(T).keys()], ticktext, autorange: "reversed", zeroline: false, showgrid: false},
     legend: {orientation: "h", y: -0.32, x: 0, font: {size: 11}},
     shapes: [{type: "line", x0: x, x1: x, y0: -0.5, y1: T - 0.5, line: {dash: "dash", width: 2, color: "#222"}}],
@@ -142,7 +149,8 @@ function renderSublayers(view) {
   Plotly.react("sublayers", sublayerTraces(view), layout, {displayModeBar: false, responsive: true});
   const shared = view.weight_sharing ? ` at its last application (one module applied ${view.weight_sharing.layers.length} ` +
                  "times: see the text)" : "";
-  $("sublayers-title").textContent = `Block ${view.num_blocks} (the last): which roles train each sublayer${shared}`;
+  $("sublayers-title").textContent =
+    `The last block (blocks.${view.num_blocks - 1}): which roles train each sublayer${shared}`;
 }
 
 // ---------------------------------------------------------------- whole view
@@ -159,7 +167,7 @@ function render(view) {
   if (!view.grad_norm) {
     figures.hidden = true;
     figures.dataset.state = "empty";
-    showMessage(view.notice, "info");
+    showMessage(view.notice, "info");  // once: the explanation panel says what happens next, not the same words
     return;
   }
   figures.hidden = false;
@@ -224,6 +232,7 @@ function updateExports(view) {
     return;
   }
   $("export-csv").onclick = (e) => { e.preventDefault(); downloadCsv(view); };
+  $("export-png").title = "the heatmap as drawn here (the publication figure: gradflow channels)";
   $("export-png").onclick = (e) => {
     e.preventDefault();
     Plotly.downloadImage("heatmap", {format: "png", filename: "channel_view", scale: 2});
@@ -231,11 +240,15 @@ function updateExports(view) {
 }
 
 function downloadCsv(view) {
-  const lines = ["position,token,input_token,role,site,layer,point,grad_norm,act_norm"];
+  // the columns of gradflow channels' CSV; the attribution columns stay empty, as they are there for grad_norm
+  const columns = view.csv_columns;
   const q = (s) => `"${String(s).replace(/"/g, '""')}"`;
+  const lines = [columns.join(",")];
   view.sites.forEach((site, s) => view.tokens.forEach((tok, t) => {
-    lines.push([t, q(tok), q(view.input_tokens[t]), view.roles[t], site.name, site.layer, site.point,
-                view.grad_norm[t][s], view.act_norm[t][s]].join(","));
+    const row = {position: t, token: q(tok), input_token: q(view.input_tokens[t]), role: view.roles[t],
+                 site: site.name, layer: site.layer, point: site.point, grad_norm: view.grad_norm[t][s],
+                 act_norm: view.act_norm[t][s]};
+    lines.push(columns.map((c) => (c in row && row[c] !== null ? row[c] : "")).join(","));
   }));
   const link = document.createElement("a");
   link.href = URL.createObjectURL(new Blob([lines.join("\n") + "\n"], {type: "text/csv"}));
@@ -262,12 +275,26 @@ function setUpLive() {
   $("loss").addEventListener("change", () => requestView());
   $("random").addEventListener("click", () => { state.maskMode = "random"; requestView(); });
   $("clear").addEventListener("click", fresh);
-  fresh();
+  // the first screen: BERT's 15% drawn at seed 0 on the model's example sentence, never an empty view
+  $("seed").value = "0";
+  state.maskMode = "random";
+  requestView();
+}
+
+// the export links a page offers, joined by " · " (a static page has no PDF: no empty item is left behind)
+function setExports(formats) {
+  const line = $("exports");
+  const links = ["png", "pdf", "csv"].map((f) => $(`export-${f}`));
+  line.textContent = "Export: ";
+  links.filter((a) => formats.includes(a.id.slice(7))).forEach((a, i) => {
+    if (i > 0) line.appendChild(document.createTextNode(" · "));
+    line.appendChild(a);
+  });
 }
 
 function setUpStatic() {
   document.body.classList.add("static");
-  $("export-pdf").hidden = true;
+  setExports(["png", "csv"]);
   render(cfg.view);
   if (cfg.view.grad_norm) {
     showMessage(`A saved view of ${cfg.view.model} (“${cfg.view.text}”); run \`gradflow explore\` to change the ` +
@@ -275,4 +302,29 @@ function setUpStatic() {
   }
 }
 
-window.addEventListener("DOMContentLoaded", () => (cfg.mode === "live" ? setUpLive() : setUpStatic()));
+// plotly.js is on the page, except in a notebook's frame: there the notebook page hands it over (postMessage)
+const NO_PLOTLY = "plotly.js did not arrive. In a notebook it comes with the first channel view displayed in the kernel " +
+  "session, and the notebook must be trusted to run it. If that output was cleared, run " +
+  "gradflow.explore.view.reset_notebook_plotly() and display the view again.";
+
+function withPlotly(start) {
+  if (window.Plotly || cfg.plotly !== "parent") { start(); return; }
+  let tries = 0, timer = null;
+  const ask = () => {
+    if (++tries > 40) { clearInterval(timer); showMessage(NO_PLOTLY, "error"); return; }
+    window.parent.postMessage({gradflow: "plotly?"}, "*");
+  };
+  window.addEventListener("message", (e) => {
+    if (e.source !== window.parent || !e.data || e.data.gradflow !== "plotly" || window.Plotly) return;
+    clearInterval(timer);
+    if (!e.data.js) { showMessage(NO_PLOTLY, "error"); return; }
+    const script = document.createElement("script");
+    script.textContent = e.data.js;
+    document.head.appendChild(script);
+    start();
+  });
+  ask();
+  timer = setInterval(ask, 250);
+}
+
+window.addEventListener("DOMContentLoaded", () => withPlotly(cfg.mode === "live" ? setUpLive : setUpStatic));
