@@ -139,7 +139,7 @@ def contrasts(path: str, *rows: tuple[str, str]):
     return read
 
 
-SIX, TWELVE = "finetune/issue15/contrasts.csv", "twelve-blocks/finetune/contrasts.csv"
+SIX, TWELVE = "finetune/last-block-finetuning/contrasts.csv", "twelve-blocks/finetune/contrasts.csv"
 EXPECTED: dict[int, Callable[[], tuple[list[float], list[float]]]] = {
     1: exact_zero,
     2: context_ratio,
@@ -156,7 +156,7 @@ EXPECTED: dict[int, Callable[[], tuple[list[float], list[float]]]] = {
     13: contrasts(TWELVE, ("mini12-en reinit1 - full", "brown-pos"), ("mini12-en reinit1 - full", "brown-propn")),
     14: robustness("twelve-blocks/probes/robustness/last_layer_drops.csv", "mini12-en"),
 }
-# the design of each row: what the plans say (figures/finetune/issue15/plan.md, figures/twelve-blocks/plan.md)
+# the design of each row: what the plans say (figures/finetune/last-block-finetuning/plan.md, figures/twelve-blocks/plan.md)
 DESIGN = {1: "exact", 2: "descriptive", 3: "descriptive", 4: "descriptive", 5: "exploratory", 6: "pre-registered",
           7: "exploratory", **{n: "pre-registered" for n in range(8, 15)}}
 

@@ -2,5 +2,5 @@
 
 The three small experiments (``drop_or_reinit``, ``continued_mlm``, ``blocks_kept``; tables: ``report_tables``),
 the powered experiment (``powered_experiment``, ``arm_probes``, ``sentiment``, ``powered_report``,
-``powered_figures``; plan: ``figures/finetune/issue15/plan.md``) and their shared grid runner (``grid``).
+``powered_figures``; plan: ``figures/finetune/last-block-finetuning/plan.md``) and their shared grid runner (``grid``).
 """

@@ -8,8 +8,8 @@ the top site:
 - ``reinit1`` is probed here for seeds 0..2 (``gradflow surgery --reinit-last 1 --seed s``; the
   fine-tuning runs of seed s re-initialise the block with the same seed), 600 sentences per split.
 
-Writes ``figures/finetune/issue15/probes/runs/reinit1-s<seed>-<task>/`` and
-``figures/finetune/issue15/probes/arms.csv`` / ``arms.md``: per arm and task, the top site's test
+Writes ``figures/finetune/last-block-finetuning/probes/runs/reinit1-s<seed>-<task>/`` and
+``figures/finetune/last-block-finetuning/probes/arms.csv`` / ``arms.md``: per arm and task, the top site's test
 accuracy [95% CI] and online code length, and the difference to ``full``'s top site.
 
     python -m analyses.last_block_finetuning.arm_probes            # seed 0 measured: 168 s + 92 s, one thread each
@@ -27,7 +27,7 @@ import pandas as pd
 from analyses.probes.run import gradflow, run_all
 
 ROOT = Path(__file__).resolve().parents[2]
-OUT = "figures/finetune/issue15/probes"  # default --out, relative to the repository root
+OUT = "figures/finetune/last-block-finetuning/probes"  # default --out, relative to the repository root
 PROBES = "figures/probes/runs"
 TASKS = ("brown-pos", "brown-propn")
 SEEDS = (0, 1, 2)

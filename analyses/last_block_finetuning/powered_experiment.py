@@ -1,6 +1,6 @@
 """Issue 15: fine-tuning with the last block full, dropped, re-initialised or repaired, in two regimes.
 
-Pre-registered in ``figures/finetune/issue15/plan.md`` (committed before any run). Per model
+Pre-registered in ``figures/finetune/last-block-finetuning/plan.md`` (committed before any run). Per model
 (gradflow-mini-en: ``full``, ``drop1``, ``reinit1``, ``repair1``; the all-token twin: ``full``,
 ``drop1``, ``reinit1``), task (brown-pos accuracy, brown-propn entity F1 with balanced class weights)
 and seed:
@@ -16,7 +16,7 @@ and seed:
 
 ``repair1`` is ``build/mini-repaired/model`` (made by ``gradflow repair`` with its defaults when
 missing). Runs are resumable (``grid.run_grid``); ``--seeds 0`` is the budget-measuring first slice; ``--models mlm`` (or ``twin``) runs one model's cells.
-Outputs under ``figures/finetune/issue15/<regime>/``. ``--pair mini12-en`` runs the same design on the
+Outputs under ``figures/finetune/last-block-finetuning/<regime>/``. ``--pair mini12-en`` runs the same design on the
 12-block pair (issue 31, ``figures/twelve-blocks/plan.md``: regime (a), its repair in ``build/mini12-repaired``)
 into ``figures/twelve-blocks/finetune/<regime>/``.
 
@@ -59,7 +59,8 @@ class Pair:
 
 PAIRS = {
     "mini-en": Pair("gradflow-mini-en", "gradflow-mini-en-alltoken", "build/mini-repaired/model",
-                    "build/mini-repaired-mlm/model", "figures/finetune/issue15/plan.md", "figures/finetune/issue15"),
+                    "build/mini-repaired-mlm/model", "figures/finetune/last-block-finetuning/plan.md",
+                    "figures/finetune/last-block-finetuning"),
     # issue 31: the same experiment at twelve blocks, regime (a) only (figures/twelve-blocks/plan.md)
     "mini12-en": Pair("gradflow-mini12-en", "gradflow-mini12-en-alltoken", "build/mini12-repaired/model",
                       "build/mini12-repaired-mlm/model", "figures/twelve-blocks/plan.md",
@@ -117,7 +118,8 @@ def main() -> int:
     parser.add_argument("--pair", choices=PAIRS, default="mini-en", help="mini-en: the 6-block pair (issue 15); "
                         "mini12-en: the 12-block pair (issue 31, regime convergence)")
     parser.add_argument("--train-sentences", type=int, default=250, help="few-sample regime only (250 or 1000)")
-    parser.add_argument("--out", type=Path, default=None, help="default figures/finetune/issue15/<regime>[-<n>]")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="default figures/finetune/last-block-finetuning/<regime>[-<n>]")
     parser.add_argument("--seeds", type=int, nargs="+", default=list(range(10)))
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--models", choices=("both", "mlm", "twin"), default="both",

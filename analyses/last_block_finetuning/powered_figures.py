@@ -16,7 +16,7 @@ import pandas as pd
 from analyses.last_block_finetuning.grid import collect, mean_ci
 
 ROOT = Path(__file__).resolve().parents[2]
-OUT = ROOT / "figures/finetune/issue15"
+OUT = ROOT / "figures/finetune/last-block-finetuning"
 METRIC = {"brown-pos": ("accuracy", "word accuracy"), "brown-propn": ("entity_f1", "proper-noun entity F1")}
 ARM_COLOURS = {"full": "#4477AA", "drop1": "#EE6677", "reinit1": "#228833", "repair1": "#AA3377",
                "repair1-mlm": "#BBBBBB"}

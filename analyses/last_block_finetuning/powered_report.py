@@ -1,10 +1,10 @@
 """Issue 15's tables from the committed runs: per-run curve summaries, the primary contrasts with
 Holm's correction, and the minimum detectable effect of every null (the plan's rules, see
-``figures/finetune/issue15/plan.md``).
+``figures/finetune/last-block-finetuning/plan.md``).
 
-    python -m analyses.last_block_finetuning.powered_report      # reads figures/finetune/issue15/<regime>/runs
+    python -m analyses.last_block_finetuning.powered_report # reads figures/finetune/last-block-finetuning/<regime>/runs
 
-Writes ``figures/finetune/issue15/run_summaries.csv`` (one row per run: AUC, steps to 90% of
+Writes ``figures/finetune/last-block-finetuning/run_summaries.csv`` (one row per run: AUC, steps to 90% of
 ``full``'s mean final validation score, final test score) and ``contrasts.csv`` / ``contrasts.md``
 (the 14 primary contrasts: mean paired difference, 95% t-interval, p, Holm-adjusted p, and for a
 null the minimum detectable effect at 80% power at alpha 0.05 and 0.05/14).
@@ -30,7 +30,7 @@ from gradflow.analysis.experiment_stats import (
 from gradflow.analysis.stats import holm
 
 ROOT = Path(__file__).resolve().parents[2]
-OUT = ROOT / "figures/finetune/issue15"  # default --out: the experiment folder (runs under <regime>/runs)
+OUT = ROOT / "figures/finetune/last-block-finetuning"  # default --out: the experiment folder (runs under <regime>/runs)
 METRIC = {"brown-pos": "accuracy", "brown-propn": "entity_f1"}
 MINI, TWIN = "gradflow-mini-en", "gradflow-mini-en-alltoken"
 FAMILY = 14

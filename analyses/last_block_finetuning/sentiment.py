@@ -68,12 +68,12 @@ def main() -> int:
     parser.add_argument("--data-root", default=str(ROOT / "data/tasks"))
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--summarise-only", action="store_true")
-    parser.add_argument("--out", type=Path, default=ROOT / "figures/finetune/issue15/sentiment")
+    parser.add_argument("--out", type=Path, default=ROOT / "figures/finetune/last-block-finetuning/sentiment")
     args = parser.parse_args()
     if not args.summarise_only:
         runs = plan(args.seeds, args.data_root)
         args.out.mkdir(parents=True, exist_ok=True)
-        write_plan(runs, args.out, {"plan": "figures/finetune/issue15/plan.md"})
+        write_plan(runs, args.out, {"plan": "figures/finetune/last-block-finetuning/plan.md"})
         run_grid(runs, args.out, workers=args.workers)
     print(summarise(args.out).to_string(index=False))
     return 0

@@ -8,7 +8,7 @@ the gradient the new rows receive, split into the **input side** by the role of 
 reads the token and the **output side** (the tied decoder) by the role of the loss position
 (:class:`gradflow.interventions.new_rows.NewRowGradients`, exact: the two sides sum to autograd).
 
-Writes ``figures/finetune/issue15/new_vocabulary/``: ``words.txt``, ``new_rows.csv``,
+Writes ``figures/finetune/last-block-finetuning/new_vocabulary/``: ``words.txt``, ``new_rows.csv``,
 ``continued.json``, ``mlm_log.csv``, ``summary.csv`` (per side and role: mean gradient norm over
 the logged steps, positions per logged batch) and ``new_vocabulary.{pdf,png}``. The trained model
 goes to ``build/new-vocabulary/`` (not committed).
@@ -28,7 +28,7 @@ from pathlib import Path
 import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[2]
-OUT = ROOT / "figures/finetune/issue15/new_vocabulary"  # default --out
+OUT = ROOT / "figures/finetune/last-block-finetuning/new_vocabulary"  # default --out
 WORK = ROOT / "build/new-vocabulary"  # default --work
 SIDES = {("input", "kept"): "#228833", ("input", "random"): "#CCBB44", ("input", "context"): "#66CCEE",
          ("output", "masked"): "#4477AA", ("output", "random"): "#AA3377", ("output", "kept"): "#EE6677"}
