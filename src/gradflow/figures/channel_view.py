@@ -123,7 +123,10 @@ def plot_channel_view(table: pd.DataFrame, value: str = "grad_norm", ax: Axes | 
             present = [r for r in TOKEN_ROLES if r in roles]
             handles = [Patch(facecolor=role_color(r), label=r) for r in present]
             handles.append(Patch(facecolor=ZERO_COLOR, hatch="////", edgecolor="white", label="exactly 0"))
-            below = ax.transAxes + ScaledTranslation(0, -0.56, ax.figure.dpi_scale_trans)
+            # below the site names and the axis label, however long the names (measured, in inches)
+            renderer = ax.figure.canvas.get_renderer()
+            depth = (ax.get_window_extent(renderer).y0 - ax.xaxis.get_tightbbox(renderer).y0) / ax.figure.dpi
+            below = ax.transAxes + ScaledTranslation(0, -(depth + 0.04), ax.figure.dpi_scale_trans)
             drawn.append(ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, 0.0), bbox_transform=below,
                                    ncols=min(len(handles), 5), fontsize=6, frameon=False, handlelength=1.2,
                                    columnspacing=0.8))
