@@ -47,6 +47,7 @@ from gradflow.runs.channels import channel_batch, record_sites, sites_table
 from gradflow.runs.check import layers_text, weight_sharing
 from gradflow.runs.files import write_csv
 from gradflow.schema import CHANNEL_VIEW_COLUMNS, EXPLORE_SUBLAYER_COLUMNS
+from gradflow.site_names import block_group_name
 
 LOSSES: dict[str, str] = {"mlm": "MLM: the selected positions only",
                           "all-positions": "all positions: the original token everywhere"}
@@ -285,7 +286,7 @@ def _site_label(site: str, layer: int, point: str) -> str:
 
 def _block_name(view: ChannelView) -> str:
     """``blocks.5`` for a 6-block model: the last block as its site names count it (from 0)."""
-    return f"blocks.{view.num_blocks - 1}"
+    return block_group_name(view.num_blocks - 1)
 
 
 def _number(value):
