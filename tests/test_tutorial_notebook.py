@@ -112,8 +112,9 @@ def test_the_first_cell_says_how_to_run_it():
 @pytest.mark.slow
 def test_every_view_draws_in_a_browser_with_one_plotly(executed, tmp_path):
     """The outputs in order on one page, as Jupyter shows them: each sandboxed frame gets plotly.js from the page."""
-    from browser import headless_chromium
     from selenium.webdriver.support.ui import WebDriverWait
+
+    from browser import headless_chromium
 
     notebook, _ = executed
     page = tmp_path / "outputs.html"

@@ -31,17 +31,17 @@ NOTEBOOK_PLOTLY_ID = "gradflow-plotly-js"
 # each view frame's request for it. Installed once per page, however many outputs run it.
 NOTEBOOK_RESPONDER = """<script>
 (function () {
-  var w = window, el = document.getElementById("%(id)s");
+  var w = window, el = document.getElementById("NOTEBOOK_PLOTLY_ID");
   if (el && !w.gradflowPlotlyJs) w.gradflowPlotlyJs = el.textContent;
   if (w.gradflowPlotlyResponder) return;
   w.gradflowPlotlyResponder = true;
   w.addEventListener("message", function (e) {
     if (!e.data || e.data.gradflow !== "plotly?" || !e.source) return;
-    var js = w.gradflowPlotlyJs || (document.getElementById("%(id)s") || {}).textContent || null;
+    var js = w.gradflowPlotlyJs || (document.getElementById("NOTEBOOK_PLOTLY_ID") || {}).textContent || null;
     e.source.postMessage({gradflow: "plotly", js: js}, "*");
   });
 })();
-</script>""" % {"id": NOTEBOOK_PLOTLY_ID}
+</script>""".replace("NOTEBOOK_PLOTLY_ID", NOTEBOOK_PLOTLY_ID)
 INSTALL_HINT = "install the explorer's extra: pip install 'gradflow[explore]' (./setup.sh does)"
 
 
@@ -104,7 +104,7 @@ def notebook_html(view_payload: dict, height: int, carry_plotly: bool) -> str:
     carrier = (f'<script type="text/plain" id="{NOTEBOOK_PLOTLY_ID}">{_plotly_js()}</script>\n'
                if carry_plotly else "")
     frame = html.escape(static_page(view_payload, plotly="parent"), quote=True)
-    return (f"{carrier}{NOTEBOOK_RESPONDER}\n<iframe srcdoc=\"{frame}\" style=\"width:100%;height:{height}px;border:0\" "
+    return (f'{carrier}{NOTEBOOK_RESPONDER}\n<iframe srcdoc="{frame}" style="width:100%;height:{height}px;border:0" '
             'sandbox="allow-scripts allow-downloads"></iframe>')
 
 

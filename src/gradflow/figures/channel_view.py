@@ -5,8 +5,8 @@ per (site, position) with ``position``, ``token``, ``input_token``, ``role``, ``
 ``point`` and the value columns. Rows of the heat map are the sentence's tokens (their role
 coloured on the axis), columns the sites from the embeddings to the last block, labelled with
 their site names (``embeddings.out``, ``blocks.0.mid`` ... ``blocks.{L-1}.out``: blocks count from 0,
-as in the table, the CSV and every run directory; the last block is bracketed). Exact zeros are hatched grey cells. Gradient
-norms use a log colour scale; attributions (``attribution_sum``, ``ig_sum``) a signed
+as in the table, the CSV and every run directory; the last block is bracketed). Exact zeros are
+hatched grey cells. Gradient norms use a log colour scale; attributions (``attribution_sum``, ``ig_sum``) a signed
 symmetric-log scale.
 """
 

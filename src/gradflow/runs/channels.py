@@ -26,10 +26,9 @@ records it with the seed in ``meta.json``.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from pathlib import Path
-
-import time
 
 import pandas as pd
 import torch
