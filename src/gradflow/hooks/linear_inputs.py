@@ -28,11 +28,13 @@ def float32(values: torch.Tensor) -> torch.Tensor:
 @dataclass(frozen=True)
 class RestRows:
     """The rows of every role but ``big``, ordered by role (smallest role first): ``index`` (n_rest,) into
-    the call's rows, ``starts`` the first row of each role in that order, ``x`` (n_rest, D_in) float32."""
+    the call's rows, ``starts`` the first row of each role in that order, ``x`` (n_rest, D_in) float32,
+    ``native`` the same rows in the input's own dtype (``x`` itself for a float32 input)."""
 
     index: torch.Tensor
     starts: dict[int, int]
     x: torch.Tensor
+    native: torch.Tensor
 
 
 @dataclass
@@ -40,8 +42,9 @@ class InputRows:
     """The input side of one Linear input ``source`` (..., D_in), as rows ``x2`` (N, D_in), under a role
     partition of its N rows.
 
-    ``xn`` (N,) float32: safe row norms; ``nonzero`` (N,) bool: rows with a nonzero element;
-    ``unsafe`` (N,) bool: rows whose norm is nonzero and outside the safe range (see
+    ``xn`` (N,) float32: safe row norms (of a bfloat16 input on a CPU, its own reduction: see
+    :func:`~gradflow.hooks.safe_norms.safe_norm`'s ``native``); ``nonzero`` (N,) bool: rows with a nonzero
+    element; ``unsafe`` (N,) bool: rows whose norm is nonzero and outside the safe range (see
     :func:`~gradflow.hooks.safe_norms.flag_unsafe`)."""
 
     source: torch.Tensor
@@ -61,7 +64,7 @@ class InputRows:
            ) -> "InputRows":
         """The input side of ``x`` (..., D_in), whose B * T (or N) rows have role ``codes`` (N,)."""
         x2 = x.reshape(-1, x.shape[-1])
-        xn = safe_norm(x2, dim=-1)
+        xn = safe_norm(x2, dim=-1, native=True)
         return cls(x, x2, codes, index, counts, xn, xn > 0, flag_unsafe(xn))
 
     def rest(self, big: int) -> RestRows:
@@ -71,15 +74,17 @@ class InputRows:
                            key=self.counts.__getitem__)
             index = torch.cat([self.index[code] for code in order]) if order else self.index[big][:0]
             starts = dict(zip(order, itertools.accumulate([self.counts[code] for code in order], initial=0)))
-            self._rest[big] = RestRows(index, starts, float32(self.x2.index_select(0, index)))
+            native = self.x2.index_select(0, index)
+            self._rest[big] = RestRows(index, starts, float32(native), native)
         return self._rest[big]
 
-    def role_rows(self, code: int, big: int) -> torch.Tensor:
-        """(n_r, D_in) float32: the rows of role ``code`` in index order."""
+    def role_rows(self, code: int, big: int, native: bool = False) -> torch.Tensor:
+        """(n_r, D_in) float32 (``native``: in the input's own dtype): the rows of role ``code`` in index order."""
         if code == big:
-            return float32(self.big_rows(big))
+            return self.big_rows(big) if native else float32(self.big_rows(big))
         rest = self.rest(big)
-        return rest.x[rest.starts[code]: rest.starts[code] + self.counts[code]]
+        rows = rest.native if native else rest.x
+        return rows[rest.starts[code]: rest.starts[code] + self.counts[code]]
 
     def gram(self, code: int, big: int) -> torch.Tensor:
         """(n_r, n_r) float32 Gram matrix ``X_r X_r^T`` of role ``code``'s rows."""

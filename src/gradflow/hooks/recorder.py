@@ -41,7 +41,7 @@ from gradflow.hooks.sites import (
     model_device,
     point_of,
 )
-from gradflow.hooks.split_linear import DirectSplit, split_linear_forwards
+from gradflow.hooks.split_linear import SPLIT_DTYPES, DirectSplit, split_linear_forwards
 from gradflow.hooks.sublayer_stats import SublayerEntry, split_by_role, sublayer_stats
 from gradflow.inputs.masking import MaskedBatch
 from gradflow.losses import LOSS_LABELS, LossFn, cross_entropy_at_labels, get_loss
@@ -109,7 +109,7 @@ class GradFlowRecorder:
 
     def _split_weights(self, modules: list[nn.Module], hooks: ExitStack) -> None:
         """Route every Linear sublayer module whose weight gradient comes from that module alone (a leaf
-        float32 weight, not shared; ``nn.Linear``'s own forward) through
+        float32, bfloat16 or float16 weight, not shared; ``nn.Linear``'s own forward) through
         :class:`~gradflow.hooks.split_linear.RoleSplitLinear`: under ``loss.backward()`` the largest role's
         contribution is then one of the two products the weight gradient is computed from."""
         uses = Counter(id(p) for _, p in self.model.named_parameters(remove_duplicate=False))
@@ -118,7 +118,7 @@ class GradFlowRecorder:
             weight = getattr(module, "weight", None)
             if (not isinstance(module, nn.Linear) or type(module).forward is not nn.Linear.forward
                     or not isinstance(weight, nn.Parameter) or not weight.requires_grad
-                    or weight.dtype != torch.float32 or uses[id(weight)] != 1):
+                    or weight.dtype not in SPLIT_DTYPES or uses[id(weight)] != 1):
                 continue
             self._weight_nodes[id(module)] = get_gradient_edge(weight).node
             linears.append(module)

@@ -19,7 +19,7 @@ SAFE_MIN = 1e-15
 SAFE_MAX = 1 / SAFE_MIN
 
 
-def safe_norm(x: torch.Tensor, dim: int | tuple[int, ...]) -> torch.Tensor:
+def safe_norm(x: torch.Tensor, dim: int | tuple[int, ...], native: bool = False) -> torch.Tensor:
     """Float32 L2 norm of ``x`` over ``dim`` (the last dimension, or the last two for one matrix) that
     neither underflows nor overflows.
 
@@ -29,14 +29,21 @@ def safe_norm(x: torch.Tensor, dim: int | tuple[int, ...]) -> torch.Tensor:
     representable, and rounded back to float32. Rows that are exactly zero keep 0 without a float64
     pass. So a returned norm is 0 exactly when its row has no nonzero element (zero is decided from
     the elements, never from a float32 norm).
+
+    ``native``: a bfloat16 ``x`` on a CPU is reduced in bfloat16 (float32 accumulation, each norm rounded
+    once to bfloat16, so within 2^-8 relative of the float32 norm; 2-3x faster there than a float32 reduction,
+    which converts every element); the safe range, zero and the float64 pass are decided as above.
     """
     if _without_syncs(x):
         return _safe_norm_on_device(x, dim)
+    native = native and x.dtype == torch.bfloat16
+    if not native and x.dtype in (torch.bfloat16, torch.float16):  # exact in float32, where the CPU's
+        x = x.float()  # reductions are 2-3x faster than with a conversion inside
     if x.dim() == 2 and dim in ((-2, -1), (0, 1)):  # one matrix: the norm of its row norms, computed in
         # parallel over rows (one whole-matrix reduction runs on one thread); one sync decides
-        norm = torch.linalg.vector_norm(torch.linalg.vector_norm(x, dim=-1, dtype=torch.float32))
+        norm = torch.linalg.vector_norm(_plain_norm(x, -1, native))
     else:
-        norm = torch.linalg.vector_norm(x, dim=dim, dtype=torch.float32)
+        norm = _plain_norm(x, dim, native)
     if norm.dim() == 0:
         value = float(norm)
         if value >= SAFE_MIN and value != math.inf:
@@ -55,6 +62,13 @@ def safe_norm(x: torch.Tensor, dim: int | tuple[int, ...]) -> torch.Tensor:
     if bool(live.any()):
         norm[live] = torch.linalg.vector_norm(x[live].double(), dim=-1).float()
     return norm
+
+
+def _plain_norm(x: torch.Tensor, dim: int | tuple[int, ...], native: bool) -> torch.Tensor:
+    """The plain float32 norm over ``dim`` (``native``: reduced in ``x``'s dtype, then converted)."""
+    if native:
+        return torch.linalg.vector_norm(x, dim=dim).float()
+    return torch.linalg.vector_norm(x, dim=dim, dtype=torch.float32)
 
 
 def _without_syncs(x: torch.Tensor) -> bool:

@@ -9,6 +9,13 @@ largest role's rows ``G_big = g_big^T x_big`` (its norm is the statistic) and th
 ``W = G_big + g_rest^T x_rest``. The flops are those of the one product; the result is ``W`` up to
 float32 summation order (a split product, as a different thread count gives).
 
+A bfloat16 or float16 Linear (weights and input in that dtype, outside autocast) is split the same way in
+its own dtype: both products run at the speed of autograd's one (float32 accumulation inside, as
+autograd's), ``G_big`` is rounded once to the dtype before ``G_rest`` is added, so ``W`` is autograd's up to
+about one unit in the last place of the dtype; the statistic is ``||G_big||`` of the rounded product,
+within the dtype's rounding of the float32 norm (float16's narrow range is guarded by the statistics,
+:func:`gradflow.hooks.sublayer_stats.sublayer_stats`).
+
 Which rows form ``big`` and ``rest`` is decided by the statistics hook on the module's output, which
 runs before this backward and leaves a :class:`DirectSplit` under ``id(weight)``; without one (the
 module was called twice, the gradient is not a token gradient) the backward is the plain product.
@@ -81,19 +88,24 @@ class RoleSplitLinear(torch.autograd.Function):
                 split.finish(grad_w)
                 if split.rest.numel():
                     g_rest, x_rest = split.rest_grad, split.rest_input
-                    if g_rest is None or x_rest is None:
+                    if g_rest is None or x_rest is None or g_rest.dtype != g2.dtype or x_rest.dtype != x2.dtype:
                         g_rest, x_rest = g2.index_select(0, split.rest), x2.index_select(0, split.rest)
                     grad_w.addmm_(g_rest.T, x_rest)
         grad_b = g2.sum(dim=0) if ctx.has_bias and ctx.needs_input_grad[2] else None
         return grad_x, grad_w, grad_b, None, None, None
 
 
+SPLIT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+"""The dtypes whose Linear weight gradients are computed as two products (weights and input alike)."""
+
+
 def splits_weight(module: nn.Module, x: torch.Tensor) -> bool:
-    """Whether this call goes through :class:`RoleSplitLinear`: a float32 call of a float32 Linear
-    outside autocast, with gradients on (anything else runs the module's own forward)."""
+    """Whether this call goes through :class:`RoleSplitLinear`: a call of a float32, bfloat16 or float16
+    Linear with an input of its dtype, outside autocast, with gradients on (anything else runs the module's
+    own forward)."""
     weight = module.weight
-    return (x.dtype == weight.dtype == torch.float32 and torch.is_grad_enabled() and weight.requires_grad
-            and not torch.is_autocast_enabled(x.device.type))
+    return (x.dtype == weight.dtype and x.dtype in SPLIT_DTYPES and torch.is_grad_enabled()
+            and weight.requires_grad and not torch.is_autocast_enabled(x.device.type))
 
 
 @contextmanager
@@ -123,4 +135,4 @@ def split_linear_forwards(modules: list[nn.Linear], take_split: WeightSplit, wei
                 module.forward = previous
 
 
-__all__ = ["DirectSplit", "RoleSplitLinear", "WeightRuns", "WeightSplit", "split_linear_forwards", "splits_weight"]
+__all__ = ["SPLIT_DTYPES", "DirectSplit", "RoleSplitLinear", "WeightRuns", "WeightSplit", "split_linear_forwards", "splits_weight"]

@@ -24,6 +24,7 @@ from the elements, never from a norm, and norms are safe from underflow and over
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -35,8 +36,11 @@ from gradflow.adapters.norms import splittable, unit_affine
 from gradflow.hooks.batch_state import BatchState, RolePartition
 from gradflow.hooks.linear_inputs import InputRows, float32
 from gradflow.hooks.safe_norms import flag_unsafe, gram_float64, safe_norm
-from gradflow.hooks.split_linear import DirectSplit
+from gradflow.hooks.split_linear import SPLIT_DTYPES, DirectSplit
 from gradflow.roles import ALL_ROLES, NUM_ROLES, Role
+
+LOW_PRECISION = (torch.bfloat16, torch.float16)
+"""Dtypes whose largest products the statistics take in the call's own dtype (float32 ones are 3-4x slower)."""
 
 
 @dataclass(frozen=True)
@@ -95,13 +99,13 @@ def _linear_stats(state: BatchState, depth: int, mod: nn.Linear, entries: list[S
     else:
         inputs = InputRows.of(x, part.codes, part.index, counts)
     x2, xn = inputs.x2, inputs.xn
-    gn_all = safe_norm(g2, dim=-1)  # 0 exactly for a gradient row without a nonzero element
+    gn_all = safe_norm(g2, dim=-1, native=True)  # 0 exactly for a gradient row without a nonzero element
     live_all = inputs.nonzero & (gn_all > 0)
     calls = []  # per entry: (g, gn, g_nonzero, contributes, mag, column of its first per-role sum)
-    columns = [live_all]
+    columns = [live_all, gn_all * xn]  # the second: per role, a bound on every element of G_r (whole output)
     for entry in entries:
         g = g2 if entry.chunk is None else _rows(g2, entry.chunk, entry.groups)
-        gn = gn_all if entry.chunk is None else safe_norm(g, dim=-1)
+        gn = gn_all if entry.chunk is None else safe_norm(g, dim=-1, native=True)
         g_nonzero = gn > 0
         contributes = live_all if entry.chunk is None else g_nonzero & inputs.nonzero  # g_t x_t^T has a nonzero
         mag = gn * xn
@@ -113,13 +117,17 @@ def _linear_stats(state: BatchState, depth: int, mod: nn.Linear, entries: list[S
     table = sums.T.tolist()  # one sync for every count of the call
     big = max(range(NUM_ROLES), key=lambda code: (table[0][code], counts[code]))
     rest = inputs.rest(big)
-    direct = direct and x2.dtype == g2.dtype == torch.float32 and not state.config.materialize
+    low = g2.dtype in LOW_PRECISION and x2.dtype == g2.dtype and not state.config.materialize
+    limit = torch.finfo(g2.dtype).max / 2 if g2.dtype.is_floating_point else 0.0
+    direct = (direct and x2.dtype == g2.dtype == mod.weight.dtype and g2.dtype in SPLIT_DTYPES
+              and not state.config.materialize and sum(table[1]) < limit)  # neither product can overflow
     pending: list[tuple] = []
     rest_rows: tuple = (None, None)  # the whole output's rest rows of g and x, for the backward's second product
     for entry, (g, gn, g_nonzero, contributes, mag, col) in zip(entries, calls):
         d_out, d_in = g.shape[1], x2.shape[1]
         n_contributing, unsafe = table[col], table[col + 2]
-        gs = float32(g.index_select(0, rest.index))
+        g_rest = g.index_select(0, rest.index)  # in the call's dtype (the backward's second product)
+        gs = float32(g_rest)
         norms = torch.zeros(NUM_ROLES, device=g2.device)  # stays on the device: no sync per role
         grams: dict[int, torch.Tensor] = {}
         deferred = False
@@ -131,6 +139,11 @@ def _linear_stats(state: BatchState, depth: int, mod: nn.Linear, entries: list[S
             gram_cheaper = counts[code] * (d_out + d_in) < d_out * d_in
             if code == big and direct and not gram_cheaper:
                 deferred = True  # the weight gradient's own product of these rows (split_linear)
+                continue
+            if low and not gram_cheaper and table[1][code] < limit:  # the product in the call's dtype, as fast
+                rows = part.index[code]  # as autograd's (float32's is 3-4x slower on a CPU)
+                norms[code] = _rounded_norm(g.index_select(0, rows).T @ inputs.role_rows(code, big, native=True),
+                                            lambda r=rows, c=code: float32(g.index_select(0, r)).T @ inputs.role_rows(c, big))
                 continue
             if code == big:
                 gr = float32(g.index_select(0, part.index[code]))
@@ -152,8 +165,8 @@ def _linear_stats(state: BatchState, depth: int, mod: nn.Linear, entries: list[S
         weight_sums = (sums[:, col], sums[:, col + 1])
         if deferred:
             pending.append((entry, g, mag, weight_sums, norms))
-            if entry.chunk is None:
-                rest_rows = (gs, rest.x)
+            if entry.chunk is None:  # in the call's dtype
+                rest_rows = (g_rest, rest.native)
         else:
             _store(state, depth, entry.name, "weight", part, *weight_sums, norms, mag)
         if mod.bias is not None or entry.outside_bias:
@@ -180,14 +193,34 @@ def _finish_big_role(state: BatchState, depth: int, part: RolePartition, big: in
     """Store the weight statistics of deferred entries, ``big``'s norm from ``big_product`` (D_out, D_in):
     ``sum_{t in big} g_t x_t^T`` as the weight gradient's backward computed it, or, when None (no weight
     gradient was computed), from its own product."""
+    idx = part.index[big]
     for entry, g, mag, weight_sums, norms in pending:
+        def exact(g: torch.Tensor = g) -> torch.Tensor:
+            return float32(g.index_select(0, idx)).T @ float32(x2.index_select(0, idx))
+
         if big_product is not None:
             matrix = big_product if entry.chunk is None else _rows(big_product.T, entry.chunk, entry.groups).T
+            norms[big] = _rounded_norm(matrix, exact)
         else:
-            idx = part.index[big]
-            matrix = float32(g.index_select(0, idx)).T @ float32(x2.index_select(0, idx))
-        norms[big] = safe_norm(matrix, dim=(-2, -1))
+            norms[big] = safe_norm(exact(), dim=(-2, -1))
         _store(state, depth, entry.name, "weight", part, *weight_sums, norms, mag)
+
+
+def _rounded_norm(matrix: torch.Tensor, exact: Callable[[], torch.Tensor]) -> torch.Tensor:
+    """The safe norm of a role's product ``matrix`` (D_out, D_in) as computed in the call's dtype (float32
+    accumulation, rounded once to the dtype: within the dtype's rounding of the float32 product's norm).
+
+    bfloat16 has float32's range, so its rounded elements underflow only where float32's would. float16's
+    smallest normal is 6.1e-5: below it an element keeps an absolute error up to half its subnormal spacing,
+    which over ``n`` elements could exceed the dtype's rounding of a norm under ``sqrt(n)`` smallest normals
+    (or flush a nonzero product to 0); such a norm, and a non-finite one, is recomputed from ``exact()``, the
+    float32 product (one host read per float16 product)."""
+    norm = safe_norm(matrix, dim=(-2, -1), native=True)
+    if matrix.dtype == torch.float16:
+        info = torch.finfo(matrix.dtype)
+        if not matrix.numel() ** 0.5 * info.smallest_normal <= float(norm) < info.max:
+            return safe_norm(exact(), dim=(-2, -1))
+    return norm
 
 
 def _role_sums(values: torch.Tensor, part: RolePartition) -> torch.Tensor:
