@@ -109,7 +109,7 @@ def depth_comparison(six_and_twelve, tmp_path_factory):
 
 def test_the_summary_and_csv_rows_are_by_relative_depth(depth_comparison):
     text = (depth_comparison / "summary.md").read_text()
-    assert "by relative depth" in text and "six: 6 blocks, twelve: 12 blocks" in text
+    assert "by relative depth" in text and "The runs differ in depth (6/12 blocks)" in text
     assert "| depth | layers (6/12) | six | twelve | twelve − six |" in text
     assert "| 1.000 | 6/12 | 0 [0, 0] | 0 [0, 0] | 0 [0, 0] |" in text
     assert re.search(r"\| 0\.083 \| –/1 \| – \| \d\.\d{3} \[\d\.\d{3}, \d\.\d{3}\] \| – \|", text)

@@ -341,9 +341,9 @@ def _comparison_summary(runs: Sequence[Run], comp: Comparison, depths: Mapping[s
               "differences are run − baseline with a bootstrap CI of the difference (paired when both runs "
               "measured the same sequences); 0 is exactly zero."
               + ("" if same else " The runs differ in depth ("
-                 + ", ".join(f"{lab}: {depths[lab]} blocks" for lab in comp.labels)
-                 + "), so rows are relative depths (layer / blocks) and each run's layer there is listed, in the "
-                   "order of the runs (their block counts in the header); a "
+                 + "/".join(str(depths[lab]) for lab in comp.labels)
+                 + " blocks), so rows are relative depths (layer / blocks) and each run's layer there is listed, in "
+                   "the order of the runs; a "
                    "difference compares the layers at the same relative depth and is left out (–) where a run has "
                    "no layer at that depth."), ""]
     lines += markdown_table(comparison_ratio_table(comp, depths)) + [""]
