@@ -54,9 +54,9 @@ def _bench(name: str, *args: str) -> tuple[str, ...]:
 
 
 STEPS: tuple[Step, ...] = (
-    Step("cuda-tests", "tests/test_cuda.py: exactness suite, hooks, bfloat16/float16, Trainer callback, NCCL",
-         ("-m", "pytest", "tests/test_cuda.py", "-m", "cuda", "-q", "-rs", "-p", "no:cacheprovider"),
-         ("-m", "pytest", "tests/test_cuda.py", "-m", "cuda", "-q", "-rs", "-p", "no:cacheprovider",
+    Step("cuda-tests", "tests/hooks/test_cuda.py: exactness suite, hooks, bfloat16/float16, Trainer callback, NCCL",
+         ("-m", "pytest", "tests/hooks/test_cuda.py", "-m", "cuda", "-q", "-rs", "-p", "no:cacheprovider"),
+         ("-m", "pytest", "tests/hooks/test_cuda.py", "-m", "cuda", "-q", "-rs", "-p", "no:cacheprovider",
           "-k", "hooks_removed or autocast or nccl")),
     Step("bench_recorder", "site norms and the per-role split against a bare forward+backward",
          _bench("bench_recorder", "--device", "cuda"),

@@ -1,7 +1,7 @@
 """Write docs/api.md (every name ``import gradflow`` offers, where it is defined, its signature and summary) and
 docs/reference/python-api.md (the same names rendered by mkdocstrings, ``::: module.name``, grouped by package).
 
-    python docs/make_api_reference.py        # regenerate (tests/test_api_reference.py checks both are current)
+    python docs/make_api_reference.py        # regenerate (tests/docs/test_api_reference.py checks both are current)
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Write docs/reference/cli.md: every ``gradflow`` command, subcommand and option, read from the real parser.
 
-    python docs/make_cli_reference.py        # regenerate (tests/test_docs_reference.py checks it is current)
+    python docs/make_cli_reference.py        # regenerate (tests/docs/test_docs_reference.py checks it is current)
 
 The page comes from :func:`gradflow.cli.build_parser` alone (option strings, metavar, default, choices, help), so
 it cannot drift from the command line.

@@ -1,9 +1,9 @@
 """Write docs/reference/errors.md: gradflow's exception tree and the command line's exit codes.
 
-    python docs/make_errors_reference.py     # regenerate (tests/test_docs_reference.py checks it is current)
+    python docs/make_errors_reference.py     # regenerate (tests/docs/test_docs_reference.py checks it is current)
 
 The exceptions come from :mod:`gradflow.errors` (classes, bases, docstrings); the exit codes are
-:data:`EXIT_CODES`, which tests/test_docs_reference.py checks against the codes ``gradflow.cli`` returns.
+:data:`EXIT_CODES`, which tests/docs/test_docs_reference.py checks against the codes ``gradflow.cli`` returns.
 """
 
 from __future__ import annotations

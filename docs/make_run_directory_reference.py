@@ -1,6 +1,6 @@
 """Write docs/reference/run-directory.md: every file gradflow's commands write, every column and key.
 
-    python docs/make_run_directory_reference.py   # regenerate (tests/test_docs_reference.py checks it is current)
+    python docs/make_run_directory_reference.py   # regenerate (tests/docs/test_docs_reference.py checks it is current)
 
 Names, order and dtypes come from :mod:`gradflow.schema`, units and meanings from :mod:`gradflow.schema_reports`:
 a column the schema modules do not declare cannot reach this page, and a test fails when a command writes one.

@@ -153,3 +153,27 @@ def test_nothing_imports_the_cli():
     bad = [f"{m} -> {t}" for m, targets in GRAPH.items() for t in targets
            if t.startswith("gradflow.cli") and not m.startswith(("gradflow.cli", "gradflow.__main__"))]
     assert bad == []
+
+
+TESTS = Path(__file__).resolve().parent
+MAX_TOP_LEVEL_TEST_FILES = 10
+"""Test files directly under tests/ (the layout rules and the modules outside any package); the rest mirror src."""
+
+
+def test_every_package_has_its_tests_folder():
+    """tests/ is laid out like the package: src/gradflow/<package>/ -> tests/<package>/ with at least one test file."""
+    packages = sorted(p.name for p in SRC.iterdir() if (p / "__init__.py").is_file())
+    missing = [name for name in packages if not list((TESTS / name).glob("test_*.py"))]
+    assert packages and not missing, f"packages without tests/<package>/test_*.py: {missing}"
+
+
+def test_at_most_ten_test_files_sit_directly_under_tests():
+    top = sorted(p.name for p in TESTS.glob("test_*.py"))
+    assert len(top) <= MAX_TOP_LEVEL_TEST_FILES, f"{len(top)} test files directly under tests/: move them into the " \
+        f"folder of the package they test: {top}"
+
+
+def test_test_file_names_are_unique_across_folders():
+    """Test folders have no __init__.py (pytest imports a test file by its name), so two files may not share one."""
+    names = [p.name for p in TESTS.rglob("test_*.py")]
+    assert len(names) == len(set(names)), sorted({n for n in names if names.count(n) > 1})

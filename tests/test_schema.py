@@ -150,7 +150,7 @@ def test_writers_take_their_names_from_the_schema():
     assert callback.CSV_NAME is S.CALLBACK_FILE and callback.CSV_COLUMNS is S.CALLBACK_COLUMNS
     assert new_rows.CSV_NAME is S.NEW_ROWS_FILE and new_rows.CSV_COLUMNS is S.NEW_ROWS_COLUMNS
     assert continued.LOG_NAME is S.MLM_LOG_FILE and continued.META_NAME is S.CONTINUED_META_FILE
-    assert callback.mlm_roles is masking.mlm_roles  # the old import path (tests/test_vocabulary.py) still works
+    assert callback.mlm_roles is masking.mlm_roles  # the old import path (tests/interventions/test_vocabulary.py) still works
 
 
 def test_finetune_eval_csv_follows_the_schema(tmp_path):

@@ -37,7 +37,7 @@ FAMILY_CONFIGS: dict[str, dict] = {
     "xlm-roberta-xl": dict(pad_token_id=1),
     "rembert": dict(input_embedding_size=16, output_embedding_size=24),
     "yoso": dict(pad_token_id=1),
-    "big_bird": dict(attention_type="original_full"),  # block_sparse: tests/test_mlm_coverage.py
+    "big_bird": dict(attention_type="original_full"),  # block_sparse: tests/adapters/test_mlm_coverage.py
     "luke": dict(pad_token_id=1, entity_vocab_size=10, entity_emb_size=16),
     "convbert": dict(embedding_size=24),
     "gte": {},
@@ -47,7 +47,7 @@ FAMILY_CONFIGS: dict[str, dict] = {
     "eurobert": dict(pad_token_id=0, bos_token_id=2, eos_token_id=3, mask_token_id=4, head_dim=16,
                      num_key_value_heads=1),  # grouped-query attention: 2 query heads share 1 key/value head
     # radius-4 windows in blocks 0 and 2: the last block's window is narrower than the batch (row 0's
-    # final special token is outside every loss position's window; tests/test_mlm_coverage.py)
+    # final special token is outside every loss position's window; tests/adapters/test_mlm_coverage.py)
     "ultrabert": dict(pad_token_id=0, bos_token_id=2, eos_token_id=3, head_dim=16, num_key_value_heads=1,
                       sliding_window=4, prediction_head_size=24,
                       layer_types=["sliding_attention", "full_attention", "sliding_attention"]),
@@ -58,7 +58,7 @@ FAMILY_CONFIGS: dict[str, dict] = {
     "xmod": dict(pad_token_id=1, default_language="en_XX"),
     # the published block layout (bottlenecks, 3 stacked FFNs + the block's own, NoNorm) with the bottleneck as
     # wide as the hidden state, so the generic adapter (which splits norms of the hidden width only) agrees;
-    # tests/test_families_special_blocks.py also runs the narrow bottleneck of the real checkpoints
+    # tests/adapters/test_families_special_blocks.py also runs the narrow bottleneck of the real checkpoints
     "mobilebert": dict(embedding_size=16, intra_bottleneck_size=32, true_hidden_size=32),
     "longformer": dict(pad_token_id=1, attention_window=[8, 8, 8]),  # tiny_batch's 12 positions padded to 16
     "fnet": {},

@@ -1,7 +1,7 @@
 """Write docs/mlm-coverage.md from gradflow's adapter registry and refusal table.
 
 Run after adding an adapter or a refusal: ``.venv/bin/python -m analyses.maintenance.make_mlm_coverage``
-(tests/test_mlm_coverage.py fails while the file is out of date).
+(tests/adapters/test_mlm_coverage.py fails while the file is out of date).
 """
 
 from pathlib import Path

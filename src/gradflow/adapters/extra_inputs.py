@@ -20,7 +20,7 @@
   ``attention.self.conv``, a depthwise convolution of the values over ``conv_kernel_size``
   neighbouring positions. The Nystrom branch (fewer landmarks) is refused: its landmark queries are
   segment means of every position's query, so the last block's ``attn.q`` gets context gradient
-  (measured in tests/test_families_extra_inputs.py).
+  (measured in tests/adapters/test_families_extra_inputs.py).
 
 Their last blocks have BERT's zero pattern: ``attn.q``, ``attn.out``, ``attn.norm`` and the FFN get
 exactly zero gradient from context positions.
@@ -63,7 +63,7 @@ def _nystrom_refusal(config: object) -> str | None:
     return (f"does not hold: with num_landmarks={landmarks} < segment_means_seq_len={segment} Nystrom attention "
             "forms landmark queries as segment means of every position's query, so each loss position's output "
             "reads the context positions' queries and the last block's attn.q gets context gradient (measured "
-            "non-zero in tests/test_families_extra_inputs.py); the installed model also needs exactly "
+            "non-zero in tests/adapters/test_families_extra_inputs.py); the installed model also needs exactly "
             "segment_means_seq_len positions and fails on padded batches in that branch. Configurations with "
             "num_landmarks == segment_means_seq_len (exact attention, the published checkpoints) are supported")
 

@@ -34,7 +34,7 @@ REFUSED: dict[str, str] = {
             "the queries of the context positions in its block and the last block's attn.q gets context "
             "gradient; without the CUDA kernel (fetched from the model hub with the kernels package) "
             "MraSelfAttention returns zeros, no position mixes with another and the model is not MRA at all "
-            "(both in tests/test_families_extra_inputs.py); approx_mode 'sparse' (high-resolution blocks only) "
+            "(both in tests/adapters/test_families_extra_inputs.py); approx_mode 'sparse' (high-resolution blocks only) "
             "would keep per-position query rows but runs only with that kernel, which is not checked here"),
     "perceiver": ("does not hold: PerceiverForMaskedLM cross-attends the tokens into a fixed set of latent "
                   "vectors, processes the latents, and decodes positions back by cross-attention, so no "
@@ -44,7 +44,7 @@ REFUSED: dict[str, str] = {
                  "to and the last block's attn.q gets context gradient (measured non-zero on a tiny model; a local "
                  "last layer keeps the zero); its reversible blocks (two streams, hidden 2H, backward by "
                  "recomputation that asserts training mode) are no standard blocks either "
-                 "(tests/test_families_extra_inputs.py)"),
+                 "(tests/adapters/test_families_extra_inputs.py)"),
     "neomme": ("not supported yet: NeoMME (a vision-language encoder; text-only input is its text path) has "
                "text blocks of its own, no supported family: each layer mixes its input with the embedding "
                "output (lambdas), the first and last full-attention layers add value_embeddings looked up from "
@@ -52,7 +52,7 @@ REFUSED: dict[str, str] = {
                "alpha), a sigmoid gate from the layer input scales the output projection, and its RMSNorms have no "
                "gain. Measured on a tiny model: in the last block q_proj, gate_proj, o_proj and the MLP get exactly "
                "zero gradient from context positions, k_proj, v_proj and the value embeddings do not "
-               "(tests/test_families_extra_inputs.py). It takes an adapter naming gate_proj (zero, like attn.q) "
+               "(tests/adapters/test_families_extra_inputs.py). It takes an adapter naming gate_proj (zero, like attn.q) "
                "and value_embeddings (a model-level Embedding read by two layers) beyond the standard sublayers, "
                "family tests that allow pre-norm blocks without norm gains, and a tiny config built through "
                "NeoMMEConfig (its layer_types, per-layer windows and rope parameters are derived at construction)"),

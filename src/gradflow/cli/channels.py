@@ -18,8 +18,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     channels.add_argument("--mask-positions", type=int, nargs="+", default=None,
                           help="token positions to mask, special tokens included in the count (0 is the first); "
                                "default: BERT's masking seeded by --seed")
-    add_seed(channels, meaning="seed of BERT's masking when --mask-positions is not given (each token is selected on "
-                               "its own with probability 0.15, so one sentence's share varies around 15 percent)")
+    add_seed(channels, meaning="random seed of BERT's masking when --mask-positions is not given (each token is "
+                               "selected on its own with probability 0.15, so one sentence's share varies around 15 "
+                               "percent)")
     channels.add_argument("--quantity", default="grad_norm", metavar="QUANTITY",
                           choices=RegistryChoices("gradflow.runs.channels", "QUANTITIES"),
                           help="what each cell shows: %(choices)s (default %(default)s)")

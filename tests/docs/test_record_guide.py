@@ -1,0 +1,29 @@
+"""docs/guides/record.md names every embedded model that ships in src/gradflow/models/ (issue 49: it listed only
+the 6-block pair)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from gradflow.models import EMBEDDED_MODELS, embedded_model_dir
+
+ROOT = Path(__file__).resolve().parents[2]
+MODELS = ROOT / "src" / "gradflow" / "models"
+
+
+def _shipped() -> set[str]:
+    return {p.name for p in MODELS.iterdir() if (p / "config.json").is_file()}
+
+
+def test_every_model_folder_is_an_embedded_model():
+    assert _shipped() == set(EMBEDDED_MODELS)
+    assert all(embedded_model_dir(name) == MODELS / name for name in EMBEDDED_MODELS)
+
+
+def test_the_record_guide_names_every_embedded_model():
+    text = (ROOT / "docs" / "guides" / "record.md").read_text(encoding="utf-8")
+    section = text.split("## Which model", 1)[1].split("\n## ", 1)[0]
+    named = set(re.findall(r"`(gradflow-[a-z0-9-]+)`", section))
+    missing = _shipped() - named
+    assert not missing, f"docs/guides/record.md (Which model) does not name {sorted(missing)}"
