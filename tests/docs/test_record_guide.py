@@ -27,3 +27,12 @@ def test_the_record_guide_names_every_embedded_model():
     named = set(re.findall(r"`(gradflow-[a-z0-9-]+)`", section))
     missing = _shipped() - named
     assert not missing, f"docs/guides/record.md (Which model) does not name {sorted(missing)}"
+
+
+def test_the_docs_home_and_readme_link_every_guide():
+    """Every page of docs/guides/ is linked from docs/index.md and README.md (issue 49: the sparse-training guide
+    was missing from the docs home)."""
+    guides = sorted(p.name for p in (ROOT / "docs" / "guides").glob("*.md"))
+    home, readme = (ROOT / "docs" / "index.md").read_text(), (ROOT / "README.md").read_text()
+    assert guides and [g for g in guides if f"guides/{g}" not in home] == []
+    assert [g for g in guides if f"docs/guides/{g}" not in readme] == []
