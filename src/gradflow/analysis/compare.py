@@ -12,8 +12,9 @@ after the last block (1); every difference row names both layers and their relat
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from fractions import Fraction
 from math import gcd
 
 import numpy as np
@@ -151,15 +152,22 @@ def _offset_seed(seed: int | None, i: int) -> int | None:
     return None if seed is None else int(seed) + 7919 * (i + 1)
 
 
+def shared_depth_fractions(depths: Mapping[str, int] | Iterable[int]) -> list[Fraction]:
+    """The relative depths (layer / blocks) at which every model has a layer: ``k / g`` for k = 0..g, ``g`` the
+    gcd of the block counts (``depths``: block counts, or label -> block count); 6 and 12 blocks share sixths."""
+    common = 0
+    for n in depths.values() if isinstance(depths, Mapping) else depths:
+        common = gcd(common, int(n))
+    return [Fraction(k, common) for k in range(common + 1)] if common else []
+
+
 def matched_layers(depth: int, baseline_depth: int) -> list[tuple[int, int]]:
     """(layer, baseline layer) pairs at the same relative depth, ``layer / depth == baseline_layer /
     baseline_depth``, from 0 (embeddings) to the last blocks: 6 vs 12 blocks gives ``(k, 2k)`` for k = 0..6;
     5 vs 7 only ``(0, 0)`` and ``(5, 7)``; equal depths every layer with itself. Depths are block counts (>= 1)."""
     if depth < 1 or baseline_depth < 1:
         raise RunError(f"Depths must be at least one block, got {depth} and {baseline_depth}.")
-    common = gcd(depth, baseline_depth)
-    step, base_step = depth // common, baseline_depth // common
-    return [(k * step, k * base_step) for k in range(common + 1)]
+    return [(int(f * depth), int(f * baseline_depth)) for f in shared_depth_fractions((depth, baseline_depth))]
 
 
 def _ratio_difference(prof: RoleProfile, base: RoleProfile, roles: Sequence[str], confidence: float,
@@ -217,4 +225,4 @@ def _table(frame: pd.DataFrame, name: str) -> pd.DataFrame:
     return conform(frame, COMPARISON_TABLES[name], name)
 
 
-__all__ = ["Comparison", "check_same_tokenizer", "compare_runs", "matched_layers"]
+__all__ = ["Comparison", "check_same_tokenizer", "compare_runs", "matched_layers", "shared_depth_fractions"]

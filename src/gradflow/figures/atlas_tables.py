@@ -16,16 +16,17 @@ Numbers have fixed decimals per column (:func:`gradflow.formatting.fixed_column`
 
 from __future__ import annotations
 
-from fractions import Fraction
-from math import gcd
 from pathlib import Path
 
 import pandas as pd
 
+from gradflow.analysis.compare import shared_depth_fractions
 from gradflow.figures.tables import (
     LATEX_FOLDER,
     TextTable,
+    depth_cell,
     latex_label,
+    layers_header,
     markdown_table,
     write_latex_files,
     write_latex_tables,
@@ -43,14 +44,6 @@ def _depths(frame: pd.DataFrame) -> dict[str, int]:
     return {str(m): int(n) for m, n in zip(firsts["model"], firsts["n_layers"])}
 
 
-def shared_depth_fractions(depths: dict[str, int]) -> list[Fraction]:
-    """The depth fractions every model has a layer at: ``k / g`` for ``g`` the gcd of the block counts."""
-    common = 0
-    for n in depths.values():
-        common = gcd(common, n)
-    return [Fraction(k, common) for k in range(common + 1)] if common else []
-
-
 def matched_depth_table(frame: pd.DataFrame) -> TextTable:
     """Every model's context / loss ratio [95% CI] at the depth fractions all models share (see module doc)."""
     ratios = frame[frame["metric"] == "context_loss_ratio"]
@@ -61,13 +54,13 @@ def matched_depth_table(frame: pd.DataFrame) -> TextTable:
         rows = ratios[ratios["model"] == model].assign(layer=lambda d: (d["depth_fraction"] * n).round().astype(int))
         picked = rows.drop_duplicates("layer").set_index("layer").reindex([int(f * n) for f in grid])
         columns.append(fixed_column(picked["value"], picked["ci_low"], picked["ci_high"]))
-    body = [(f"{float(f):.3f}", "/".join(str(int(f * n)) for n in depths.values()), *(c[k] for c in columns))
+    body = [(depth_cell(f), "/".join(str(int(f * n)) for n in depths.values()), *(c[k] for c in columns))
             for k, f in enumerate(grid)]
     step = f"1/{len(grid) - 1}" if len(grid) > 1 else "–"
     caption = ("Context / loss-position gradient-norm ratio [95% sequence-bootstrap CI] of each model at the depth "
                f"fractions every model has a layer at (multiples of {step}; each model's layer in the second column, "
                "in the order of the models); depth 1 is after the last block; 0: exactly zero.")
-    return TextTable(("depth", "layers (" + "/".join(map(str, depths.values())) + ")", *depths), tuple(body),
+    return TextTable(("depth", layers_header(list(depths.values())), *depths), tuple(body),
                      caption, latex_label("atlas-depth", *depths), "context_ratio")
 
 

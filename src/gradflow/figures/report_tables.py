@@ -30,6 +30,8 @@ from gradflow.figures.tables import (
     LATEX_FOLDER,
     LATEX_LAYOUTS,
     TextTable,
+    depth_cell,
+    layers_header,
     markdown_table,
     write_latex_files,
     write_latex_tables,
@@ -109,24 +111,21 @@ def comparison_ratio_table(comp: Comparison, depths: Mapping[str, int]) -> TextT
         layer = depth * depths[lab]
         return int(layer) if layer.denominator == 1 else None
 
+    at = {lab: [layer_at(lab, d) for d in grid] for lab in comp.labels}  # each run's layer per row (None: none)
     columns: list[list[str]] = []
-    for lab in comp.labels:
-        frame = ratios[ratios["label"] == lab].set_index("layer")
-        picked = frame.reindex([layer_at(lab, d) if layer_at(lab, d) is not None else -1 for d in grid])
-        columns.append(fixed_column(picked["ratio"], picked["ci_low"], picked["ci_high"]))
-    for lab in others:
-        frame = diffs[diffs["label"] == lab].set_index("layer")
-        picked = frame.reindex([layer_at(lab, d) if layer_at(lab, d) is not None else -1 for d in grid])
-        columns.append(fixed_column(picked["difference"], picked["ci_low"], picked["ci_high"]))
+    for frame, labels, value in ((ratios, comp.labels, "ratio"), (diffs, others, "difference")):
+        for lab in labels:
+            picked = frame[frame["label"] == lab].set_index("layer").reindex([-1 if x is None else x for x in at[lab]])
+            columns.append(fixed_column(picked[value], picked["ci_low"], picked["ci_high"]))
     rows = []
     for k, depth in enumerate(grid):
         if same:
             head: list[Any] = [int(depth * depths[comp.labels[0]])]
         else:
-            layers = [layer_at(lab, depth) for lab in comp.labels]
-            head = [f"{float(depth):.3f}", "/".join(MISSING if x is None else str(x) for x in layers)]
+            layers = [at[lab][k] for lab in comp.labels]
+            head = [depth_cell(depth), "/".join(MISSING if x is None else str(x) for x in layers)]
         rows.append([*head, *(column[k] for column in columns)])
-    first = ["layer"] if same else ["depth", "layers (" + "/".join(str(depths[lab]) for lab in comp.labels) + ")"]
+    first = ["layer"] if same else ["depth", layers_header([depths[lab] for lab in comp.labels])]
     return _table([*first, *comp.labels, *[f"{lab} − {comp.baseline}" for lab in others]], rows)
 
 

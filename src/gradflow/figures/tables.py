@@ -135,10 +135,20 @@ def write_latex_files(folder: Path, tables: Sequence[TextTable], source: str, la
     return [write_latex_tables(folder / f"{name}.tex", [t], source, layout) for name, t in zip(names, tables)]
 
 
+def depth_cell(fraction: float) -> str:
+    """A relative depth (layer / blocks) as a table's first cell: three decimals (``0.500``)."""
+    return f"{float(fraction):.3f}"
+
+
+def layers_header(depths: Sequence[int]) -> str:
+    """The header of the column naming each model's layer at a depth: ``layers (6/12)``."""
+    return "layers (" + "/".join(str(n) for n in depths) + ")"
+
+
 def latex_label(*parts: str) -> str:
     """``tab:gradflow-<parts>`` with only letters, digits and hyphens (safe in ``\\label`` and ``\\ref``)."""
     return "tab:gradflow-" + "-".join(re.sub(r"[^A-Za-z0-9]+", "-", p).strip("-").lower() for p in parts if p)
 
 
-__all__ = ["LATEX_FOLDER", "LATEX_LAYOUTS", "TextTable", "latex_escape", "latex_label", "latex_table",
-           "markdown_table", "write_latex_files", "write_latex_tables"]
+__all__ = ["LATEX_FOLDER", "LATEX_LAYOUTS", "TextTable", "depth_cell", "latex_escape", "latex_label", "latex_table",
+           "layers_header", "markdown_table", "write_latex_files", "write_latex_tables"]
