@@ -162,7 +162,7 @@ def _train(loaded, texts, loss: str, steps: int, seed: int = 0) -> None:
 
 
 def test_all_positions_training_relieves_the_last_blocks_context_pressure(tmp_path, tiny_mlm_dir, tiny_corpus):
-    """Acceptance: an MLM-trained model's last block is under context pressure; a few all-positions steps lower it."""
+    """Acceptance: an MLM-trained model's last block is under context pressure; 20 all-positions steps lower it."""
     from gradflow.models import load_model
 
     loaded = load_model(str(tiny_mlm_dir))
@@ -175,7 +175,9 @@ def test_all_positions_training_relieves_the_last_blocks_context_pressure(tmp_pa
         return got[got["last_block"]].set_index("sublayer")
 
     before = last_block("after_mlm")
-    _train(loaded, tiny_corpus, "all-positions", steps=10)
+    # 20 steps, not 10: on a foreign CPU (CI, AMD EPYC) 10 steps left attn.q at 0.61x of its pressure, against
+    # 0.29-0.33x here; 20 steps gave 0.17-0.23x here over four training seeds (the margin below is for such CPUs)
+    _train(loaded, tiny_corpus, "all-positions", steps=20)
     after = last_block("after_all_positions")
     mixed = ["attn.q", "attn.out", "attn.norm", "ffn.in", "ffn.out", "ffn.norm"]
     assert (before.loc[mixed, "pressure"] > 0.5).all()  # context positions send about as much as loss positions
