@@ -44,7 +44,7 @@ from gradflow.hooks.sites import (
 from gradflow.hooks.split_linear import SPLIT_DTYPES, DirectSplit, split_linear_forwards
 from gradflow.hooks.sublayer_stats import SublayerEntry, split_by_role, sublayer_stats
 from gradflow.inputs.masking import MaskedBatch
-from gradflow.losses import LOSS_LABELS, LossFn, cross_entropy_at_labels, get_loss
+from gradflow.losses import LossFn, get_loss, head_loss
 from gradflow.roles import Role
 from gradflow.schema import PARAMS, sublayer_key
 
@@ -215,7 +215,7 @@ class GradFlowRecorder:
             state = self._batch
             if head is not None:
                 hidden = self.base(**batch.model_inputs()).last_hidden_state
-                value = cross_entropy_at_labels(head, hidden, LOSS_LABELS[loss](batch), reduction)
+                value = head_loss(head, hidden, batch, loss, reduction)
                 del hidden
             else:  # the logits (B, T, V) are not kept past the loss: autograd keeps what its backward needs
                 value = loss_fn(self.model(**batch.model_inputs()).logits, batch)

@@ -1,4 +1,8 @@
-"""Masking policies that produce input ids, MLM labels and a role for every position.
+"""Masking policies that produce input ids, labels and a role for every position.
+
+The policies: :class:`BertMasking` (any rate, 80/10/10 or any split, whole words), :class:`ExplicitMasking`
+(positions named by the caller) and the objectives of :mod:`gradflow.inputs.objectives` (masked
+diffusion, span masking); every one may be shifted (:func:`shift_to_loss_side`).
 
 Every draw of a sequence comes from its own random generator, seeded by ``(seed, sequence
 index)`` through NumPy's ``SeedSequence`` (PCG64, identical on every platform). The roles of a
@@ -28,6 +32,8 @@ import torch
 
 from gradflow.adapters.extra_inputs import token_inputs
 from gradflow.errors import MaskingError
+from gradflow.inputs.batch import MaskedBatch, SequenceDraw, pad_draws
+from gradflow.inputs.objectives import MaskedDiffusion, SpanMasking, select_spans
 from gradflow.roles import Role
 
 
@@ -77,7 +83,8 @@ class BertMasking:
     ``min_selected``: if a sequence with maskable tokens draws fewer selections than this, that
     many are drawn uniformly instead, so every sequence carries loss (default 1).
     Random replacements are drawn uniformly from the non-special vocabulary; like BERT, a random
-    draw may equal the original token and the position is still ``random``.
+    draw may equal the original token and the position is still ``random``. ``shift``: the head is
+    shifted (LLM2Vec's MNTP: logits at p predict p + 1; see :func:`shift_to_loss_side`).
     """
 
     rate: float = 0.15
@@ -85,6 +92,7 @@ class BertMasking:
     whole_word: bool = False
     seed: int = 0
     min_selected: int = 1
+    shift: bool = False
 
     def __post_init__(self) -> None:
         if not 0.0 < self.rate <= 1.0:
@@ -97,8 +105,9 @@ class BertMasking:
 
     def describe(self) -> dict:
         """JSON-ready description, for meta.json."""
-        return {"policy": "bert", "rate": self.rate, "split": list(self.split),
-                "whole_word": self.whole_word, "seed": self.seed, "min_selected": self.min_selected}
+        described = {"policy": "bert", "rate": self.rate, "split": list(self.split),
+                     "whole_word": self.whole_word, "seed": self.seed, "min_selected": self.min_selected}
+        return {**described, "shift": True} if self.shift else described  # (unshifted: as before shifts existed)
 
 
 @dataclass(frozen=True)
@@ -114,48 +123,19 @@ class ExplicitMasking:
     positions: dict[int, tuple[int, ...]] = field(default_factory=dict)
     action: str = "mask"
     seed: int = 0
+    shift: bool = False
 
     def __post_init__(self) -> None:
         if self.action not in ("mask", "random", "keep"):
             raise MaskingError(f"explicit masking action must be mask, random or keep, got {self.action!r}")
 
     def describe(self) -> dict:
-        return {"policy": "explicit", "action": self.action, "seed": self.seed,
-                "positions": {str(k): list(v) for k, v in self.positions.items()}}
+        described = {"policy": "explicit", "action": self.action, "seed": self.seed,
+                     "positions": {str(k): list(v) for k, v in self.positions.items()}}
+        return {**described, "shift": True} if self.shift else described
 
 
-MaskingPolicy = BertMasking | ExplicitMasking
-
-
-@dataclass
-class MaskedBatch:
-    """One batch ready for the recorder. All tensors are (B, T).
-
-    ``input_ids``: corrupted inputs; ``original_ids``: the uncorrupted tokens; ``labels``: the
-    original token at selected positions, -100 elsewhere; ``roles``: int8 role codes
-    (:class:`gradflow.roles.Role`); ``attention_mask``: 1 for real tokens; ``sequence_index``: (B,)
-    index of each row in the corpus.
-    """
-
-    input_ids: torch.Tensor
-    original_ids: torch.Tensor
-    labels: torch.Tensor
-    roles: torch.Tensor
-    attention_mask: torch.Tensor
-    sequence_index: torch.Tensor
-    extra_inputs: dict[str, torch.Tensor] = field(default_factory=dict)
-
-    def to(self, device: torch.device | str) -> "MaskedBatch":
-        """Copy of the batch on ``device``."""
-        return MaskedBatch(
-            *(t.to(device) for t in (self.input_ids, self.original_ids, self.labels, self.roles,
-                                      self.attention_mask, self.sequence_index)),
-            extra_inputs={k: v.to(device) for k, v in self.extra_inputs.items()},
-        )
-
-    def model_inputs(self) -> dict[str, torch.Tensor]:
-        """Keyword arguments for the model's forward."""
-        return {"input_ids": self.input_ids, "attention_mask": self.attention_mask, **self.extra_inputs}
+MaskingPolicy = BertMasking | ExplicitMasking | MaskedDiffusion | SpanMasking
 
 
 def _generator(seed: int, index: int) -> np.random.Generator:
@@ -170,20 +150,45 @@ def mask_sequence(
     info: TokenizerInfo,
     word_ids: Sequence[int | None] | None = None,
 ) -> tuple[list[int], list[int], list[int]]:
-    """Mask one unpadded sequence.
+    """Mask one unpadded sequence: ``(input_ids, labels, roles)`` of :func:`draw_sequence`, as lists of ``len(ids)``."""
+    draw = draw_sequence(ids, special, index, policy, info, word_ids)
+    return draw.input_ids, draw.labels, draw.roles
 
-    Returns ``(input_ids, labels, roles)`` as lists of length ``len(ids)``; ``special[t]`` marks
-    positions left out of the draws, and a position holding a special id is vetoed after them.
-    ``word_ids`` (from a fast tokenizer) groups pieces into words for whole-word selection.
+
+def draw_sequence(
+    ids: Sequence[int],
+    special: Sequence[bool],
+    index: int,
+    policy: MaskingPolicy,
+    info: TokenizerInfo,
+    word_ids: Sequence[int | None] | None = None,
+    prompt_length: int = 0,
+) -> SequenceDraw:
+    """Apply ``policy`` to one unpadded sequence of ``len(ids)`` tokens.
+
+    ``special[t]`` marks positions left out of the draws, and a position holding a special id is
+    vetoed after them. ``word_ids`` (from a fast tokenizer) groups pieces into words for
+    whole-word and span selection. The first ``prompt_length`` positions (a supervised
+    fine-tuning prompt) are never selected: they stay ``context`` and carry no loss.
     """
     rng = _generator(policy.seed, index)
-    drawn = np.array([not s for s in special], dtype=bool)  # the draw set, as before the veto
+    prompt = np.arange(len(ids)) < prompt_length
+    drawn = np.array([not s for s in special], dtype=bool) & ~prompt  # the draw set, as before the veto
     vetoed = special_id_positions(ids, info)
     maskable = drawn & ~vetoed
-    roles = np.where(maskable, Role.CONTEXT, Role.SPECIAL).astype(np.int8)
+    clean = np.array([not s for s in special], dtype=bool) & ~vetoed
+    roles = np.where(clean, Role.CONTEXT, Role.SPECIAL).astype(np.int8)
+    ratio, weight = float("nan"), 1.0
     if isinstance(policy, ExplicitMasking):
         roles[_explicit_positions(ids, maskable, index, policy, info)] = {
             "mask": Role.MASKED, "random": Role.RANDOM, "keep": Role.KEPT}[policy.action]
+    elif isinstance(policy, MaskedDiffusion):
+        ratio = policy.mask_ratio(rng, index)
+        weight = 1.0 / ratio
+        roles[_pick(rng, np.flatnonzero(maskable), ratio, policy.min_selected)] = Role.MASKED
+    elif isinstance(policy, SpanMasking):
+        for span in select_spans(_selection_units(drawn, word_ids), maskable, policy, rng):
+            roles[span] = _action(rng.random(), policy.split)
     else:
         units = _selection_units(drawn, word_ids if policy.whole_word else None)
         if units:
@@ -196,11 +201,9 @@ def mask_sequence(
                 picked[:] = False
                 picked[rng.choice(np.flatnonzero(eligible), size=need, replace=False)] = True
             action = rng.random(len(units))
-            p_mask, p_random, _ = policy.split
             for unit, sel, a in zip(units, picked, action):
                 if sel:
-                    code = Role.MASKED if a < p_mask else Role.RANDOM if a < p_mask + p_random else Role.KEPT
-                    roles[unit] = code
+                    roles[unit] = _action(a, policy.split)
     inputs = np.asarray(ids, dtype=np.int64).copy()
     inputs[roles == Role.MASKED] = info.mask_token_id
     random_pos = np.flatnonzero(roles == Role.RANDOM)
@@ -210,7 +213,46 @@ def mask_sequence(
     roles[vetoed] = Role.SPECIAL  # after every draw: the draws of all other positions stay put
     inputs[vetoed] = original[vetoed]
     labels = np.where(roles <= Role.KEPT, original, -100)
-    return inputs.tolist(), labels.tolist(), roles.tolist()
+    input_roles = roles
+    if policy.shift:
+        roles, labels = shift_to_loss_side(input_roles, labels)
+    norm = float((labels != -100).sum())
+    if isinstance(policy, MaskedDiffusion):
+        norm = float(len(ids) - min(prompt_length, len(ids)))  # LLaDA: b * l in pre-training, the response in SFT
+    return SequenceDraw(inputs.tolist(), labels.tolist(), roles.tolist(), input_roles.tolist(), weight, ratio, norm)
+
+
+def _pick(rng: np.random.Generator, positions: np.ndarray, rate: float, min_selected: int) -> np.ndarray:
+    """The ``positions`` selected independently with probability ``rate`` (``min_selected`` of them at least)."""
+    picked = rng.random(positions.size) < rate
+    need = min(min_selected, positions.size)
+    if picked.sum() < need:
+        picked[:] = False
+        picked[rng.choice(positions.size, size=need, replace=False)] = True
+    return positions[picked]
+
+
+def _action(draw: float, split: tuple[float, float, float]) -> int:
+    """The role of a selected unit whose action draw is ``draw``: masked, random or kept by ``split``."""
+    p_mask, p_random, _ = split
+    return Role.MASKED if draw < p_mask else Role.RANDOM if draw < p_mask + p_random else Role.KEPT
+
+
+def shift_to_loss_side(input_roles: np.ndarray, labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Roles and labels of a shifted head (logits at ``p`` predict the token at ``p + 1``), from the inputs' ones.
+
+    Position ``p`` carries the loss of the token at ``p + 1`` when that token is selected: its role
+    becomes that token's (``masked``, ``random`` or ``kept``) and its label that token, whatever
+    ``p``'s own input is (a special [CLS]/<s> before a selected token carries loss too). Every other
+    position carries no loss: ``context`` (a corrupted input whose successor is not selected
+    included), or ``special``/``pad`` as its input. ``input_roles`` and ``labels``: (T,) arrays.
+    """
+    roles = np.where(input_roles <= Role.CONTEXT, Role.CONTEXT, input_roles).astype(np.int8)
+    shifted = np.full_like(labels, -100)
+    carries = input_roles[1:] <= Role.KEPT
+    roles[:-1][carries] = input_roles[1:][carries]
+    shifted[:-1][carries] = labels[1:][carries]
+    return roles, shifted
 
 
 def special_id_positions(ids: Sequence[int], info: TokenizerInfo) -> np.ndarray:
@@ -277,7 +319,8 @@ def mask_batch(
 
     ``indices`` are the corpus indices of the sequences (default 0..B-1): they, with the policy's
     seed, fix every draw. Each encoding is a dict with ``input_ids``, ``special_tokens_mask`` and
-    optionally ``word_ids``. Sequences longer than ``max_length`` raise (window them first:
+    optionally ``word_ids`` and ``prompt_length`` (a fine-tuning prompt's leading tokens, never
+    selected). Sequences longer than ``max_length`` raise (window them first:
     :func:`gradflow.inputs.corpus.document_windows`).
 
     Every special id, added or in the text ("[SEP]", "[PAD]", "[MASK]"), is ``special`` and never
@@ -295,32 +338,22 @@ def mask_batch(
     indices = list(range(len(encodings))) if indices is None else list(indices)
     if len(indices) != len(encodings):
         raise MaskingError(f"{len(indices)} indices for {len(encodings)} sequences")
-    rows = []
+    draws = []
     for enc, index in zip(encodings, indices):
         if len(enc["input_ids"]) > max_length:
             raise MaskingError(
                 f"sequence {index} has {len(enc['input_ids'])} tokens, more than max_length={max_length}; "
                 "split long documents into windows (gradflow.inputs.corpus.windows) or raise max_length"
             )
-        rows.append(mask_sequence(enc["input_ids"], enc["special_tokens_mask"], index, policy, info,
-                                  enc.get("word_ids")))
-    width = max(len(r[0]) for r in rows)
+        draws.append(draw_sequence(enc["input_ids"], enc["special_tokens_mask"], index, policy, info,
+                                   enc.get("word_ids"), int(enc.get("prompt_length", 0))))
     pad_id = info.pad_token_id if info.pad_token_id >= 0 else 0
-    shape = (len(rows), width)
-    input_ids = torch.full(shape, pad_id, dtype=torch.long)
-    original = torch.full(shape, pad_id, dtype=torch.long)
-    labels = torch.full(shape, -100, dtype=torch.long)
-    roles = torch.full(shape, int(Role.PAD), dtype=torch.int8)
-    attention = torch.zeros(shape, dtype=torch.long)
-    for b, ((inp, lab, rol), enc) in enumerate(zip(rows, encodings)):
-        n = len(inp)
-        input_ids[b, :n] = torch.tensor(inp)
-        original[b, :n] = torch.tensor(enc["input_ids"])
-        labels[b, :n] = torch.tensor(lab)
-        roles[b, :n] = torch.tensor(rol, dtype=torch.int8)
-        attention[b, :n] = 1
-    return MaskedBatch(input_ids, original, labels, roles, attention, torch.tensor(indices, dtype=torch.long),
-                       extra_inputs=token_inputs(tokenizer, input_ids, attention))
+    prompted = any(int(enc.get("prompt_length", 0)) > 0 for enc in encodings)
+    batch = pad_draws(draws, [enc["input_ids"] for enc in encodings], indices, pad_id,
+                      weighted=isinstance(policy, MaskedDiffusion), shifted=policy.shift,
+                      mean_over_sequences=prompted and isinstance(policy, MaskedDiffusion))
+    batch.extra_inputs = token_inputs(tokenizer, batch.input_ids, batch.attention_mask)
+    return batch
 
 
 def mlm_roles(input_ids: torch.Tensor, labels: torch.Tensor, attention_mask: torch.Tensor | None = None,
