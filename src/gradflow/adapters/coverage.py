@@ -2,14 +2,15 @@
 
 The table behind ``docs/mlm-coverage.md`` (``python -m analyses.maintenance.make_mlm_coverage``), from the registry
 (:mod:`gradflow.adapters.registry`) and the refusals (:mod:`gradflow.adapters.refusals`, re-exported
-here); a test checks that every type transformers maps is in one of them.
+here); a test checks that every type transformers maps is in one of them. Refused types outside the masked-LM
+mapping (``REFUSED_BEYOND_MLM``: DiffusionGemma) are named in the page's opening paragraph.
 """
 
 from __future__ import annotations
 
 import transformers
 
-from gradflow.adapters.refusals import REFUSED, masked_lm_model_types, refusal
+from gradflow.adapters.refusals import REFUSED, REFUSED_BEYOND_MLM, masked_lm_model_types, refusal
 from gradflow.adapters.registry import adapter_for, supported_model_types
 
 
@@ -48,7 +49,7 @@ def coverage_markdown() -> str:
         f"transformers {transformers.__version__} maps {len(rows)} model types to a masked-LM class "
         f"(`MODEL_FOR_MASKED_LM_MAPPING_NAMES`). gradflow supports {n_supported} and refuses "
         f"{len(rows) - n_supported}, each with its reason; loading a refused type raises an error that "
-        "gives the reason.",
+        "gives the reason." + _beyond_mlm_note(),
         "",
         "For a supported type the statement lists the standard sublayers of the last block whose weight "
         "gradient from context positions is exactly zero (they see only their own position's "
@@ -61,6 +62,16 @@ def coverage_markdown() -> str:
     return "\n".join(lines) + "\n"
 
 
+def _beyond_mlm_note() -> str:
+    """The refused types outside the masked-LM mapping, as sentences that continue the count's paragraph (the page
+    keeps one line per mapped type and a fixed header, which tests/adapters/test_mlm_coverage.py counts)."""
+    if not REFUSED_BEYOND_MLM:
+        return ""
+    refused = "; ".join(f"`{t}` (`{cls}`): {reason}" for t, (cls, reason) in sorted(REFUSED_BEYOND_MLM.items()))
+    return (" Beyond that mapping, transformers ships masked-diffusion models under other auto classes; gradflow "
+            f"refuses them the same way, each with its reason: {refused}.")
+
+
 class _Config:
     """A stand-in config with only a ``model_type`` (for :func:`adapter_for`)."""
 
@@ -68,4 +79,4 @@ class _Config:
         self.model_type = model_type
 
 
-__all__ = ["REFUSED", "coverage_markdown", "coverage_rows", "masked_lm_model_types", "refusal"]
+__all__ = ["REFUSED", "REFUSED_BEYOND_MLM", "coverage_markdown", "coverage_rows", "masked_lm_model_types", "refusal"]
