@@ -68,8 +68,9 @@ def render() -> str:
         "",
         "## `gradflow record`",
         "",
-        "A run directory holds " + ", ".join(f"`{f}`" for f in S.RUN_FILES) + " and, when the sublayer split is "
-        "recorded, " + ", ".join(f"`{f}`" for f in S.OPTIONAL_RUN_FILES) + ". Files are written atomically; "
+        "A run directory holds " + ", ".join(f"`{f}`" for f in S.RUN_FILES) + f"; `{S.SUBLAYER_SEQUENCES_FILE}` "
+        f"when the sublayer split is recorded; `{S.MASK_RATIOS_FILE}` under `--objective diffusion` (each "
+        "sequence's masking ratio t). Files are written atomically; "
         "`pad` positions are not aggregated (padding depends on batching). `layer` is 0 for the embeddings "
         "output and i + 1 for block i. While a run is unfinished (stopped by Ctrl-C or a crash) the directory also "
         f"holds hidden files `gradflow record --resume` continues from: `{CHECKPOINT_DIR}/rank<r>/checkpoint-<k>.gfc` "

@@ -105,15 +105,12 @@ TABLE_DTYPES: dict[str, dict[str, str]] = {
 }
 """Dtypes of each table of a record run, by file name."""
 
-REQUIRED_META_KEYS: tuple[str, ...] = (
-    "model", "family", "num_layers", "tokenizer", "masking", "loss", "seed", "complete", "versions", "command",
-    "counts",
-)
+REQUIRED_META_KEYS: tuple[str, ...] = ("model", "family", "num_layers", "tokenizer", "masking", "loss", "seed",
+                                       "complete", "versions", "command", "counts")
 """meta.json keys every reader of a record run relies on (the report's provenance table lists them first)."""
-PROVENANCE_KEYS: tuple[str, ...] = (
-    "complete", "error", "model", "model_path", "family", "model_type", "config_hash", "num_layers", "texts",
-    "inputs_sha256", "masking", "seed", "versions", "command", "wall_s",
-)
+PROVENANCE_KEYS: tuple[str, ...] = ("complete", "error", "model", "model_path", "family", "model_type",
+                                    "config_hash", "num_layers", "texts", "inputs_sha256", "masking", "seed",
+                                    "versions", "command", "wall_s")
 """meta.json keys written by every corpus job (:func:`gradflow.runs.meta.provenance`); ``inputs_sha256``: the
 content hash of each input on disk outside the package and cache (``model``, ``texts``; in a repository too)."""
 
@@ -220,7 +217,9 @@ Written by ``gradflow record`` whenever sublayers are recorded (not with ``--nor
 over sequences it gives ``sublayers.csv``'s ``n_positions`` and (to float32 rounding)
 ``magnitude_sum`` of every token role but ``pad``. Optional: not in :data:`RUN_FILES`, older runs
 lack it, and :func:`gradflow.analysis.load_run` does not read it (it can be large)."""
-OPTIONAL_RUN_FILES: tuple[str, ...] = (SUBLAYER_SEQUENCES_FILE,)
+MASK_RATIOS_FILE = "mask_ratios.parquet"  # masked diffusion only: each sequence's ratio t (optional, joins on index)
+MASK_RATIO_DTYPES: dict[str, str] = {"sequence_index": "int64", "mask_ratio": "float64"}
+OPTIONAL_RUN_FILES: tuple[str, ...] = (SUBLAYER_SEQUENCES_FILE, MASK_RATIOS_FILE)
 """Run files a record run may lack; ``--overwrite`` removes them with :data:`RUN_FILES`."""
 SUBLAYER_SEQUENCE_DTYPES: dict[str, str] = {
     "sequence_index": "int64", "layer": "int64", "sublayer": "str", "param": "str", "role": "str",
@@ -230,8 +229,7 @@ SUBLAYER_SEQUENCE_COLUMNS: tuple[str, ...] = tuple(SUBLAYER_SEQUENCE_DTYPES)
 PRESSURE_COLUMNS: tuple[str, ...] = (
     "layer", "sublayer", "param", "loss", "last_block", "pressure", "ci_low", "ci_high", "context_per_position",
     "loss_per_position", "n_context", "n_loss", "n_sequences", "earlier_mean", "vs_earlier", "vs_earlier_ci_low",
-    "vs_earlier_ci_high",
-)
+    "vs_earlier_ci_high")
 """Columns of :func:`gradflow.analysis.context_pressure` (one row per layer and sublayer)."""
 ANALYSIS_COLUMNS["context_pressure"] = PRESSURE_COLUMNS
 
@@ -405,16 +403,18 @@ CONTINUED_META_FILE = "continued.json"
 
 __all__ = [
     "ANALYSIS_COLUMNS", "ANALYSIS_NOTES", "ATLAS_COLUMNS", "ATLAS_DONE_FILE", "ATLAS_DTYPES", "ATLAS_FILE",
-    "ATLAS_METRICS", "ATLAS_STARTED_FILE", "ATLAS_STEP_DIRS", "CALLBACK_COLUMNS", "CALLBACK_FIELDS", "CALLBACK_FILE",
-    "CALLBACK_QUANTITIES", "CALLBACK_SUMMARY_SCALARS", "CHANNELS_FILE", "CHANNEL_COLUMNS", "CHANNEL_DTYPES", "CHANNEL_VIEW_COLUMNS", "CHECK_FILE",
-    "COMPARISON_TABLES", "CONTINUED_META_FILE", "DIAGNOSTIC_COLUMNS", "DIAGNOSTIC_GROUPS", "DIAGNOSTIC_ROLES",
-    "EVAL_COLUMNS", "EVAL_FIELDS", "EVAL_FILE", "EXPLORE_SUBLAYER_COLUMNS", "FINETUNE_RESULT_FILE", "LOSS",
-    "LOSS_ROLES", "META_FILE", "MLM_LOG_COLUMNS", "MLM_LOG_FIELDS", "MLM_LOG_FILE", "NEW_ROWS_COLUMNS",
+    "ATLAS_METRICS", "ATLAS_STARTED_FILE", "ATLAS_STEP_DIRS", "CALLBACK_COLUMNS", "CALLBACK_FIELDS",
+    "CALLBACK_FILE", "CALLBACK_QUANTITIES", "CALLBACK_SUMMARY_SCALARS", "CHANNELS_FILE", "CHANNEL_COLUMNS",
+    "CHANNEL_DTYPES", "CHANNEL_VIEW_COLUMNS", "CHECK_FILE", "COMPARISON_TABLES", "CONTINUED_META_FILE",
+    "DIAGNOSTIC_COLUMNS", "DIAGNOSTIC_GROUPS", "DIAGNOSTIC_ROLES", "EVAL_COLUMNS", "EVAL_FIELDS", "EVAL_FILE",
+    "EXPLORE_SUBLAYER_COLUMNS", "FINETUNE_RESULT_FILE", "LOSS", "LOSS_ROLES", "MASK_RATIOS_FILE",
+    "MASK_RATIO_DTYPES", "META_FILE", "MLM_LOG_COLUMNS", "MLM_LOG_FIELDS", "MLM_LOG_FILE", "NEW_ROWS_COLUMNS",
     "NEW_ROWS_FIELDS", "NEW_ROWS_FILE", "OPTIONAL_RUN_FILES", "PARAMS", "POINTS", "PRESSURE_COLUMNS", "PROBES_FILE",
     "PROBE_COLUMNS", "PROBE_DIFFERENCES_FILE", "PROBE_DIFFERENCE_COLUMNS", "PROBE_DROPS_FILE", "PROBE_DROP_COLUMNS",
-    "PROBE_DROP_DTYPES", "PROBE_DTYPES", "PROBE_REGIMES", "PROBE_WORDS_FILE", "PROBE_WORD_COLUMNS", "PROVENANCE_KEYS",
-    "REPORTED_ROLES", "REPORT_TABLES", "REQUIRED_META_KEYS", "RUN_FILES", "SEQUENCES_FILE", "SEQUENCE_COLUMNS",
-    "SEQUENCE_DTYPES", "SUBLAYERS_FILE", "SUBLAYER_COLUMNS", "SUBLAYER_DTYPES", "SUBLAYER_ORDER",
-    "SUBLAYER_SEQUENCES_FILE", "SUBLAYER_SEQUENCE_COLUMNS", "SUBLAYER_SEQUENCE_DTYPES", "TABLE_DTYPES",
-    "WEIGHT_SHARING_META_KEY", "arrow_schema", "conform", "role_rank", "sorted_sublayers", "sublayer_key", "sublayer_rank",
+    "PROBE_DROP_DTYPES", "PROBE_DTYPES", "PROBE_REGIMES", "PROBE_WORDS_FILE", "PROBE_WORD_COLUMNS",
+    "PROVENANCE_KEYS", "REPORTED_ROLES", "REPORT_TABLES", "REQUIRED_META_KEYS", "RUN_FILES", "SEQUENCES_FILE",
+    "SEQUENCE_COLUMNS", "SEQUENCE_DTYPES", "SUBLAYERS_FILE", "SUBLAYER_COLUMNS", "SUBLAYER_DTYPES",
+    "SUBLAYER_ORDER", "SUBLAYER_SEQUENCES_FILE", "SUBLAYER_SEQUENCE_COLUMNS", "SUBLAYER_SEQUENCE_DTYPES",
+    "TABLE_DTYPES", "WEIGHT_SHARING_META_KEY", "arrow_schema", "conform", "role_rank", "sorted_sublayers",
+    "sublayer_key", "sublayer_rank",
 ]

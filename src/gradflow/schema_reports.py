@@ -26,6 +26,8 @@ from gradflow.schema import (
     CHANNELS_FILE,
     COMPARISON_TABLES,
     DIAGNOSTIC_COLUMNS,
+    MASK_RATIO_DTYPES,
+    MASK_RATIOS_FILE,
     REPORT_TABLES,
     SEQUENCES_FILE,
     SUBLAYER_SEQUENCE_COLUMNS,
@@ -73,6 +75,7 @@ COLUMNS: dict[str, Column] = {
     "sublayer": _c("str", "-", "standard sublayer name (``attn.q`` ... ``ffn.norm``), in the standard order"),
     "param": _c("str", "-", "the sublayer's parameter: ``weight`` or ``bias``"),
     "sequence_index": _c("int64", "-", "the sequence's index in the corpus (windows numbered in reading order)"),
+    "mask_ratio": _c("float64", "1", "the sequence's masking ratio t under masked diffusion (its loss weight is 1/t)"),
     # channels.csv
     "n_positions": _c("int64", "count", "positions of the role behind the row"),
     "grad_norm_mean": _note("float64", GRAD, "grad_norm_mean"),
@@ -211,6 +214,7 @@ def describe(table: str, column: str) -> Column:
 TABLE_FILES: dict[str, tuple[str, str, tuple[str, ...]]] = {
     **{name: (name, "gradflow record", tuple(dtypes)) for name, dtypes in TABLE_DTYPES.items()},
     SUBLAYER_SEQUENCES_FILE: (SUBLAYER_SEQUENCES_FILE, "gradflow record", SUBLAYER_SEQUENCE_COLUMNS),
+    MASK_RATIOS_FILE: (MASK_RATIOS_FILE, "gradflow record", tuple(MASK_RATIO_DTYPES)),  # --objective diffusion
     **{name: (f"{name}.csv", "gradflow diagnose", columns) for name, columns in DIAGNOSTIC_COLUMNS.items()},
     **{f"report:{name}": (f"tables/{name}.csv", "gradflow report", columns) for name, columns in REPORT_TABLES.items()},
     **{f"compare:{name}": (f"tables/{name}.csv", "gradflow compare", columns)
@@ -220,7 +224,7 @@ TABLE_FILES: dict[str, tuple[str, str, tuple[str, ...]]] = {
 TABLE_KEYS: dict[str, str] = {
     CHANNELS_FILE: "site, role", SUBLAYERS_FILE: "layer, sublayer, param, role",
     SEQUENCES_FILE: "sequence_index, site, role",
-    SUBLAYER_SEQUENCES_FILE: "sequence_index, layer, sublayer, param, role",
+    SUBLAYER_SEQUENCES_FILE: "sequence_index, layer, sublayer, param, role", MASK_RATIOS_FILE: "sequence_index",
     "logit_lens": "layer, site, role", "input_shift": "layer", "anisotropy": "layer, site, role",
     "transformation": "layer, role",
     **{f"report:{name}": keys for name, keys in (
@@ -343,7 +347,8 @@ RECORD_META_KEYS: dict[str, str] = {
     "num_layers": "L, the number of block applications",
     "texts": "the corpus (portable path)",
     "inputs_sha256": "content hash of each input outside the package, cache and repository (only then)",
-    "masking": "the masking policy's description (policy, rate, split, seed, ...)",
+    "masking": "the masking policy's description (policy: bert, span, diffusion or explicit; its parameters; "
+               "``shift`` when shifted)",
     "seed": "the masking seed (``--seed``)",
     "versions": "python, torch, transformers, gradflow and gradflow_revision (a checkout's git commit or unknown)",
     "command": "the exact command line (paths portable)",

@@ -160,7 +160,7 @@ def test_nonfinite_batches_are_counted_not_averaged(tmp_path, tiny_mlm_dir, tiny
 
 
 def test_crash_mid_run_flushes_partial_results(tmp_path, tiny_mlm_dir, tiny_corpus, monkeypatch):
-    import gradflow.runs.record as run_module
+    import gradflow.runs.record_tables as run_module  # where the per-sequence rows are made
 
     calls = {"n": 0}
     real = run_module.sequence_rows

@@ -84,8 +84,8 @@ def test_bad_option_value_is_one_line_exit_2(capsys, tmp_path, argv, flag, accep
 
 def test_mask_rate_message_says_what_the_option_means(capsys, tmp_path):
     line = _one_line_error(capsys, ["record", "--out", str(tmp_path / "o"), "--mask-rate", "1.5"])
-    assert line == ("gradflow: error: --mask-rate must be in (0, 1] (the fraction of maskable tokens selected "
-                    "for the loss), got 1.5")
+    assert line == ("gradflow: error: --mask-rate must be in (0, 1] (bert and span: the fraction of maskable "
+                    "tokens selected for the loss), got 1.5")
 
 
 def test_help_lists_every_command(capsys):

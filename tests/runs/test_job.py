@@ -163,7 +163,7 @@ def _first_batches_roles(loaded, corpus, n: int) -> dict[str, int]:
 
 
 def test_interrupted_record_keeps_partial_counts(loaded, tiny_mlm_dir, tiny_corpus, tmp_path, monkeypatch):
-    import gradflow.runs.record as record_module
+    import gradflow.runs.record_tables as record_module  # where the per-sequence rows are made
 
     _raise_on_call(monkeypatch, record_module, "sequence_rows", 2, KeyboardInterrupt())
     out = tmp_path / "run"

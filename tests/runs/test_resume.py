@@ -98,7 +98,7 @@ def test_sigkill_then_resume_is_identical(point, killed, reference, tiny_mlm_dir
 
 def interrupted(tmp_path: Path, model: Path, texts: Path | None, monkeypatch, at_batch: int = 5) -> Path:
     """An in-process run stopped by an interrupt after ``at_batch`` batches (checkpoints every 2 batches)."""
-    from gradflow.runs import record
+    from gradflow.runs import record_tables as record  # the per-sequence rows are made there
 
     calls = {"n": 0}
     real = record.sequence_rows

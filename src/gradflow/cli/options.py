@@ -10,7 +10,11 @@ converted and range-checked while parsing, and a bad one raises :class:`~gradflo
 naming the option, its accepted range and its meaning (``main`` prints it as one line and exits 2).
 Choices come from the registries that define them (:class:`RegistryChoices` imports a heavy one
 only when it is used). Pieces that several command modules share (:func:`probe_dirs`,
-:func:`command_line`, :func:`formats`) live here too.
+:func:`command_line`, :func:`formats`) live here too, and the training objective's options
+(:func:`add_objective`, :func:`objective_from_args`): ``--objective bert`` (``--mask-rate``,
+``--mask-split``, ``--whole-word``), ``span`` (``--mask-rate``, ``--mask-split``, ``--span-p``,
+``--span-max-words``) or ``diffusion`` (``--eps``, ``--mask-ratio``, ``--mask-ratios``), and
+``--shift``; an option of another objective is refused with one sentence.
 """
 
 from __future__ import annotations
@@ -266,3 +270,102 @@ def probe_dirs(run_dirs: Sequence[str]) -> bool:
 def command_line(argv: Sequence[str]) -> str:
     """The command as typed, for provenance in meta.json."""
     return "gradflow " + shlex.join(argv)
+
+
+# ----------------------------------------------------------------------------------------------
+# The training objective (``record``, ``check``, ``channels``, ``explore``)
+# ----------------------------------------------------------------------------------------------
+
+OBJECTIVES: dict[str, str] = {
+    "bert": "BERT masking: --mask-rate of the tokens (0.15), 80/10/10 --mask-split",
+    "span": "SpanBERT span masking: whole-word spans of geometric length (--span-p, --span-max-words) until "
+            "--mask-rate of the tokens",
+    "diffusion": "masked diffusion (LLaDA, MDLM): a ratio t per sequence from U(--eps, 1), or --mask-ratio, or "
+                 "--mask-ratios; every selected token masked; loss weights 1/t",
+}
+OPEN_FRACTION = Bound(0, 1, low_open=True, high_open=True)
+_ONLY: dict[str, tuple[str, ...]] = {  # option (its argparse dest) -> the objectives that read it
+    "mask_rate": ("bert", "span"), "mask_split": ("bert", "span"), "whole_word": ("bert",),
+    "eps": ("diffusion",), "mask_ratio": ("diffusion",), "mask_ratios": ("diffusion",),
+    "span_p": ("span",), "span_max_words": ("span",),
+}
+
+
+def add_objective(parser: argparse.ArgumentParser) -> None:
+    """``--objective`` and its parameters (defaults None: an option given to another objective is refused)."""
+    parser.add_argument("--objective", choices=list(OBJECTIVES), default="bert",
+                        help="the training objective whose loss is backpropagated: "
+                             + "; ".join(f"{k}: {v}" for k, v in OBJECTIVES.items()) + " (default %(default)s)")
+    add_number(parser, "--mask-rate", float, FRACTION, "bert and span: the fraction of maskable tokens selected "
+               "for the loss", None, unset="0.15")
+    parser.add_argument("--mask-split", action=CheckedAction, check=mask_split, default=None,
+                        help="bert and span: mask,random,kept: fractions of the selected tokens replaced by [MASK], "
+                             "by a random token or kept, summing to 1 (default 0.8,0.1,0.1)")
+    parser.add_argument("--whole-word", action="store_true", default=None, help="bert: select whole words")
+    add_number(parser, "--eps", float, OPEN_FRACTION, "diffusion: each sequence's ratio t is drawn from U(eps, 1)",
+               None, unset="0.001, as LLaDA")
+    add_number(parser, "--mask-ratio", float, FRACTION, "diffusion: one fixed ratio t for every sequence", None,
+               unset="drawn per sequence")
+    parser.add_argument("--mask-ratios", action=CheckedAction, check=ratio_grid, default=None,
+                        help="diffusion: a grid of ratios t, comma-separated (0.1,0.5,0.9): sequence i gets the "
+                             "(i mod n)-th, so one run measures every ratio")
+    add_number(parser, "--span-p", float, FRACTION, "span: the geometric parameter of span lengths in words", None,
+               unset="0.2, as SpanBERT")
+    add_number(parser, "--span-max-words", int, AT_LEAST_ONE, "span: the longest span in words", None,
+               unset="10, as SpanBERT")
+    parser.add_argument("--shift", action="store_true",
+                        help="a shifted head (Dream, DiffuLLaMA, LLM2Vec's MNTP): the logits at position p predict "
+                             "the token at p + 1, so p carries that token's loss")
+
+
+def mask_split(text: str) -> tuple[float, float, float]:
+    """``--mask-split``: three non-negative fractions (mask, random, kept) summing to 1."""
+    expected = "three comma-separated non-negative fractions (mask,random,kept) summing to 1"
+    try:
+        parts = tuple(float(x) for x in text.split(","))
+    except ValueError:
+        raise UsageError(f"--mask-split must be {expected}, got {text!r}") from None
+    if len(parts) != 3 or any(p not in NON_NEGATIVE for p in parts) or abs(sum(parts) - 1) > 1e-6:
+        raise UsageError(f"--mask-split must be {expected}, got {text!r}")
+    return parts  # type: ignore[return-value]
+
+
+def ratio_grid(text: str) -> tuple[float, ...]:
+    """``--mask-ratios``: comma-separated ratios, each in (0, 1]."""
+    try:
+        values = tuple(float(x) for x in text.split(","))
+    except ValueError:
+        raise UsageError(f"--mask-ratios must be comma-separated numbers in (0, 1] (masking ratios t), "
+                         f"got {text!r}") from None
+    bad = [v for v in values if v not in FRACTION]
+    if bad:
+        raise UsageError(f"--mask-ratios must be comma-separated numbers in (0, 1] (masking ratios t), got {text!r}")
+    return values
+
+
+def objective_from_args(args: argparse.Namespace):
+    """The masking policy the options name, seeded by ``--seed`` (0 where the command has none).
+
+    Refuses, with one sentence, an option of another objective and ``--mask-ratio`` with ``--mask-ratios``.
+    """
+    from gradflow.inputs.masking import BertMasking, MaskedDiffusion, SpanMasking
+
+    name = args.objective
+    for dest, readers in _ONLY.items():
+        if getattr(args, dest, None) not in (None, False) and name not in readers:
+            flag = "--" + dest.replace("_", "-")
+            raise UsageError(f"{flag} applies to --objective {' or '.join(readers)}, not to --objective {name}: "
+                             f"drop it or choose that objective")
+    seed = int(getattr(args, "seed", 0) or 0)
+    rate = 0.15 if args.mask_rate is None else args.mask_rate
+    split = (0.8, 0.1, 0.1) if args.mask_split is None else tuple(args.mask_split)
+    if name == "diffusion":
+        if args.mask_ratio is not None and args.mask_ratios is not None:
+            raise UsageError("--mask-ratio and --mask-ratios both fix the masking ratio: give one of them")
+        return MaskedDiffusion(eps=1e-3 if args.eps is None else args.eps, ratio=args.mask_ratio,
+                               ratios=tuple(args.mask_ratios or ()), seed=seed, shift=args.shift)
+    if name == "span":
+        return SpanMasking(rate=rate, split=split, geometric_p=0.2 if args.span_p is None else args.span_p,
+                           max_words=10 if args.span_max_words is None else args.span_max_words, seed=seed,
+                           shift=args.shift)
+    return BertMasking(rate=rate, split=split, whole_word=bool(args.whole_word), seed=seed, shift=args.shift)

@@ -6,21 +6,18 @@ import argparse
 from collections.abc import Sequence
 
 from gradflow.cli.options import (
-    FRACTION,
-    NON_NEGATIVE,
-    CheckedAction,
     add_adapter,
     add_checkpointing,
     add_corpus,
     add_device,
     add_dtype,
     add_model,
-    add_number,
+    add_objective,
     add_trust_remote_code,
     command_line,
     describe,
+    objective_from_args,
 )
-from gradflow.errors import UsageError
 from gradflow.losses import LOSSES, REDUCTIONS
 
 
@@ -35,15 +32,11 @@ def _add_record_args(p: argparse.ArgumentParser) -> None:
     add_model(p)
     p.add_argument("--out", required=True, help="output run directory")
     add_corpus(p)
-    add_number(p, "--mask-rate", float, FRACTION, "the fraction of maskable tokens selected for the loss", 0.15)
-    p.add_argument("--mask-split", action=CheckedAction, check=mask_split, default=(0.8, 0.1, 0.1),
-                   help="mask,random,kept: fractions of the selected tokens replaced by [MASK], by a random token "
-                        "or kept, summing to 1 (default 0.8,0.1,0.1)")
-    p.add_argument("--whole-word", action="store_true", help="select whole words")
+    add_objective(p)
     add_device(p)
     add_dtype(p)
     p.add_argument("--loss", choices=list(LOSSES), default="mlm",
-                   help=f"{describe(LOSSES)} (default %(default)s)")
+                   help=f"{describe(LOSSES)} (default %(default)s; mlm: the objective's own loss)")
     p.add_argument("--reduction", choices=REDUCTIONS, default="sequence",
                    help="sequence: each sequence's mean loss, summed (batch-invariant; default); batch: mean over the batch")
     p.add_argument("--norms-only", action="store_true", help="skip the per-role sublayer split")
@@ -55,25 +48,13 @@ def _add_record_args(p: argparse.ArgumentParser) -> None:
     add_adapter(p)
 
 
-def mask_split(text: str) -> tuple[float, float, float]:
-    """``--mask-split``: three non-negative fractions (mask, random, kept) summing to 1."""
-    expected = "three comma-separated non-negative fractions (mask,random,kept) summing to 1"
-    try:
-        parts = tuple(float(x) for x in text.split(","))
-    except ValueError:
-        raise UsageError(f"--mask-split must be {expected}, got {text!r}") from None
-    if len(parts) != 3 or any(p not in NON_NEGATIVE for p in parts) or abs(sum(parts) - 1) > 1e-6:
-        raise UsageError(f"--mask-split must be {expected}, got {text!r}")
-    return parts  # type: ignore[return-value]
-
-
 def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     """Record and print where the run went."""
     from gradflow.runs.record import RecordConfig, record_corpus
 
     config = RecordConfig(
-        out=args.out, model=args.model, texts=args.texts, mask_rate=args.mask_rate, mask_split=args.mask_split,
-        whole_word=args.whole_word, seed=args.seed, max_length=args.max_length, batch_size=args.batch_size,
+        out=args.out, model=args.model, texts=args.texts, objective=objective_from_args(args),
+        seed=args.seed, max_length=args.max_length, batch_size=args.batch_size,
         limit=args.limit, device=args.device, dtype=args.dtype, loss=args.loss, reduction=args.reduction,
         sublayers=not args.norms_only, overwrite=args.overwrite, quiet=args.quiet,
         trust_remote_code=args.trust_remote_code, adapter=args.adapter, command=command_line(argv),

@@ -9,42 +9,28 @@ from __future__ import annotations
 
 import shutil
 import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
-import pandas as pd
 import torch
 
 from gradflow.adapters import block_modules
 from gradflow.errors import CorpusError, UsageError
-from gradflow.hooks.recorder import BatchRecord, GradFlowRecorder, RecorderConfig
+from gradflow.hooks.recorder import GradFlowRecorder, RecorderConfig
 from gradflow.inputs.corpus import CorpusCounts, check_corpus_path, default_texts
-from gradflow.inputs.masking import BertMasking, MaskedBatch, TokenizerInfo
+from gradflow.inputs.masking import BertMasking, MaskedBatch, MaskedDiffusion, MaskingPolicy, TokenizerInfo
 from gradflow.models import DEFAULT_MODEL, LoadedModel, load_model
 from gradflow.provenance import portable_path
-from gradflow.runs.aggregate import (
-    SiteAggregator,
-    SublayerAggregator,
-    record_is_finite,
-    sequence_rows,
-    sublayer_sequence_rows,
-)
+from gradflow.runs.aggregate import SiteAggregator, SublayerAggregator, record_is_finite
 from gradflow.runs.check import weight_sharing
 from gradflow.runs.checkpoint import CHECKPOINT_DIR, Checkpoint, fault, rank_dir, save_checkpoint
 from gradflow.runs.distributed import distributed_session
-from gradflow.runs.files import (
-    SUBLAYER_SEQUENCE_SCHEMA,
-    SequenceWriter,
-    merge_sequence_parts,
-    prepare_output_dir,
-    write_csv,
-    write_meta,
-)
+from gradflow.runs.files import SequenceWriter, merge_sequence_parts, prepare_output_dir, write_csv, write_meta
 from gradflow.runs.job import CorpusJob, open_job
 from gradflow.runs.meta import JobInputs, job_meta
 from gradflow.runs.record_stats import NONFINITE_REASON, RecordProgress, RecordStats
+from gradflow.runs.record_tables import DISCARD_PATTERNS, Rows, open_writers, part_name, sequence_tables
 from gradflow.runs.resume import (
     DEFAULT_EVERY,
     DEFAULT_MINUTES,
@@ -62,9 +48,7 @@ from gradflow.schema import (
     CHANNEL_COLUMNS,
     CHANNELS_FILE,
     META_FILE,
-    SEQUENCES_FILE,
     SUBLAYER_COLUMNS,
-    SUBLAYER_SEQUENCES_FILE,
     SUBLAYERS_FILE,
     WEIGHT_SHARING_META_KEY,
 )
@@ -76,6 +60,9 @@ class RecordConfig:
 
     ``resume``: continue the unfinished run in ``out`` from its last checkpoint; checkpoints are written
     every ``checkpoint_every`` sequences or ``checkpoint_minutes`` minutes, whichever comes first.
+    ``objective``: a masking policy (:class:`~gradflow.inputs.objectives.MaskedDiffusion`,
+    :class:`~gradflow.inputs.objectives.SpanMasking`, a shifted :class:`BertMasking`, ...) in place of
+    BERT masking by ``mask_rate``, ``mask_split`` and ``whole_word``; ``seed`` replaces its own seed.
     """
 
     out: str
@@ -101,6 +88,14 @@ class RecordConfig:
     resume: bool = False
     checkpoint_every: int = DEFAULT_EVERY
     checkpoint_minutes: float = DEFAULT_MINUTES
+    objective: MaskingPolicy | None = None
+
+    def policy(self) -> MaskingPolicy:
+        """The masking policy of this recording, seeded by ``seed``."""
+        if self.objective is not None:
+            return replace(self.objective, seed=self.seed)
+        return BertMasking(rate=self.mask_rate, split=tuple(self.mask_split), whole_word=self.whole_word,
+                           seed=self.seed)
 
 
 @dataclass
@@ -158,8 +153,7 @@ def _record_corpus(config: RecordConfig, loaded: LoadedModel | None, start: floa
     if world > 1:
         torch.distributed.barrier()
     loaded = loaded or load_model(config.model, device, config.dtype, config.trust_remote_code, config.adapter)
-    policy = BertMasking(rate=config.mask_rate, split=tuple(config.mask_split), whole_word=config.whole_word,
-                         seed=config.seed)
+    policy = config.policy()
     try:
         corpus = open_job(loaded, texts, policy, config.max_length, config.batch_size, limit=config.limit,
                           rank=rank, world=world, start=start, model=config.model)
@@ -272,28 +266,15 @@ def _ranked(name: str, rank: int | str | None) -> str:
     return name if rank is None else name.replace(".", f".rank{rank}.", 1)
 
 
-def _part(job: _Job, name: str, rank: int) -> Path:
-    """This run's file ``name`` or, with several processes, rank ``rank``'s part of it."""
-    return job.out / (name.replace(".parquet", f".rank{rank}.parquet") if job.corpus.world > 1 else name)
-
-
-def _writers(job: _Job, parts: dict[str, int]) -> list[tuple[SequenceWriter, Callable[[BatchRecord], pd.DataFrame]]]:
-    """The per-sequence tables of this process and the function that makes each one's rows of a record.
-
-    ``sublayer_sequences.parquet`` is written whenever sublayers are recorded (see its schema entry);
-    ``parts``: each table's durable parts kept from the checkpoint a resumed job continues.
-    """
-    path = _part(job, SEQUENCES_FILE, job.corpus.rank)
-    writers = [(SequenceWriter(path, parts=parts.get(path.name, 0)), sequence_rows)]
-    if job.config.sublayers:
-        path = _part(job, SUBLAYER_SEQUENCES_FILE, job.corpus.rank)
-        writers.append((SequenceWriter(path, 50_000, SUBLAYER_SEQUENCE_SCHEMA, parts.get(path.name, 0)),
-                        sublayer_sequence_rows))
-    return writers
+def _writers(job: _Job, parts: dict[str, int]) -> list[tuple[SequenceWriter, Rows]]:
+    """This process's per-sequence tables (:mod:`gradflow.runs.record_tables`) and each one's row function;
+    ``parts``: each table's durable parts kept from the checkpoint a resumed job continues."""
+    tables = sequence_tables(job.config.sublayers, isinstance(job.corpus.policy, MaskedDiffusion))
+    return open_writers(job.out, tables, job.corpus.rank, job.corpus.world, parts)
 
 
 def _record_batch(job: _Job, recorder: GradFlowRecorder, batch: MaskedBatch,
-                  writers: list[tuple[SequenceWriter, Callable[[BatchRecord], pd.DataFrame]]]) -> bool:
+                  writers: list[tuple[SequenceWriter, Rows]]) -> bool:
     """Record one batch and fold it into the job; False (and counted) when it is not finite."""
     record = recorder.record(batch, loss=job.config.loss, reduction=job.config.reduction)
     sequences = len(batch.sequence_index)
@@ -303,15 +284,14 @@ def _record_batch(job: _Job, recorder: GradFlowRecorder, batch: MaskedBatch,
     job.sites.add(record)
     job.subs.add(record)
     for writer, rows in writers:
-        writer.add(rows(record))
+        writer.add(rows(record, batch))
     job.stats.add_record(record)
     return True
 
 
 def _discard(out: Path) -> None:
     """Remove what this run wrote (nothing was recorded, so nothing is lost)."""
-    for path in [p for pattern in ("sequences*.parquet", ".sequences*", "sublayer_sequences*.parquet",
-                                   ".sublayer_sequences*") for p in out.glob(pattern)]:
+    for path in [p for pattern in DISCARD_PATTERNS for p in out.glob(pattern)]:
         path.unlink(missing_ok=True)
     shutil.rmtree(out / CHECKPOINT_DIR, ignore_errors=True)
     if out.exists() and not any(out.iterdir()):
@@ -341,10 +321,9 @@ def _finish(job: _Job) -> RunSummary:
         torch.distributed.barrier()
         return job.summary()
     if world > 1:
-        merge_sequence_parts([_part(job, SEQUENCES_FILE, r) for r in range(world)], job.out / SEQUENCES_FILE)
-        if job.config.sublayers:
-            merge_sequence_parts([_part(job, SUBLAYER_SEQUENCES_FILE, r) for r in range(world)],
-                                 job.out / SUBLAYER_SEQUENCES_FILE, SUBLAYER_SEQUENCE_SCHEMA)
+        for table in sequence_tables(job.config.sublayers, isinstance(job.corpus.policy, MaskedDiffusion)):
+            merge_sequence_parts([job.out / part_name(table.name, r, world) for r in range(world)],
+                                 job.out / table.name, table.schema)
     meta = _write_tables(job)
     if world > 1:
         torch.distributed.barrier()
