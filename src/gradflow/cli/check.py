@@ -21,8 +21,10 @@ from gradflow.cli.options import (
     add_max_length,
     add_model,
     add_number,
+    add_objective,
     add_seed,
     add_trust_remote_code,
+    objective_from_args,
 )
 from gradflow.formatting import format_number
 
@@ -39,6 +41,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         "files, or - for stdin; the batch is its first windows (default: a zoo model's shipped example "
                         "sequences, else the committed SOTU sample)")
     add_seed(p, meaning="random seed of the masking")
+    add_objective(p)
     add_number(p, "--batch-size", int, AT_LEAST_ONE, "sequences (windows) in the checked batch", 8)
     add_max_length(p, 128)
     add_device(p)
@@ -52,9 +55,22 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     from gradflow.runs.check import check_model
 
     result = check_model(args.model, args.texts, seed=args.seed, batch_size=args.batch_size,
-                         max_length=args.max_length, device=args.device, trust_remote_code=args.trust_remote_code)
+                         max_length=args.max_length, device=args.device, trust_remote_code=args.trust_remote_code,
+                         objective=objective_from_args(args))
     print(json.dumps(result.to_dict(), indent=1) if args.json else render(result))
     return 0
+
+
+def _masking(batch: dict) -> str:
+    """``BERT masking``, ``span masking``, ``masked diffusion (t ~ U(0.001, 1))``, ... (``shifted`` when it is)."""
+    masking = batch.get("masking", {"policy": "bert"})
+    policy = masking.get("policy", "bert")
+    name = {"bert": "BERT masking", "span": "span masking", "explicit": "explicit masking"}.get(policy, policy)
+    if policy == "diffusion":
+        t = (f"t = {masking['ratio']}" if masking.get("ratio") is not None else
+             f"t in {masking['ratios']}" if masking.get("ratios") else f"t ~ U({masking.get('eps')}, 1)")
+        name = f"masked diffusion ({t}, 1/t weights)"
+    return f"{name}, shifted," if masking.get("shift") else name
 
 
 def _roles(names: Sequence[str]) -> str:
@@ -67,8 +83,8 @@ def render(result) -> str:
     tokens = ", ".join(f"{role} {n}" for role, n in b["tokens"].items())
     lines = [f"gradflow check: {result.model} (model_type {result.model_type}, adapter {result.family}, "
              f"{result.attn_norm}-LN), {result.num_blocks} blocks",
-             f"batch: {b['sequences']} sequences from {b.get('texts', 'the given batch')}, BERT masking seed "
-             f"{b.get('seed', '-')}, max length {b.get('max_length', '-')}; positions: {tokens}; MLM loss "
+             f"batch: {b['sequences']} sequences from {b.get('texts', 'the given batch')}, {_masking(b)} seed "
+             f"{b.get('seed', '-')}, max length {b.get('max_length', '-')}; positions: {tokens}; loss "
              f"{b['loss']:.4f}", "",
              "Roles that send exactly zero gradient (measured: the role's contribution to the parameter's gradient "
              f"is 0.0); {MARK} = structurally untrained on context (context exactly 0, loss roles nonzero)",

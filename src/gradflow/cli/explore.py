@@ -6,7 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from gradflow.cli.options import AT_LEAST_ONE, add_device, add_number, model_help
+from gradflow.cli.options import AT_LEAST_ONE, add_device, add_number, add_objective, model_help, objective_from_args
 from gradflow.errors import UsageError
 
 
@@ -22,6 +22,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     add_number(parser, "--port", int, AT_LEAST_ONE, "port to listen on", 8765)
     add_number(parser, "--max-tokens", int, AT_LEAST_ONE, "longest sentence shown, in tokens (special tokens included)", 64)
     add_device(parser)
+    add_objective(parser)  # what the page's "random" masking draws (its seed is the page's)
     parser.set_defaults(run=run)
 
 
@@ -34,7 +35,8 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     if args.port > 65535:
         raise UsageError(f"--port must be at most 65535, got {args.port}")
     models = tuple(dict.fromkeys(args.model or EMBEDDED_MODELS))
-    service = ExploreService(ExploreConfig(models=models, max_tokens=args.max_tokens, device=args.device))
+    service = ExploreService(ExploreConfig(models=models, max_tokens=args.max_tokens, device=args.device,
+                                           objective=objective_from_args(args)))
     service.load_all(progress=lambda name: print(f"gradflow explore: loading {name}", file=sys.stderr))
     try:
         serve(service, host=args.host, port=args.port)

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from gradflow.errors import ExploreError, GradflowError
 from gradflow.explore.view import LOSSES, ChannelView, channel_view
+from gradflow.inputs.masking import MaskingPolicy
 from gradflow.models import EMBEDDED_MODELS, LoadedModel, load_model
 from gradflow.models.zoo import first_example
 
@@ -38,6 +39,7 @@ class ExploreConfig:
     max_chars: int = 600
     max_waiting: int = 4
     device: str = "cpu"
+    objective: MaskingPolicy | None = None  # what "random" masking draws (None: BERT's 15%)
 
 
 @dataclass
@@ -108,7 +110,7 @@ class ExploreService:
             raise ExploreError(f"the sentence has {n_tokens} tokens (special tokens included); the explorer shows at "
                                f"most {limit}: shorten it.", 413)
         try:
-            return channel_view(loaded, text, mask=mask, seed=seed, loss=loss)
+            return channel_view(loaded, text, mask=mask, seed=seed, loss=loss, objective=self.config.objective)
         except GradflowError as err:
             raise ExploreError(str(err)) from None
 

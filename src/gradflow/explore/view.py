@@ -41,9 +41,10 @@ from gradflow.explore.page import notebook_html, static_page
 from gradflow.figures.channel_view import save_channel_view
 from gradflow.formatting import format_number
 from gradflow.hooks.recorder import GradFlowRecorder, RecorderConfig
+from gradflow.inputs.masking import MaskingPolicy
 from gradflow.models import LoadedModel, load_model
 from gradflow.roles import LOSS_ROLES, TOKEN_ROLES, Role
-from gradflow.runs.channels import channel_batch, record_sites, sites_table
+from gradflow.runs.channels import channel_batch, channel_policy, record_sites, sites_table
 from gradflow.runs.check import layers_text, weight_sharing
 from gradflow.runs.files import write_csv
 from gradflow.schema import CHANNEL_VIEW_COLUMNS, EXPLORE_SUBLAYER_COLUMNS
@@ -186,14 +187,16 @@ class ChannelView:
 
 
 def channel_view(loaded: LoadedModel | str, text: str, mask: Sequence[int] | str = "random", seed: int = 0,
-                 loss: str = "mlm") -> ChannelView:
+                 loss: str = "mlm", objective: MaskingPolicy | None = None) -> ChannelView:
     """Record one sentence and return its :class:`ChannelView`.
 
     ``loaded``: a :class:`LoadedModel` or a model name for :func:`gradflow.load_model` (embedded,
     ``zoo:NAME``, a local directory or a hub name).
     ``mask``: token positions to replace by the mask token (special tokens count, 0 is the first),
     ``"random"`` for BERT's 15% (80% mask, 10% random, 10% kept) seeded by ``seed``, or ``[]`` for
-    none. ``loss``: ``"mlm"`` or ``"all-positions"``.
+    none. ``loss``: ``"mlm"`` or ``"all-positions"``. ``objective``: the masking ``"random"`` draws
+    (masked diffusion, span masking, a shift: :mod:`gradflow.inputs.objectives`) instead of BERT's;
+    a shifted one shifts given positions too (each carries the loss of the token after it).
     """
     if isinstance(loaded, str):
         loaded = load_model(loaded)
@@ -202,11 +205,13 @@ def channel_view(loaded: LoadedModel | str, text: str, mask: Sequence[int] | str
     if isinstance(mask, str):
         if mask != "random":
             raise ChannelViewError(f"mask must be a list of token positions or 'random', got {mask!r}")
-        batch, masking = channel_batch(loaded, text, None, seed=seed), {"policy": "bert", "seed": int(seed)}
+        batch = channel_batch(loaded, text, None, seed=seed, objective=objective)
+        masking = ({"policy": "bert", "seed": int(seed)} if objective is None
+                   else channel_policy(objective, seed).describe())
     else:
         positions = sorted({int(p) for p in mask})
-        batch, masking = channel_batch(loaded, text, positions, allow_empty=True), {"policy": "explicit",
-                                                                                     "positions": positions}
+        batch = channel_batch(loaded, text, positions, allow_empty=True, objective=objective)
+        masking = {"policy": "explicit", "positions": positions, **({"shift": True} if batch.shifted else {})}
     tok = loaded.tokenizer
     blocks = block_modules(loaded.adapter, loaded.model.base_model)
     roles = [TOKEN_ROLES[int(r)] for r in batch.roles[0]]

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
@@ -38,7 +39,7 @@ from gradflow.figures.channel_view import save_channel_view
 from gradflow.hooks.attribution import attribute_channels, integrated_gradients
 from gradflow.hooks.recorder import GradFlowRecorder, RecorderConfig
 from gradflow.hooks.records import BatchRecord
-from gradflow.inputs.masking import BertMasking, ExplicitMasking, MaskedBatch, encode, mask_batch
+from gradflow.inputs.masking import BertMasking, ExplicitMasking, MaskedBatch, MaskingPolicy, encode, mask_batch
 from gradflow.models import LoadedModel
 from gradflow.roles import LOSS_ROLES, TOKEN_ROLES, Role
 from gradflow.runs.files import write_csv, write_meta
@@ -56,10 +57,11 @@ SiteValues = tuple[str, int, str, dict[str, torch.Tensor]]
 
 
 def channel_batch(loaded: LoadedModel, text: str, mask_positions: Sequence[int] | None = None,
-                  seed: int = 0, allow_empty: bool = False) -> MaskedBatch:
+                  seed: int = 0, allow_empty: bool = False, objective: MaskingPolicy | None = None) -> MaskedBatch:
     """One-sentence batch: ``mask_positions`` (token indices, special tokens included, 0 = the first
-    special token) become ``[MASK]``; None draws BERT's 15% masking seeded by ``seed``. An empty
-    ``mask_positions`` is refused unless ``allow_empty`` (then no position is selected)."""
+    special token) become ``[MASK]``; None draws BERT's 15% masking, or ``objective``'s
+    (:mod:`gradflow.inputs.objectives`), seeded by ``seed``. An empty ``mask_positions`` is refused
+    unless ``allow_empty`` (then no position is selected); a shifted ``objective`` shifts them too."""
     enc = encode(loaded.tokenizer, text)
     n, limit = len(enc["input_ids"]), loaded.max_positions()
     if n > limit:
@@ -70,7 +72,7 @@ def channel_batch(loaded: LoadedModel, text: str, mask_positions: Sequence[int] 
         raise ChannelViewError("the text tokenizes to special tokens only: pass a sentence with words in it.")
     tokens = loaded.tokenizer.convert_ids_to_tokens(enc["input_ids"])
     if mask_positions is None:
-        policy: BertMasking | ExplicitMasking = BertMasking(seed=seed)
+        policy = channel_policy(objective, seed)
     else:
         positions = tuple(int(p) for p in mask_positions)
         if not positions and not allow_empty:
@@ -82,8 +84,13 @@ def channel_batch(loaded: LoadedModel, text: str, mask_positions: Sequence[int] 
             if special[p]:
                 raise ChannelViewError(f"mask position {p} is the special token {tokens[p]!r}, which never carries "
                                        f"the MLM loss; choose a word position ({_listing(tokens)}).")
-        policy = ExplicitMasking(positions={0: positions}, action="mask")
+        policy = ExplicitMasking(positions={0: positions}, action="mask", shift=bool(objective and objective.shift))
     return mask_batch(loaded.tokenizer, policy=policy, encodings=[enc], max_length=n)
+
+
+def channel_policy(objective: MaskingPolicy | None, seed: int) -> MaskingPolicy:
+    """The masking of a drawn channel view: BERT's 15%, or ``objective`` seeded by ``seed``."""
+    return BertMasking(seed=seed) if objective is None else replace(objective, seed=seed)
 
 
 def selection(batch: MaskedBatch) -> dict:
@@ -99,14 +106,27 @@ def selection(batch: MaskedBatch) -> dict:
             **{role: roles.count(role) for role in LOSS_ROLES}}
 
 
-def selection_text(batch: MaskedBatch, seed: int | None) -> str:
+def selection_text(batch: MaskedBatch, seed: int | None, objective: MaskingPolicy | None = None) -> str:
     """One line for the terminal: how many tokens carry the loss, and how they were chosen."""
     chosen = selection(batch)
-    how = (f"BERT's masking, seed {seed}: each token is selected on its own with probability 0.15"
-           if seed is not None else "the positions given")
+    how = "the positions given" if seed is None else _drawn_how(channel_policy(objective, seed), batch)
+    if batch.shifted:
+        how += "; shifted: a position carries the loss of the token after it"
     split = ", ".join(f"{chosen[r]} {r}" for r in LOSS_ROLES if chosen[r])
     return (f"{chosen['selected']} of {chosen['maskable']} tokens carry the loss "
             f"({100 * chosen['fraction']:.0f}%; {split}; {how})")
+
+
+def _drawn_how(policy: MaskingPolicy, batch: MaskedBatch) -> str:
+    """How ``policy`` drew the sentence's loss positions, in words."""
+    described = policy.describe()
+    if described["policy"] == "diffusion":
+        return (f"masked diffusion, seed {policy.seed}: each token masked with probability t = "
+                f"{float(batch.mask_ratio[0]):.3g}, loss weight 1/t")
+    if described["policy"] == "span":
+        return f"span masking, seed {policy.seed}: whole-word spans until {described['rate']:g} of the tokens"
+    return (f"BERT's masking, seed {policy.seed}: each token is selected on its own with probability "
+            f"{described['rate']:g}")
 
 
 def _listing(tokens: Sequence[str], limit: int = 40) -> str:
@@ -174,12 +194,12 @@ def sites_table(loaded: LoadedModel, batch: MaskedBatch, sites: list[SiteValues]
 
 def write_channel_view(loaded: LoadedModel, text: str, out_dir: str | Path, mask_positions: Sequence[int] | None = None,
                        quantity: str = "grad_norm", formats: Sequence[str] = ("pdf", "png"), seed: int = 0,
-                       command: str | Sequence[str] = "") -> list[Path]:
+                       command: str | Sequence[str] = "", objective: MaskingPolicy | None = None) -> list[Path]:
     """Channel view of one sentence: ``channel_view.<fmt>``, ``channel_view.csv`` and ``meta.json`` in ``out_dir``.
 
     ``mask_positions``: token positions to mask (special tokens included in the count, so 0 is
     ``[CLS]``/``<s>``); None draws BERT masking seeded by ``seed`` (each token selected on its own
-    with probability 0.15). ``quantity``: one of :data:`QUANTITIES`. ``meta.json`` holds the
+    with probability 0.15), or ``objective``'s masking. ``quantity``: one of :data:`QUANTITIES`. ``meta.json`` holds the
     provenance block of every job (model, ``masking`` with its seed, ``seed``, versions, ``command``)
     plus ``text``, ``quantity`` and ``selection`` (:func:`selection`). Returns the figures and the
     table (figures first, the table last); ``meta.json`` is written last, beside them.
@@ -187,7 +207,7 @@ def write_channel_view(loaded: LoadedModel, text: str, out_dir: str | Path, mask
 
     _check_quantity(quantity)
     start = time.time()
-    batch = channel_batch(loaded, text, mask_positions, seed=seed)
+    batch = channel_batch(loaded, text, mask_positions, seed=seed, objective=objective)
     if not bool((batch.roles <= Role.KEPT).any()):
         raise ChannelViewError("no position was selected for the loss; pass mask_positions.")
     table = channel_table(loaded, batch, quantity)
@@ -197,8 +217,9 @@ def write_channel_view(loaded: LoadedModel, text: str, out_dir: str | Path, mask
                               title=Path(loaded.name).name or loaded.name, formats=formats)
     csv = out / "channel_view.csv"
     write_csv(table, csv, CHANNEL_VIEW_COLUMNS)
-    masking = (BertMasking(seed=seed).describe() if mask_positions is None
-               else {"policy": "explicit", "action": "mask", "positions": [int(p) for p in mask_positions]})
+    masking = (channel_policy(objective, seed).describe() if mask_positions is None
+               else {"policy": "explicit", "action": "mask", "positions": [int(p) for p in mask_positions],
+                     **({"shift": True} if batch.shifted else {})})
     inputs = JobInputs(model=loaded.name, texts="--text", masking=masking, seed=int(seed),
                        num_layers=int(table["layer"].max()))
     outcome = JobOutcome(complete=True, error=None, start=start, command=command, out_dir=str(out))
@@ -207,5 +228,5 @@ def write_channel_view(loaded: LoadedModel, text: str, out_dir: str | Path, mask
     return [*paths, csv]
 
 
-__all__ = ["QUANTITIES", "VALUE_COLUMN", "SiteValues", "channel_batch", "channel_table", "record_sites", "selection",
-           "selection_text", "sites_table", "write_channel_view"]
+__all__ = ["QUANTITIES", "VALUE_COLUMN", "SiteValues", "channel_batch", "channel_policy", "channel_table",
+           "record_sites", "selection", "selection_text", "sites_table", "write_channel_view"]

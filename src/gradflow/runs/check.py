@@ -50,7 +50,7 @@ from gradflow.hooks.recorder import GradFlowRecorder, RecorderConfig
 from gradflow.hooks.records import BatchRecord
 from gradflow.hooks.sites import depth_occurrences
 from gradflow.inputs.corpus import check_corpus_path, default_texts
-from gradflow.inputs.masking import BertMasking, MaskedBatch
+from gradflow.inputs.masking import BertMasking, MaskedBatch, MaskingPolicy
 from gradflow.losses import get_loss
 from gradflow.models import LoadedModel, load_model
 from gradflow.models.zoo import example_inputs_path
@@ -151,11 +151,12 @@ class CheckResult:
 
 def check_model(model: str | LoadedModel = "gradflow-mini-en", texts: str | None = None, *, seed: int = 0,
                 batch_size: int = 8, max_length: int = 128, device: str = "cpu",
-                trust_remote_code: bool = False) -> CheckResult:
+                trust_remote_code: bool = False, objective: MaskingPolicy | None = None) -> CheckResult:
     """Load ``model`` (a spec as ``gradflow record`` takes, or a :class:`LoadedModel`, used as it is), mask
     the first ``batch_size`` windows of ``texts`` (default: a zoo model's shipped example sequences, else
-    the committed SOTU sample, as ``gradflow record`` uses) with BERT masking seeded by ``seed``, and
-    check that batch."""
+    the committed SOTU sample, as ``gradflow record`` uses) with BERT masking, or ``objective`` (masked
+    diffusion, span masking, a shift: :mod:`gradflow.inputs.objectives`), seeded by ``seed``, and check
+    that batch under the objective's loss."""
 
     for flag, value in (("--batch-size", batch_size), ("--max-length", max_length)):
         if int(value) < 1:
@@ -168,13 +169,15 @@ def check_model(model: str | LoadedModel = "gradflow-mini-en", texts: str | None
     check_corpus_path(source)
     loaded = model if isinstance(model, LoadedModel) else load_model(model, device, "float32", trust_remote_code)
     name = loaded.name
-    job = open_job(loaded, source, BertMasking(seed=seed), max_length, batch_size, limit=batch_size, model=name)
+    policy = BertMasking(seed=seed) if objective is None else replace(objective, seed=seed)
+    job = open_job(loaded, source, policy, max_length, batch_size, limit=batch_size, model=name)
     batch = next(job.batches(), None)
     if batch is None:
         raise CorpusError(f"the corpus {source} has no document with a maskable token: pass real text in the "
                           "model's language.")
     result = check_batch(loaded.model, batch, loaded.adapter, model_name=name)
-    result.batch.update(texts=portable_path(source, "."), seed=seed, batch_size=batch_size, max_length=max_length)
+    result.batch.update(texts=portable_path(source, "."), seed=seed, batch_size=batch_size, max_length=max_length,
+                        masking=policy.describe())
     return result
 
 
