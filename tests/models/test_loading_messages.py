@@ -1,15 +1,20 @@
 """Loading speaks gradflow's language: no transformers load report for unused heads, one warning for
-encoder weights the checkpoint lacks (issue 27 point 9)."""
+encoder weights the checkpoint lacks (issue 27 point 9); remote code (masked diffusion LMs, issue 51) is refused in
+one sentence without --trust-remote-code, runs not at all then, and loads through AutoModel with it."""
 
 from __future__ import annotations
 
 import json
+import shutil
 
+import pytest
 import torch
 from transformers import BertConfig, BertForPreTraining
 
 from conftest import build_tiny_mlm_dir
+from gradflow.errors import ModelLoadError
 from gradflow.models import load_model
+from models.remote_code.tiny_remote import build_dream_tiny, build_llada_tiny
 
 
 def test_unused_heads_in_the_checkpoint_print_nothing(tmp_path, capfd):
@@ -33,3 +38,55 @@ def test_missing_encoder_weights_get_one_gradflow_warning(tmp_path, capfd):
     assert "LOAD REPORT" not in err
     warnings = [line for line in err.splitlines() if line.startswith("gradflow: warning:")]
     assert len(warnings) == 1 and "bert.encoder.layer.2." in warnings[0] and "initialised at random" in warnings[0]
+
+
+# ---------------------------------------------------------------------------------------------- remote code (issue 51)
+def test_remote_code_is_refused_in_one_sentence_and_never_runs_without_the_flag(tmp_path, monkeypatch):
+    for build in (build_llada_tiny, build_dream_tiny):
+        path = build(tmp_path / build.__name__)
+        log = tmp_path / f"{build.__name__}.log"
+        monkeypatch.setenv("GRADFLOW_TEST_REMOTE_CODE_LOG", str(log))
+        with pytest.raises(ModelLoadError) as err:
+            load_model(str(path))
+        message = str(err.value)
+        assert "--trust-remote-code" in message and "modeling_" in message
+        assert message.endswith(".") and message.count(". ") == 0, message  # one sentence
+        assert not log.exists()  # not a line of the checkpoint's code ran
+        load_model(str(path), trust_remote_code=True)
+        assert "__init__" in log.read_text(encoding="utf-8")  # the log does see the code when it runs
+        monkeypatch.delenv("GRADFLOW_TEST_REMOTE_CODE_LOG")
+
+
+def test_automodel_only_remote_code_loads_with_the_flag(tmp_path, capfd):
+    llada = build_llada_tiny(tmp_path / "llada")
+    assert set(json.loads((llada / "config.json").read_text())["auto_map"]) == {"AutoConfig", "AutoModel"}
+    capfd.readouterr()
+    loaded = load_model(str(llada), trust_remote_code=True)
+    err = capfd.readouterr().err
+    assert type(loaded.model).__name__ == "LLaDAModelLM" and loaded.adapter.family == "llada"
+    # the tokenizer declares no mask token: the config's mask_token_id gives it, with one notice
+    assert loaded.tokenizer.mask_token == "<|mdm_mask|>" and loaded.tokenizer.mask_token_id == loaded.model.config.mask_token_id
+    assert "declares no mask token; using '<|mdm_mask|>'" in err and "LOAD REPORT" not in err
+    dream = load_model(str(build_dream_tiny(tmp_path / "dream")), trust_remote_code=True)
+    assert type(dream.model).__name__ == "DreamModel" and dream.adapter.family == "dream"
+    assert dream.adapter.shifted_head and not loaded.adapter.shifted_head
+
+
+def test_automodel_without_logits_is_refused(tmp_path):
+    # a copy under another name: a new code module (building registered the built one's config class in AutoModel)
+    path = shutil.copytree(build_dream_tiny(tmp_path / "dream"), tmp_path / "bare_decoder")
+    config = json.loads((path / "config.json").read_text())
+    config["auto_map"]["AutoModel"] = "modeling_dream.DreamBaseModel"  # the decoder without its lm_head
+    (path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelLoadError, match="loaded with AutoModel .* returns no logits"):
+        load_model(str(path), trust_remote_code=True)
+
+
+def test_auto_map_of_a_type_transformers_knows_needs_no_flag(tmp_path):
+    """A checkpoint of a model type transformers implements may still name its own code in auto_map (hub copies of
+    nomic_bert, jina): transformers' class loads it without that code, so the flag is not asked for."""
+    path = build_tiny_mlm_dir(tmp_path / "bert_with_auto_map")
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**config, "auto_map": {
+        "AutoModelForMaskedLM": "modeling_absent.AbsentForMaskedLM"}}))
+    assert type(load_model(str(path)).model).__name__ == "BertForMaskedLM"

@@ -6,9 +6,11 @@ from gradflow.adapters.albert import ALBERT
 from gradflow.adapters.base import Adapter
 from gradflow.adapters.bert import BERT, ELECTRA, ROBERTA
 from gradflow.adapters.bertlike import BIG_BIRD, CONVBERT, LUKE, REMBERT, YOSO
+from gradflow.adapters.dream import DREAM
 from gradflow.adapters.esm import ESM, ESMC
 from gradflow.adapters.extra_inputs import NYSTROMFORMER, ROC_BERT, TAPAS
 from gradflow.adapters.gte import GTE, JINA_EMBEDDINGS_V3, NOMIC_BERT
+from gradflow.adapters.llada import LLADA
 from gradflow.adapters.llamalike import EUROBERT, ULTRABERT
 from gradflow.adapters.multimodal import MODERNVBERT, ULTRAVBERT
 from gradflow.adapters.others import DEBERTA_V2, DISTILBERT, MODERNBERT, MPNET
@@ -74,5 +76,6 @@ for _adapter in (BERT, ROBERTA, ELECTRA, DISTILBERT, ALBERT, DEBERTA_V2, MODERNB
                  ROBERTA_PRELAYERNORM, MEGATRON_BERT, XLM_ROBERTA_XL, REMBERT, YOSO, BIG_BIRD, LUKE, CONVBERT,
                  GTE, NOMIC_BERT, JINA_EMBEDDINGS_V3, ESMC, EUROBERT, ULTRABERT,
                  MOBILEBERT, LONGFORMER, FNET, XLM, XMOD, DEBERTA, SQUEEZEBERT, IBERT,
-                 TAPAS, ROC_BERT, NYSTROMFORMER, MODERNVBERT, ULTRAVBERT):
+                 TAPAS, ROC_BERT, NYSTROMFORMER, MODERNVBERT, ULTRAVBERT,
+                 LLADA, DREAM):  # masked diffusion LMs (remote code)
     register_adapter(_adapter)

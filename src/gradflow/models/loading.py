@@ -2,7 +2,14 @@
 
 Loading never runs code from a checkpoint: ``trust_remote_code`` is off unless the caller passes
 it explicitly, and weights load through safetensors (or ``torch.load(weights_only=True)``, which
-transformers uses for ``.bin`` files).
+transformers uses for ``.bin`` files). A local checkpoint whose ``config.json`` names its own code
+(``auto_map``) is refused before transformers reads it unless ``trust_remote_code`` is passed.
+
+The model class is the masked-LM one (``AutoModelForMaskedLM``). Remote code that registers only
+``AutoModel`` (masked diffusion LMs: LLaDA, Dream) is loaded with ``AutoModel`` instead, with
+``trust_remote_code`` only, and kept only if a probe forward returns ``logits`` of one row per
+position over the vocabulary. A tokenizer that declares no mask token while the config gives
+``mask_token_id`` (some LLaDA tokenizers) gets that token as its mask token, with a notice.
 """
 
 from __future__ import annotations
@@ -94,7 +101,7 @@ def load_model(spec: str = DEFAULT_MODEL, device: str = "cpu", dtype: str = "flo
     ``adapter``: ``"registered"`` (the adapter of ``config.model_type``; refused without one) or
     ``"auto"`` (opt-in: the generic adapter discovered from the loaded model, with a notice on stderr).
     """
-    from transformers import AutoConfig, AutoModelForMaskedLM, AutoTokenizer
+    from transformers import AutoConfig, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # gradflow shows its own progress; keep stderr for real messages
@@ -104,12 +111,20 @@ def load_model(spec: str = DEFAULT_MODEL, device: str = "cpu", dtype: str = "flo
     if adapter not in ADAPTER_CHOICES:
         raise ModelLoadError(f"unknown adapter {adapter!r}; choose one of {', '.join(ADAPTER_CHOICES)}")
     path, local = resolve_model_path(spec)
+    code = _checkpoint_code(path) if local else []
+    if code and not trust_remote_code:
+        raise ModelLoadError(f"{spec!r} ships its own model code ({', '.join(code)}), which gradflow runs only with "
+                             "--trust-remote-code (trust_remote_code=True): review that code, then pass the flag.")
     try:
         config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
     except OSError as err:
         where = "the directory" if local else "the Hugging Face hub (is it reachable? set HF_HUB_OFFLINE=1 to use the local cache only)"
         raise ModelLoadError(f"could not load a config for {spec!r} from {where}: {err}") from None
     except ValueError as err:
+        if not trust_remote_code and "trust_remote_code" in str(err):
+            raise ModelLoadError(f"{spec!r} ships its own model code, which gradflow runs only with "
+                                 "--trust-remote-code (trust_remote_code=True): review that code, then pass the "
+                                 "flag.") from None
         raise ModelLoadError(f"could not read the config of {spec!r}: {err}. If the model needs custom code, "
                              "review it and pass --trust-remote-code.") from None
     try:
@@ -118,15 +133,7 @@ def load_model(spec: str = DEFAULT_MODEL, device: str = "cpu", dtype: str = "flo
         hint = "" if "does not hold" in str(err) else (" A model without an adapter may be recorded with the generic "
                                                       "one, discovered from its modules: pass --adapter auto.")
         raise ModelLoadError(f"{err}{hint}") from None
-    try:
-        with quiet_transformers():  # its load report lists unused heads (pooler, NSP): noise; gradflow checks below
-            model, info = AutoModelForMaskedLM.from_pretrained(path, config=config, dtype=DTYPES[dtype],
-                                                               trust_remote_code=trust_remote_code,
-                                                               output_loading_info=True)
-    except ValueError as err:
-        raise ModelLoadError(f"{spec!r} (model_type {config.model_type!r}) has no masked-LM class: {err}") from None
-    except OSError as err:
-        raise ModelLoadError(f"could not load the weights of {spec!r}: {err}") from None
+    model, info, auto_model = _load_weights(spec, path, config, dtype, trust_remote_code)
     head_missing = [k for k in info.get("missing_keys", []) if not k.startswith(model.base_model_prefix + ".")]
     head_missing = [k for k in head_missing if not k.endswith("decoder.weight")]  # tied to the embeddings
     if head_missing:
@@ -149,8 +156,12 @@ def load_model(spec: str = DEFAULT_MODEL, device: str = "cpu", dtype: str = "flo
         raise ModelLoadError(f"{spec!r} has no tokenizer (its vocabulary is only the {len(tokenizer)} special tokens): "
                              "save the tokenizer next to the weights (tokenizer.save_pretrained(DIR)) and retry.")
     if tokenizer.mask_token_id is None:
+        _mask_token_from_config(tokenizer, config, spec)
+    if tokenizer.mask_token_id is None:
         raise ModelLoadError(f"the tokenizer of {spec!r} has no mask token: it is not a masked-LM tokenizer.")
     model.to(device).eval()
+    if auto_model:
+        _check_returns_logits(model, tokenizer, spec)
     if found is None:
         try:
             found = discover_adapter(model)
@@ -159,3 +170,71 @@ def load_model(spec: str = DEFAULT_MODEL, device: str = "cpu", dtype: str = "flo
     config_hash = hashlib.sha256(config.to_json_string(use_diff=False).encode()).hexdigest()[:16]
     return LoadedModel(model, tokenizer, spec, path, found, config_hash)
 
+
+def _checkpoint_code(path: str) -> list[str]:
+    """The Python files a local checkpoint's ``config.json`` names in ``auto_map`` (its own code), sorted; empty when
+    transformers knows its ``model_type`` (then transformers' own classes load it without that code)."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    try:
+        raw = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
+        auto_map = raw.get("auto_map") or {}
+    except (OSError, ValueError, AttributeError):
+        return []
+    if raw.get("model_type") in CONFIG_MAPPING:
+        return []
+    refs = [r for v in auto_map.values() for r in (v if isinstance(v, (list, tuple)) else [v]) if isinstance(r, str)]
+    return sorted({ref.split("--")[-1].rsplit(".", 1)[0] + ".py" for ref in refs})
+
+
+def _load_weights(spec: str, path: str, config, dtype: str, trust_remote_code: bool) -> tuple[nn.Module, dict, bool]:
+    """(model, loading info, loaded with ``AutoModel``): the masked-LM class; failing that, ``AutoModel`` for remote
+    code whose ``auto_map`` registers it (masked diffusion LMs: LLaDA, Dream), with ``trust_remote_code`` only."""
+    from transformers import AutoModel, AutoModelForMaskedLM
+
+    auto_map = getattr(config, "auto_map", None) or {}
+    fallback = trust_remote_code and "AutoModel" in auto_map and "AutoModelForMaskedLM" not in auto_map
+    for auto_class in (AutoModelForMaskedLM, AutoModel) if fallback else (AutoModelForMaskedLM,):
+        try:
+            with quiet_transformers():  # its load report lists unused heads (pooler, NSP): noise; gradflow checks
+                model, info = auto_class.from_pretrained(path, config=config, dtype=DTYPES[dtype],
+                                                         trust_remote_code=trust_remote_code, output_loading_info=True)
+            return model, info, auto_class is AutoModel
+        except ValueError as err:
+            if auto_class is AutoModelForMaskedLM and fallback:
+                continue  # no masked-LM class for this config: its AutoModel class, checked for logits after loading
+            raise ModelLoadError(f"{spec!r} (model_type {config.model_type!r}) has no masked-LM class: {err}") \
+                from None
+        except OSError as err:
+            raise ModelLoadError(f"could not load the weights of {spec!r}: {err}") from None
+    raise AssertionError("unreachable")
+
+
+def _mask_token_from_config(tokenizer, config, spec: str) -> None:
+    """Give a tokenizer without a mask token the one ``config.mask_token_id`` names (LLaDA: 126336), if any."""
+    mask_id = getattr(config, "mask_token_id", None)
+    if not isinstance(mask_id, int) or not 0 <= mask_id < len(tokenizer):
+        return
+    token = tokenizer.convert_ids_to_tokens(mask_id)
+    if token is None or token == tokenizer.unk_token:
+        return
+    tokenizer.mask_token = token
+    print(f"gradflow: the tokenizer of {spec!r} declares no mask token; using {token!r}, the config's mask_token_id "
+          f"{mask_id}.", file=sys.stderr)
+
+
+def _check_returns_logits(model: nn.Module, tokenizer, spec: str) -> None:
+    """A model loaded with ``AutoModel`` must return ``logits`` (B, T, V >= the tokenizer's size) on a probe
+    (``input_ids`` only: three mask tokens)."""
+    ids = torch.tensor([[tokenizer.mask_token_id] * 3], device=next(model.parameters()).device)
+    try:
+        with torch.no_grad():
+            logits = getattr(model(input_ids=ids), "logits", None)
+    except Exception as err:  # noqa: BLE001 - any failure of the probe forward is reported as a refusal
+        raise ModelLoadError(f"{spec!r} was loaded with AutoModel (its config.json maps no masked-LM class) but a "
+                             f"probe forward failed: {type(err).__name__}: {err}") from None
+    if not isinstance(logits, torch.Tensor) or logits.dim() != 3 or tuple(logits.shape[:2]) != (1, 3) \
+            or logits.shape[-1] < len(tokenizer):
+        raise ModelLoadError(f"{spec!r} was loaded with AutoModel (its config.json maps no masked-LM class), but its "
+                             "forward returns no logits over the vocabulary at each position: gradflow needs the "
+                             "model with its language-model head.")

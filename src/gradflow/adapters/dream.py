@@ -1,0 +1,52 @@
+"""Dream (Dream-org/Dream-v0-Base-7B, remote code ``modeling_dream.py``, model_type ``Dream``): a masked diffusion LM
+with a shifted head.
+
+Loaded with ``--trust-remote-code`` through ``AutoModel`` (its ``auto_map`` maps no masked-LM class):
+``DreamModel`` holds ``model``, a ``DreamBaseModel`` (``embed_tokens``, ``layers``, ``norm``) and ``lm_head``.
+Each layer is Qwen2's pre-norm block with bidirectional attention: ``input_layernorm`` (RMSNorm) feeding
+``self_attn.{q,k,v}_proj`` (with biases; rotary positions, grouped-query attention), ``self_attn.o_proj``,
+residual; ``post_attention_layernorm``, gated MLP ``down_proj(act(gate_proj(x)) * up_proj(x))``, residual.
+
+Dream was trained with a shifted head (``shifted_head``): its loss shifts the logits right by one, so the logits
+at position p - 1 predict the token at p. Under the matching shifted objective the loss positions are those
+whose successor is masked, whatever their own input, and the last block's exact zero holds at every other
+position (also at a masked input whose successor is not masked).
+
+``DreamModel.forward`` turns the (B, T) attention mask into the (B, 1, T, T) boolean mask (or ``"full"``) its
+base model takes, so the base model cannot be called with the batch's mask alone: ``head_mixes_positions``
+states that, and the recorder runs the whole model (the same loss and gradients). ``head`` and ``final_norm``
+still map the last block's output to the logits (the logit lens).
+"""
+
+from __future__ import annotations
+
+from gradflow.adapters.base import LM_HEAD, Adapter, SublayerSpec
+
+DREAM = Adapter(
+    family="dream",
+    model_types=("Dream", "dream"),
+    embeddings="embed_tokens",
+    blocks="layers",
+    mid=("post_attention_layernorm", "input"),
+    sublayers={
+        "attn.q": SublayerSpec("self_attn.q_proj"),
+        "attn.k": SublayerSpec("self_attn.k_proj"),
+        "attn.v": SublayerSpec("self_attn.v_proj"),
+        "attn.out": SublayerSpec("self_attn.o_proj"),
+        "attn.norm": SublayerSpec("input_layernorm"),
+        "ffn.in": SublayerSpec("mlp.up_proj"),
+        "ffn.gate": SublayerSpec("mlp.gate_proj"),
+        "ffn.out": SublayerSpec("mlp.down_proj"),
+        "ffn.norm": SublayerSpec("post_attention_layernorm"),
+    },
+    attn_norm="pre",
+    head=LM_HEAD,
+    final_norm="norm",
+    head_mixes_positions="Dream's base model takes the (B, 1, T, T) attention mask DreamModel.forward builds from "
+                         "the (B, T) one, so the head cannot run apart from the whole model at the loss positions alone",
+    shifted_head=True,
+    notes="masked diffusion LM (remote code, loaded with --trust-remote-code through AutoModel) with a shifted head "
+          "(the logits at p predict the token at p + 1): Qwen2 pre-norm blocks with q/k/v biases, RMSNorm gains "
+          "split by role exactly, rotary positions, grouped-query attention, bidirectional attention; the whole "
+          "model runs to record",
+)
