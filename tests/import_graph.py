@@ -35,7 +35,7 @@ TIERS: dict[str, int] = {
     "__main__": 13,
 }
 
-UNIT_MEMBERS: dict[str, str] = {"schema_reports": "schema"}
+UNIT_MEMBERS: dict[str, str] = {"schema_reports": "schema", "schema_keys": "schema"}
 """Top-level modules that belong to another unit (the schema's meanings live beside it, in its unit)."""
 
 Graph = dict[str, set[str]]

@@ -18,6 +18,7 @@ from gradflow.cli.options import (
     describe,
     objective_from_args,
 )
+from gradflow.errors import UsageError
 from gradflow.losses import LOSSES, REDUCTIONS
 
 
@@ -33,6 +34,11 @@ def _add_record_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="output run directory")
     add_corpus(p)
     add_objective(p)
+    p.add_argument("--prompt-field", default=None, metavar="FIELD",
+                   help="--texts is a .jsonl of prompt/response pairs for supervised fine-tuning: this field is the "
+                        "prompt, never masked (LLaDA's SFT); default: a plain corpus")
+    p.add_argument("--response-field", default=None, metavar="FIELD",
+                   help="with --prompt-field: the field holding the response (default response)")
     add_device(p)
     add_dtype(p)
     p.add_argument("--loss", choices=list(LOSSES), default="mlm",
@@ -48,12 +54,27 @@ def _add_record_args(p: argparse.ArgumentParser) -> None:
     add_adapter(p)
 
 
+def prompted_fields(args: argparse.Namespace):
+    """The prompt/response fields of ``--prompt-field``/``--response-field`` (None: a plain corpus)."""
+    if args.prompt_field is None:
+        if args.response_field is not None:
+            raise UsageError("--response-field names the response of a prompt/response corpus: give --prompt-field "
+                             "too")
+        return None
+    from gradflow.inputs.prompted import PromptFields
+
+    if args.prompt_field == (args.response_field or "response"):
+        raise UsageError(f"--prompt-field and --response-field must differ, both are {args.prompt_field!r}")
+    return PromptFields(args.prompt_field, args.response_field or "response")
+
+
 def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     """Record and print where the run went."""
     from gradflow.runs.record import RecordConfig, record_corpus
 
     config = RecordConfig(
         out=args.out, model=args.model, texts=args.texts, objective=objective_from_args(args),
+        prompted=prompted_fields(args),
         seed=args.seed, max_length=args.max_length, batch_size=args.batch_size,
         limit=args.limit, device=args.device, dtype=args.dtype, loss=args.loss, reduction=args.reduction,
         sublayers=not args.norms_only, overwrite=args.overwrite, quiet=args.quiet,

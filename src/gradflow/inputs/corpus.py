@@ -28,6 +28,7 @@ from typing import TypeVar
 from gradflow.errors import CorpusError
 from gradflow.inputs import streaming
 from gradflow.inputs.jsonl_text import record_text
+from gradflow.inputs.prompted import PromptFields, prompted_encoding, prompted_records
 from gradflow.inputs.streaming import LongLine, file_chunks, piece_windows, read_lines, streamable, text_pieces
 
 T = TypeVar("T")
@@ -46,6 +47,7 @@ class Document:
     source: str
     line: int
     pieces: Iterable[str] | None = field(default=None, compare=False, repr=False)
+    prompt: str | None = None  # a prompt/response corpus (:mod:`gradflow.inputs.prompted`): ``text`` is the response
 
     @property
     def streamed(self) -> bool:
@@ -79,6 +81,7 @@ class CorpusCounts:
     split_documents: int = 0
     skipped_empty_documents: int = 0
     skipped_no_maskable: int = 0
+    truncated_responses: int = 0  # prompt/response corpora: responses cut to fit the window
 
 
 def _nonblank(pieces: Iterable[str]) -> Iterable[str] | None:
@@ -131,15 +134,19 @@ def default_texts() -> str:
     return str(resources.files("gradflow") / "data" / "sotu_sample.txt")
 
 
-def open_corpus(texts: str | Path | Sequence[str] | None) -> tuple[Iterator[Document], str]:
+def open_corpus(texts: str | Path | Sequence[str] | None,
+                prompted: PromptFields | None = None) -> tuple[Iterator[Document], str]:
     """(documents, source name) of a corpus path, a list of strings (blank ones skipped) or None (the default).
 
-    The source name is the path as given, or ``<N texts>`` for a list (for meta.json).
+    The source name is the path as given, or ``<N texts>`` for a list (for meta.json). ``prompted``: the
+    path is a prompt/response ``.jsonl`` corpus with these fields (:mod:`gradflow.inputs.prompted`).
     """
     if texts is None:
         texts = default_texts()
     if isinstance(texts, (str, Path)):
-        return read_documents(texts), str(texts)
+        return read_documents(texts, prompted), str(texts)
+    if prompted is not None:
+        raise CorpusError("a prompt/response corpus is a .jsonl file: pass its path, not a list of texts.")
     docs = (Document(i, t, "<texts>", i + 1) for i, t in enumerate(texts) if t.strip())
     return docs, f"<{len(texts)} texts>"
 
@@ -152,13 +159,29 @@ def check_corpus_path(path: str | Path) -> None:
                           "for standard input.")
 
 
-def read_documents(path: str | Path) -> Iterator[Document]:
+def read_documents(path: str | Path, prompted: PromptFields | None = None) -> Iterator[Document]:
     """Stream the documents of a corpus (see module docstring for the accepted forms).
 
     Files are read in chunks; a line of ``LONG_LINE_BYTES`` or more comes as a document with
-    ``pieces`` (see :class:`Document`), read as it is tokenised.
+    ``pieces`` (see :class:`Document`), read as it is tokenised. ``prompted``: a prompt/response
+    ``.jsonl`` file, each line a document whose ``prompt`` is set.
     """
     spec = str(path)
+    if prompted is not None:
+        return _prompted_documents(spec, prompted)
+    return _documents(spec)
+
+
+def _prompted_documents(spec: str, prompted: PromptFields) -> Iterator[Document]:
+    if spec == "-" or Path(spec).suffix != ".jsonl" or not Path(spec).is_file():
+        raise CorpusError(f"--prompt-field needs a .jsonl file of prompt/response records, got {spec}.")
+    with open(spec, "rb") as handle:
+        records = prompted_records(read_lines(file_chunks(handle), spec), spec, prompted)
+        for index, (prompt, response, line) in enumerate(records):
+            yield Document(index, response, spec, line, prompt=prompt)
+
+
+def _documents(spec: str) -> Iterator[Document]:
     if spec == "-":
         sources: list[tuple[str, object, bool]] = [("<stdin>", sys.stdin.buffer, False)]
     else:
@@ -190,6 +213,9 @@ def document_windows(tokenizer, document: Document, max_length: int) -> list[dic
     Uses the fast tokenizer's overflow windows (no overlap), so every token lands in exactly one
     window. Each encoding has ``input_ids``, ``special_tokens_mask`` and ``word_ids``.
     """
+    if document.prompt is not None:
+        return [prompted_encoding(tokenizer, document.prompt, document.text, max_length,
+                                  f"{document.source}, line {document.line}")]
     n_special = tokenizer.num_special_tokens_to_add(pair=False)
     if max_length - n_special < 1:
         raise CorpusError(f"max_length={max_length} leaves no room for tokens next to {n_special} special tokens")
@@ -232,6 +258,9 @@ def long_document_windows(tokenizer, document: Document, max_length: int) -> Ite
     For a tokenizer that cannot be streamed (:func:`gradflow.inputs.streaming.streamable`) the text
     is joined and tokenised whole.
     """
+    if document.prompt is not None:
+        return [prompted_encoding(tokenizer, document.prompt, document.text, max_length,
+                                  f"{document.source}, line {document.line}")]
     n_special = tokenizer.num_special_tokens_to_add(pair=False)
     if max_length - n_special < 1:
         raise CorpusError(f"max_length={max_length} leaves no room for tokens next to {n_special} special tokens")
@@ -271,6 +300,7 @@ def iter_windows(tokenizer, documents: Iterable[Document], max_length: int, coun
             if encoding is None:
                 break
             counts.windows += 1
+            counts.truncated_responses += bool(encoding.pop("truncated", False))
             yield Window(sequence_index, doc.index, w, encoding)
             sequence_index += 1
 

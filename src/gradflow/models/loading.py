@@ -181,10 +181,15 @@ def _checkpoint_code(path: str) -> list[str]:
         auto_map = raw.get("auto_map") or {}
     except (OSError, ValueError, AttributeError):
         return []
-    if raw.get("model_type") in CONFIG_MAPPING:
+    if _known_to_transformers(raw.get("model_type"), CONFIG_MAPPING):
         return []
     refs = [r for v in auto_map.values() for r in (v if isinstance(v, (list, tuple)) else [v]) if isinstance(r, str)]
     return sorted({ref.split("--")[-1].rsplit(".", 1)[0] + ".py" for ref in refs})
+
+
+def _known_to_transformers(kind: object, mapping) -> bool:
+    """Whether transformers has classes of its own for this config type (not an architecture branch: any type)."""
+    return isinstance(kind, str) and kind in mapping
 
 
 def _load_weights(spec: str, path: str, config, dtype: str, trust_remote_code: bool) -> tuple[nn.Module, dict, bool]:

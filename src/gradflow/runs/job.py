@@ -38,6 +38,7 @@ from gradflow.errors import CorpusError, GradflowError, UsageError
 from gradflow.inputs.corpus import CorpusCounts, Document, Window, batches, iter_windows, open_corpus, shard
 from gradflow.inputs.masking import MaskedBatch, MaskingPolicy
 from gradflow.inputs.pipeline import mask_windows, masked_batches
+from gradflow.inputs.prompted import PromptFields
 from gradflow.models import LoadedModel
 from gradflow.roles import LOSS_ROLES, TOKEN_ROLES, role_counts
 from gradflow.runs.interrupts import StopRequest, stop_on_sigint
@@ -187,14 +188,15 @@ class CorpusJob:
 
 def open_job(loaded: LoadedModel, texts: str | Path | Sequence[str] | None, policy: MaskingPolicy,
              max_length: int, batch_size: int, *, limit: int | None = None, rank: int = 0, world: int = 1,
-             start: float | None = None, model: str | None = None) -> CorpusJob:
+             start: float | None = None, model: str | None = None, prompted: PromptFields | None = None) -> CorpusJob:
     """Check ``max_length`` against the model (:func:`check_max_length`, naming ``model``) and open ``texts``.
 
     ``texts``: a corpus path, a list of strings or None (the committed sample); see
-    :func:`gradflow.inputs.corpus.open_corpus`. Nothing is read until the batches are iterated.
+    :func:`gradflow.inputs.corpus.open_corpus` (``prompted``: a prompt/response ``.jsonl`` corpus, whose
+    prompts are never masked). Nothing is read until the batches are iterated.
     """
     check_max_length(max_length, loaded, model)
-    documents, source = open_corpus(texts)
+    documents, source = open_corpus(texts, prompted)
     return CorpusJob(loaded.tokenizer, documents, source, policy, max_length, batch_size, limit, rank, world,
                      time.time() if start is None else start)
 

@@ -20,6 +20,7 @@ from gradflow.errors import CorpusError, UsageError
 from gradflow.hooks.recorder import GradFlowRecorder, RecorderConfig
 from gradflow.inputs.corpus import CorpusCounts, check_corpus_path, default_texts
 from gradflow.inputs.masking import BertMasking, MaskedBatch, MaskedDiffusion, MaskingPolicy, TokenizerInfo
+from gradflow.inputs.prompted import PromptFields
 from gradflow.models import DEFAULT_MODEL, LoadedModel, load_model
 from gradflow.provenance import portable_path
 from gradflow.runs.aggregate import SiteAggregator, SublayerAggregator, record_is_finite
@@ -63,6 +64,8 @@ class RecordConfig:
     ``objective``: a masking policy (:class:`~gradflow.inputs.objectives.MaskedDiffusion`,
     :class:`~gradflow.inputs.objectives.SpanMasking`, a shifted :class:`BertMasking`, ...) in place of
     BERT masking by ``mask_rate``, ``mask_split`` and ``whole_word``; ``seed`` replaces its own seed.
+    ``prompted``: ``texts`` is a prompt/response ``.jsonl`` corpus with these fields (supervised
+    fine-tuning of a diffusion LM: the prompt is never masked; :mod:`gradflow.inputs.prompted`).
     """
 
     out: str
@@ -89,6 +92,7 @@ class RecordConfig:
     checkpoint_every: int = DEFAULT_EVERY
     checkpoint_minutes: float = DEFAULT_MINUTES
     objective: MaskingPolicy | None = None
+    prompted: PromptFields | None = None
 
     def policy(self) -> MaskingPolicy:
         """The masking policy of this recording, seeded by ``seed``."""
@@ -156,7 +160,7 @@ def _record_corpus(config: RecordConfig, loaded: LoadedModel | None, start: floa
     policy = config.policy()
     try:
         corpus = open_job(loaded, texts, policy, config.max_length, config.batch_size, limit=config.limit,
-                          rank=rank, world=world, start=start, model=config.model)
+                          rank=rank, world=world, start=start, model=config.model, prompted=config.prompted)
     except UsageError:  # a window longer than the model accepts: refused before anything is recorded
         if not config.resume:  # (a resumed run's directory is left as it is)
             _discard(out)
@@ -197,7 +201,7 @@ def _fingerprint(job: _Job, texts: str) -> dict:
     return settings_fingerprint(job.loaded, cfg.model, texts, job.corpus.policy, seed=cfg.seed,
                                 max_length=cfg.max_length, batch_size=cfg.batch_size, limit=cfg.limit, loss=cfg.loss,
                                 reduction=cfg.reduction, sublayers=cfg.sublayers, dtype=cfg.dtype,
-                                world_size=job.corpus.world)
+                                world_size=job.corpus.world, **_prompted_meta(cfg))
 
 
 def _restore(job: _Job, saved: Checkpoint, start: float) -> None:
@@ -371,12 +375,18 @@ def _meta(job: _Job) -> dict:
         "max_length": cfg.max_length, "batch_size": cfg.batch_size, "limit": cfg.limit, "device": cfg.device,
         "dtype": cfg.dtype, "world_size": corpus.world, "counts": _counts(job), "mean_loss": job.stats.mean_loss,
     }
+    fields.update(_prompted_meta(cfg))
     if not corpus.complete and job.checkpointed:  # how far a --resume starts from
         fields["progress"] = {k: v for k, v in job.checkpointed.items() if k != "parts"}
     shared = weight_sharing(block_modules(loaded.adapter, loaded.model.base_model))
     if shared:  # rows of these layers are per application; the shared weight's gradient is their sum
         fields[WEIGHT_SHARING_META_KEY] = {"shared_layers": shared}
     return job_meta(loaded, inputs, corpus.outcome(cfg.command, job.out), fields)
+
+
+def _prompted_meta(config: RecordConfig) -> dict:
+    """``{"prompted": {prompt_field, response_field}}`` for a prompt/response corpus; else nothing (as before)."""
+    return {} if config.prompted is None else {"prompted": config.prompted.describe()}
 
 
 def _portable_tokenizer(loaded: LoadedModel, out: Path) -> dict:
@@ -390,6 +400,7 @@ def _counts(job: _Job) -> dict:
     counts, stats = job.corpus.counts, job.stats
     return {
         "documents": counts.documents, "windows": counts.windows, "split_documents": counts.split_documents,
+        **({"truncated_responses": counts.truncated_responses} if job.config.prompted is not None else {}),
         "sequences_recorded": stats.sequences, "batches": stats.batches, "tokens_per_role": stats.tokens,
         "skipped": {"empty_documents": counts.skipped_empty_documents,
                     "nonfinite_batches": stats.nonfinite_batches,
