@@ -141,10 +141,12 @@ ANALYSIS_COLUMNS: dict[str, tuple[str, ...]] = {
     "channel_quantiles": ("layer", "site", "role", "n_positions", "mean", "median", "q05", "q95", "zero_fraction"),
     "ratio_differences": ("label", "baseline", "layer", "baseline_layer", "relative_depth", "role", "difference",
                           "ci_low", "ci_high", "paired"),
+    "mask_ratio_profile": ("layer", "site", "t_low", "t_high", "t_mid", "n_sequences", "ratio", "ci_low", "ci_high",
+                           "context_mean", "loss_mean", "n_context", "n_loss", "exact_zero"),
 }
 """Column order of each table :mod:`gradflow.analysis` builds, by name: :func:`~gradflow.analysis.role_profile`,
 ``role_ratios``, ``layer_tests``, ``sublayer_shares``, ``last_block`` (``last_block_deficit``), ``channel_quantiles``,
-``ratio_differences`` (``compare_runs``), ``context_pressure`` (below). :data:`ANALYSIS_NOTES` explains the columns."""
+``ratio_differences`` (``compare_runs``), ``mask_ratio_profile`` (``ratio_by_mask_ratio``), ``context_pressure``."""
 ANALYSIS_NOTES: dict[str, str] = {
     "role": "a position role, or ``loss``: masked + random + kept pooled by positions",
     "n_sequences": "sequences with at least one position of the role",
@@ -200,10 +202,9 @@ EXPLORE_SUBLAYER_COLUMNS: tuple[str, ...] = ("sublayer", "param", "role", "share
                                              "n_nonzero")
 """Fields of each last-block sublayer row the explorer page receives (from ``BatchRecord.sublayer_frame``)."""
 
-CHANNEL_VIEW_COLUMNS: tuple[str, ...] = (
-    "position", "token", "input_token", "role", "site", "layer", "point", "grad_norm", "act_norm",
-    "attribution_sum", "attribution_norm", "ig_sum", "ig_norm",
-)
+CHANNEL_VIEW_COLUMNS: tuple[str, ...] = ("position", "token", "input_token", "role", "site", "layer", "point",
+                                         "grad_norm", "act_norm", "attribution_sum", "attribution_norm", "ig_sum",
+                                         "ig_norm")
 """Column order of ``channel_view.csv`` (one row per site and position of one sentence)."""
 
 # ----------------------------------------------------------------------------------------------
@@ -221,10 +222,9 @@ MASK_RATIOS_FILE = "mask_ratios.parquet"  # masked diffusion only: each sequence
 MASK_RATIO_DTYPES: dict[str, str] = {"sequence_index": "int64", "mask_ratio": "float64"}
 OPTIONAL_RUN_FILES: tuple[str, ...] = (SUBLAYER_SEQUENCES_FILE, MASK_RATIOS_FILE)
 """Run files a record run may lack; ``--overwrite`` removes them with :data:`RUN_FILES`."""
-SUBLAYER_SEQUENCE_DTYPES: dict[str, str] = {
-    "sequence_index": "int64", "layer": "int64", "sublayer": "str", "param": "str", "role": "str",
-    "n_positions": "int64", "magnitude_sum": "float64",
-}
+SUBLAYER_SEQUENCE_DTYPES: dict[str, str] = {"sequence_index": "int64", "layer": "int64", "sublayer": "str",
+                                            "param": "str", "role": "str", "n_positions": "int64",
+                                            "magnitude_sum": "float64"}
 SUBLAYER_SEQUENCE_COLUMNS: tuple[str, ...] = tuple(SUBLAYER_SEQUENCE_DTYPES)
 PRESSURE_COLUMNS: tuple[str, ...] = (
     "layer", "sublayer", "param", "loss", "last_block", "pressure", "ci_low", "ci_high", "context_per_position",
@@ -236,10 +236,10 @@ ANALYSIS_COLUMNS["context_pressure"] = PRESSURE_COLUMNS
 REPORT_TABLES: dict[str, tuple[str, ...]] = {
     **{name: ANALYSIS_COLUMNS[name] for name in ("role_profile", "role_ratios", "layer_tests", "sublayer_shares",
                                                   "last_block", "channel_quantiles")},
-    "context_pressure": ("label", *PRESSURE_COLUMNS),
+    "context_pressure": ("label", *PRESSURE_COLUMNS), "mask_ratio_profile": ANALYSIS_COLUMNS["mask_ratio_profile"],
 }
 """``gradflow report``'s ``tables/<name>.csv`` -> columns (``context_pressure`` only for a run recorded under a loss
-other than ``mlm`` with ``sublayer_sequences.parquet``)."""
+other than ``mlm`` with ``sublayer_sequences.parquet``; ``mask_ratio_profile`` only with ``mask_ratios.parquet``)."""
 COMPARISON_TABLES: dict[str, tuple[str, ...]] = {
     "profiles": ("label", *ANALYSIS_COLUMNS["role_profile"], "relative_depth"),
     "ratios": ("label", *ANALYSIS_COLUMNS["role_ratios"], "relative_depth"),

@@ -54,8 +54,9 @@ def test_write_report_writes_figures_tables_and_summary(tmp_path, banners):
     for fig in FIGURES:
         assert f"{fig}.pdf" in names and f"{fig}.png" in names
     assert "role_ratios.csv" in names and "layer_tests.csv" in names
-    tables = _written_tables(tmp_path / "out")  # every table but context_pressure (mlm run), schema columns
-    assert tables == {k: v for k, v in schema.REPORT_TABLES.items() if k != "context_pressure"}
+    tables = _written_tables(tmp_path / "out")  # every table but context_pressure (mlm run) and mask_ratio_profile
+    assert tables == {k: v for k, v in schema.REPORT_TABLES.items()  # (no mask_ratios.parquet), schema columns
+                      if k not in ("context_pressure", "mask_ratio_profile")}
     summary = (tmp_path / "out" / "summary.md").read_text()
     assert summary.startswith("# gradflow report: synthetic/bert-tiny")
     assert "| layer | site | context / loss [95% CI]" in summary

@@ -298,7 +298,7 @@ def discover_adapter(model: nn.Module, notice: bool = True) -> Adapter:
     if notice:
         print(f"gradflow: {notes}", file=sys.stderr)
     return Adapter(
-        family="generic", model_types=(), embeddings="", blocks=group.parent, mid=None,
+        family="generic", model_types=(), embeddings="", blocks=group.parent, mid=None, shifted_head=None,
         sublayers={name: SublayerSpec(name) for name in split}, attn_norm="unknown",
         expand_blocks=lambda _base: list(modules), notes=notes, head=HeadSpec(call=_no_head),
         head_mixes_positions="not known: the generic adapter does not know the model's MLM head",

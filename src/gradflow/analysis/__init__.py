@@ -5,6 +5,7 @@
 - :mod:`.profiles`: gradient-norm profiles and ratios per layer and role, rank tests, quantiles;
 - :mod:`.sublayers`: weight-gradient shares and coverage per sublayer, the last-block deficit;
 - :mod:`.compare`: several runs of one tokenizer side by side.
+- :mod:`.mask_ratio`: masked diffusion: the context / loss ratio per layer and masking ratio t, with CIs;
 - :mod:`.pressure`: the counterfactual context pressure per sublayer (all-positions runs), with CIs;
 - :mod:`.probes`: layer-wise linear probes, control tasks, online code length, sentence bootstrap CIs.
 - :mod:`.structural_check` (with :mod:`.check_flops`): ``gradflow check``, the structural-zero lint on one
@@ -14,6 +15,7 @@ Column lists, role and sublayer order live in :mod:`gradflow.schema` (re-exporte
 """
 
 from gradflow.analysis.compare import Comparison, check_same_tokenizer, compare_runs
+from gradflow.analysis.mask_ratio import mask_ratio_bins, ratio_by_mask_ratio
 from gradflow.analysis.pressure import context_pressure
 from gradflow.analysis.probes import (
     CodeLength,
@@ -55,7 +57,7 @@ __all__ = [
     "Comparison", "ProbeResult", "Run", "RunError", "bootstrap_ratio", "bootstrap_sums", "channel_quantiles",
     "check_same_tokenizer", "compare_runs", "context_pressure", "context_ratio", "context_share", "control_labels",
     "fit_probe", "holm", "last_block_deficit", "last_layer_drop", "last_layer_drop_ci", "layer_tests", "load_run",
-    "mann_whitney", "online_code_length", "paired_difference_ci", "percentile_interval", "rank_biserial",
-    "read_sublayer_sequences", "resample_weights", "role_profile", "role_ratios", "selectivity",
-    "sentence_bootstrap_ci", "sequence_means", "sublayer_shares",
+    "mann_whitney", "mask_ratio_bins", "online_code_length", "paired_difference_ci", "percentile_interval",
+    "rank_biserial", "ratio_by_mask_ratio", "read_sublayer_sequences", "resample_weights", "role_profile",
+    "role_ratios", "selectivity", "sentence_bootstrap_ci", "sequence_means", "sublayer_shares",
 ]

@@ -4,7 +4,9 @@ A run directory holds ``channels.csv`` (per site and role), ``sublayers.csv`` (p
 sublayer, parameter and role), ``sequences.parquet`` (per sequence, site and role) and
 ``meta.json``. :func:`load_run` reads and validates them into a :class:`Run`; every error is a
 :class:`gradflow.errors.RunError` that says what to do. The optional (and possibly large)
-``sublayer_sequences.parquet`` is read on demand by :func:`read_sublayer_sequences`.
+``sublayer_sequences.parquet`` is read on demand by :func:`read_sublayer_sequences`; the optional (small)
+``mask_ratios.parquet`` of a masked-diffusion run is read and validated by :func:`load_run` into
+:attr:`Run.mask_ratios` (None without it).
 
 Conventions of the analysis modules (:mod:`.profiles`, :mod:`.sublayers`, :mod:`.compare`):
 
@@ -36,6 +38,8 @@ from gradflow.errors import RunError
 from gradflow.roles import ALL_ROLES
 from gradflow.schema import (
     CHANNELS_FILE,
+    MASK_RATIO_DTYPES,
+    MASK_RATIOS_FILE,
     META_FILE,
     POINTS,
     REQUIRED_META_KEYS,
@@ -57,6 +61,9 @@ class Run:
     sublayers: pd.DataFrame
     sequences: pd.DataFrame
     meta: dict[str, Any] = field(default_factory=dict)
+    mask_ratios: pd.DataFrame | None = None
+    """``mask_ratios.parquet`` (``sequence_index``, ``mask_ratio``: each sequence's masking ratio t, one row per
+    sequence) of a masked-diffusion run; None for any other run."""
 
     @property
     def complete(self) -> bool:
@@ -91,8 +98,9 @@ def load_run(path: str | Path) -> Run:
         _check_roles(root / name, frame)
     for name in (CHANNELS_FILE, SEQUENCES_FILE):
         _check_points(root / name, tables[name])
+    ratios = _read_mask_ratios(root / MASK_RATIOS_FILE, tables[SEQUENCES_FILE])
     run = Run(path=root, channels=tables[CHANNELS_FILE], sublayers=tables[SUBLAYERS_FILE],
-              sequences=tables[SEQUENCES_FILE], meta=meta)
+              sequences=tables[SEQUENCES_FILE], meta=meta, mask_ratios=ratios)
     _warn_if_inconsistent(run)
     return run
 
@@ -113,6 +121,35 @@ def read_sublayer_sequences(run: Run, param: str | None = "weight") -> pd.DataFr
                         allow_empty=True)
     _check_roles(path, frame)
     return frame
+
+
+def _read_mask_ratios(path: Path, sequences: pd.DataFrame) -> pd.DataFrame | None:
+    """``mask_ratios.parquet`` validated (None when absent): the schema's columns, one finite ratio in (0, 1] per
+    sequence, and a ratio for every sequence of ``sequences.parquet``; a :class:`RunError` says what is wrong."""
+    if not path.is_file():
+        return None
+    frame = _read_table(path, MASK_RATIO_DTYPES, allow_empty=True)[list(MASK_RATIO_DTYPES)]
+    redo = ("It is written by `gradflow record --objective diffusion` with the run's other tables; the file is "
+            "damaged or was edited: record the run again.")
+    try:
+        ratio = pd.to_numeric(frame["mask_ratio"], errors="raise").astype("float64")
+    except (TypeError, ValueError):
+        raise RunError(f"{str(path)!r}: column 'mask_ratio' is not float64. {redo}") from None
+    bad = ~(np.isfinite(ratio) & (ratio > 0) & (ratio <= 1))
+    if bad.any():
+        n = int(bad.sum())
+        raise RunError(f"{str(path)!r}: {n} masking ratio{'s are' if n > 1 else ' is'} not in (0, 1] (first: "
+                       f"{float(ratio[bad].iloc[0])!r} at sequence {int(frame.loc[bad, 'sequence_index'].iloc[0])}). "
+                       f"{redo}")
+    twice = frame["sequence_index"][frame["sequence_index"].duplicated()]
+    if len(twice):
+        raise RunError(f"{str(path)!r}: sequence {int(twice.iloc[0])} has more than one masking ratio "
+                       f"({len(twice)} repeated rows). {redo}")
+    lacking = np.setdiff1d(sequences["sequence_index"].unique(), frame["sequence_index"].to_numpy())
+    if lacking.size:
+        raise RunError(f"{str(path)!r} has no masking ratio for {lacking.size} sequences of {SEQUENCES_FILE} "
+                       f"(first: {int(lacking[0])}). {redo}")
+    return frame.assign(mask_ratio=ratio).sort_values("sequence_index", kind="stable").reset_index(drop=True)
 
 
 def _check_directory(root: Path) -> None:

@@ -33,6 +33,14 @@ from gradflow.analysis import (
 from gradflow.analysis.atlas import last_block_sharing, shared_context_shares
 from gradflow.figures import canvas
 from gradflow.figures.comparison import comparison_last_block, comparison_profiles, comparison_ratios
+from gradflow.figures.mask_ratio import (
+    MASK_RATIO_FIGURE,
+    MASK_RATIO_TABLE,
+    mask_ratio_latex,
+    mask_ratio_lines,
+    mask_ratio_section,
+    mask_ratio_tables,
+)
 from gradflow.figures.pressure import PRESSURE_FIGURE, pressure_bars, pressure_csv, pressure_section, pressure_tables
 from gradflow.figures.profiles import depth_profile, distribution_ranges, ratio_heatmap
 from gradflow.figures.report_tables import (
@@ -117,6 +125,7 @@ def write_report(run_dir: str | Path, out_dir: str | Path, formats: Sequence[str
     deficit = last_block_deficit(run)
     quantiles = channel_quantiles(run)
     pressure = pressure_tables([run], [run.label], n_resamples, seed)  # only under a loss other than mlm
+    by_t = mask_ratio_tables(run, n_resamples, seed)  # only with mask_ratios.parquet (masked diffusion)
     banner = None if run.complete else canvas.INCOMPLETE_BANNER
     written: list[Path] = []
     figures: dict[str, Callable[[], list[Artist]]] = {
@@ -127,17 +136,20 @@ def write_report(run_dir: str | Path, out_dir: str | Path, formats: Sequence[str
         "context_coverage": lambda: sublayer_heatmap(shares, "coverage", width=width),
         "context_share": lambda: sublayer_heatmap(shares, "share", width=width),
         **({PRESSURE_FIGURE: lambda: pressure_bars(pressure, width=width)} if pressure else {}),
+        **({MASK_RATIO_FIGURE: lambda: mask_ratio_lines(by_t[MASK_RATIO_TABLE], width=width)}
+           if by_t and not by_t[MASK_RATIO_TABLE].empty else {}),
     }
     for name, draw in figures.items():
         if name == "last_block" and deficit.empty:
             continue
         written += _render(draw, out / name, formats, banner, width)
     tables = {"role_profile": profile, "role_ratios": ratios, "layer_tests": tests, "sublayer_shares": shares,
-              "last_block": deficit, "channel_quantiles": quantiles, **pressure_csv(pressure)}
+              "last_block": deficit, "channel_quantiles": quantiles, **pressure_csv(pressure), **by_t}
     written += _write_tables(out / "tables", tables, REPORT_TABLES)
     summary = out / "summary.md"
     summary.write_text(_summary(run, ratios, tests, deficit, list(figures), formats, n_resamples, seed, out,
-                                pressure_section(pressure, n_resamples, seed)), encoding="utf-8")
+                                [*pressure_section(pressure, n_resamples, seed),
+                                 *mask_ratio_section(by_t, n_resamples, seed)]), encoding="utf-8")
     name = display_name(run.meta.get("model") or run.path.name)
     ci = f"95% sequence-bootstrap CIs ({n_resamples} resamples, seed {seed})"
     sites = latex_layout != "column"
@@ -150,6 +162,7 @@ def write_report(run_dir: str | Path, out_dir: str | Path, formats: Sequence[str
                              label=latex_label("last-block", name),
                              caption=f"{name}: context share of the last block's weight gradient per sublayer, "
                                      "against earlier blocks (0: exactly zero)."))
+    latex += mask_ratio_latex(by_t, name, latex_layout, n_resamples, seed)
     return [summary, *write_latex(out, latex, "gradflow report", latex_layout), *written]
 
 

@@ -3,6 +3,7 @@
 
 - :func:`layer_table`: one run's context and masked ratios per layer with the rank test;
 - :func:`deficit_table`: one run's last-block sublayers against the earlier blocks;
+- :func:`mask_ratio_table`: a masked-diffusion run's context ratio per layer and masking ratio t;
 - :func:`comparison_ratio_table`: every run's context ratio and the differences to the baseline, per layer, or
   per relative depth when the runs differ in depth (layers matched as :func:`gradflow.analysis.compare.matched_layers`
   matches them);
@@ -92,6 +93,25 @@ def deficit_table(deficit: pd.DataFrame, short: bool = False) -> TextTable:
                       rows)
     return _table(("sublayer", "context share", "earlier blocks: mean [min, max]", "ratio to earlier",
                    "coverage", "earlier coverage"), rows)
+
+
+def t_label(low: float, high: float) -> str:
+    """A bin of masking ratios as text: ``t = 0.5`` (a grid's value), ``t 0.2–0.4`` (a bin)."""
+    return f"t = {format_number(low)}" if low == high else f"t {format_number(low)}–{format_number(high)}"
+
+
+def mask_ratio_table(table: pd.DataFrame, intervals: bool = True) -> TextTable:
+    """The :func:`gradflow.analysis.ratio_by_mask_ratio` table as a row per layer and a column per bin of t: the
+    context / loss ratio (with its CI unless ``intervals`` is False), fixed decimals per column; 0 is exactly 0."""
+    bins = table[["t_low", "t_high"]].drop_duplicates().sort_values("t_low")
+    layers = sorted(int(x) for x in table["layer"].unique())
+    columns, header = [], []
+    for low, high in zip(bins["t_low"], bins["t_high"]):
+        d = table[(table["t_low"] == low) & (table["t_high"] == high)].set_index("layer").reindex(layers)
+        bounds = (d["ci_low"], d["ci_high"]) if intervals else (None, None)
+        columns.append(fixed_column(d["ratio"], *bounds))
+        header.append(t_label(low, high))
+    return _table(("layer", *header), [(layer, *(c[k] for c in columns)) for k, layer in enumerate(layers)])
 
 
 def comparison_ratio_table(comp: Comparison, depths: Mapping[str, int]) -> TextTable:
@@ -208,4 +228,4 @@ def _mean_loss(meta: Mapping[str, Any]) -> str:
 
 
 __all__ = ["check_layout", "compact", "comparison_last_table", "comparison_ratio_table", "deficit_table",
-           "layer_table", "provenance_table", "write_latex"]
+           "layer_table", "mask_ratio_table", "provenance_table", "t_label", "write_latex"]

@@ -270,6 +270,10 @@ class SiteLayer:
         return lambda module, args: self._enter_block(block)
 
     def _enter_block(self, block: nn.Module) -> None:
+        if self.adapter.embeddings_at == "blocks" and self._entered == len(self.blocks) and block is self.blocks[0]:
+            # a new forward whose base model was called as ``.forward(...)`` (LLaDA's LLaDAModelLM does), so the
+            # pre-hook that starts a forward never ran: the first block starting again starts it
+            self._start_forward(block, ())
         depth = self.depths.enter(block)
         if self.adapter.embeddings_at == "blocks" and depth != self._entered:
             raise SiteError(f"a block ran out of the discovered order (depth {depth} ran as block call "

@@ -43,6 +43,7 @@ from gradflow.inputs.masking import BertMasking, ExplicitMasking, MaskedBatch, M
 from gradflow.models import LoadedModel
 from gradflow.roles import LOSS_ROLES, TOKEN_ROLES, Role
 from gradflow.runs.files import write_csv, write_meta
+from gradflow.runs.job import check_head_shift
 from gradflow.runs.meta import JobInputs, JobOutcome, job_meta
 from gradflow.schema import CHANNEL_VIEW_COLUMNS
 
@@ -62,6 +63,7 @@ def channel_batch(loaded: LoadedModel, text: str, mask_positions: Sequence[int] 
     special token) become ``[MASK]``; None draws BERT's 15% masking, or ``objective``'s
     (:mod:`gradflow.inputs.objectives`), seeded by ``seed``. An empty ``mask_positions`` is refused
     unless ``allow_empty`` (then no position is selected); a shifted ``objective`` shifts them too."""
+    check_head_shift(objective if objective is not None else BertMasking(), loaded)
     enc = encode(loaded.tokenizer, text)
     n, limit = len(enc["input_ids"]), loaded.max_positions()
     if n > limit:

@@ -48,6 +48,24 @@ INTERRUPTED = "interrupted (SIGINT)"
 """The ``error`` of meta.json when a job was interrupted."""
 
 
+def check_head_shift(policy: MaskingPolicy, loaded: LoadedModel) -> None:
+    """Refuse, in one sentence, a shifted objective on a model whose head is not shifted, and the reverse.
+
+    The adapter says which head a model has (:attr:`gradflow.adapters.Adapter.shifted_head`); the generic
+    adapter (``--adapter auto``) cannot tell, so either objective is taken there.
+    """
+    adapter = loaded.adapter
+    if adapter.shifted_head is None or policy.shift == adapter.shifted_head:
+        return
+    if adapter.shifted_head:
+        raise UsageError(f"{loaded.name} ({adapter.family}) was trained with a shifted head (the logits at position "
+                         "p predict the token at p + 1): pass --shift (shift=True) so the loss sits where it does in "
+                         "training.")
+    raise UsageError(f"{loaded.name} ({adapter.family}) predicts each token at its own position, but the objective "
+                     "is shifted (--shift): drop --shift, or record with --adapter auto if this checkpoint's head is "
+                     "shifted after all.")
+
+
 def check_max_length(max_length: int, loaded: LoadedModel, model: str | None = None) -> None:
     """Raise :class:`UsageError` when windows of ``max_length`` tokens are longer than ``loaded`` accepts.
 
@@ -196,9 +214,10 @@ def open_job(loaded: LoadedModel, texts: str | Path | Sequence[str] | None, poli
     prompts are never masked). Nothing is read until the batches are iterated.
     """
     check_max_length(max_length, loaded, model)
+    check_head_shift(policy, loaded)
     documents, source = open_corpus(texts, prompted)
     return CorpusJob(loaded.tokenizer, documents, source, policy, max_length, batch_size, limit, rank, world,
                      time.time() if start is None else start)
 
 
-__all__ = ["INTERRUPTED", "CorpusJob", "RoleTally", "check_max_length", "open_job"]
+__all__ = ["INTERRUPTED", "CorpusJob", "RoleTally", "check_head_shift", "check_max_length", "open_job"]
