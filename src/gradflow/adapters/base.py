@@ -172,10 +172,11 @@ class Adapter:
     subset_call: str | None = None
     """Path in the last block of the module whose call ``subset_block`` receives (``call``), for blocks the model never
     calls as one module (XLM's ``attentions``); None: the block's own call."""
-    shifted_head: bool = False
+    shifted_head: bool | None = False
     """The model was trained with a shifted head: the logits at position p predict the token at p + 1 (Dream's loss
     shifts the logits right by one), so only a shifted objective (labels and roles on the loss side: position p
-    carries the loss of the token at p + 1) matches its training; False: the logits at p predict the token at p."""
+    carries the loss of the token at p + 1) matches its training; False: the logits at p predict the token at p;
+    None: unknown (the generic adapter), so either objective is taken."""
 
     def after_mixing(self) -> tuple[str, ...]:
         """Sublayers of a block that see only the channel's own post-attention state.
