@@ -214,4 +214,4 @@ def test_refused_with_the_measured_reason(tmp_path):
     with pytest.raises(ModelLoadError, match="two passes through tied blocks"):
         load_model(str(tmp_path))
     page = coverage_markdown()
-    assert "`diffusion_gemma` (`DiffusionGemmaForBlockDiffusion`): " + reason in page
+    assert "| `diffusion_gemma` | `DiffusionGemmaForBlockDiffusion` (transformers) | refused | - | " + reason in page

@@ -61,7 +61,12 @@ def test_coverage_doc_is_current():
     assert _without_version(DOC.read_text(encoding="utf-8")) == _without_version(coverage_markdown()), \
         "docs/mlm-coverage.md is out of date: run python -m analyses.maintenance.make_mlm_coverage"
     assert _without_version("transformers 5.24.0 maps 51") == "transformers <version> maps 51"
-    assert len(coverage_markdown().splitlines()) == 10 + len(MLM_TYPES)
+    page = coverage_markdown()
+    table, diffusion = page.split("\n## Masked diffusion LMs\n")
+    assert len(table.splitlines()) == 10 + len(MLM_TYPES)  # a fixed header and one row per mapped type
+    rows = [line for line in diffusion.splitlines() if line.startswith("| `")]
+    assert [r.split("`")[1] for r in rows] == ["llada", "Dream", "diffusion_gemma"]
+    assert "shifted (p predicts p + 1)" in rows[1] and "| unshifted |" in rows[0] and "| refused |" in rows[2]
 
 
 def _module_output_grads(model, batch, paths: dict[str, str]) -> dict[str, torch.Tensor]:

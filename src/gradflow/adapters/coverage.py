@@ -3,7 +3,8 @@
 The table behind ``docs/mlm-coverage.md`` (``python -m analyses.maintenance.make_mlm_coverage``), from the registry
 (:mod:`gradflow.adapters.registry`) and the refusals (:mod:`gradflow.adapters.refusals`, re-exported
 here); a test checks that every type transformers maps is in one of them. Refused types outside the masked-LM
-mapping (``REFUSED_BEYOND_MLM``: DiffusionGemma) are named in the page's opening paragraph.
+mapping (``REFUSED_BEYOND_MLM``: DiffusionGemma) and the remote-code diffusion families with an adapter
+(:data:`DIFFUSION_FAMILIES`: LLaDA, Dream) have the page's last section, "Masked diffusion LMs".
 """
 
 from __future__ import annotations
@@ -49,7 +50,8 @@ def coverage_markdown() -> str:
         f"transformers {transformers.__version__} maps {len(rows)} model types to a masked-LM class "
         f"(`MODEL_FOR_MASKED_LM_MAPPING_NAMES`). gradflow supports {n_supported} and refuses "
         f"{len(rows) - n_supported}, each with its reason; loading a refused type raises an error that "
-        "gives the reason." + _beyond_mlm_note(),
+        "gives the reason. Masked diffusion LMs, most of them outside that mapping, have [their own "
+        "section](#masked-diffusion-lms) below the table.",
         "",
         "For a supported type the statement lists the standard sublayers of the last block whose weight "
         "gradient from context positions is exactly zero (they see only their own position's "
@@ -59,17 +61,36 @@ def coverage_markdown() -> str:
         "|---|---|---|---|",
     ]
     lines += [f"| `{t}` | `{c}` | {status} | {text.replace('|', '/')} |" for t, c, status, text in rows]
-    return "\n".join(lines) + "\n"
+    return "\n".join([*lines, *_diffusion_section()]) + "\n"
 
 
-def _beyond_mlm_note() -> str:
-    """The refused types outside the masked-LM mapping, as sentences that continue the count's paragraph (the page
-    keeps one line per mapped type and a fixed header, which tests/adapters/test_mlm_coverage.py counts)."""
-    if not REFUSED_BEYOND_MLM:
-        return ""
-    refused = "; ".join(f"`{t}` (`{cls}`): {reason}" for t, (cls, reason) in sorted(REFUSED_BEYOND_MLM.items()))
-    return (" Beyond that mapping, transformers ships masked-diffusion models under other auto classes; gradflow "
-            f"refuses them the same way, each with its reason: {refused}.")
+def _diffusion_section() -> list[str]:
+    """``## Masked diffusion LMs``: the remote-code families gradflow has adapters for, with their head and exact
+    zero, and the diffusion types transformers ships that it refuses (``REFUSED_BEYOND_MLM``), with the reason."""
+    lines = ["", "## Masked diffusion LMs", "",
+             "Record them with `--objective diffusion` (a masking ratio t per sequence, every selected token "
+             "masked, loss weights 1/t, LLaDA's normalisation; see the [masked diffusion guide]"
+             "(guides/masked-diffusion.md)); a shifted head needs `--shift`, and gradflow refuses the objective "
+             "that does not match the adapter's head. Remote-code checkpoints load only with "
+             "`--trust-remote-code`, through `AutoModel` when their `auto_map` names no masked-LM class. MDLM-style "
+             "checkpoints with other custom backbones go through `--adapter auto`.", "",
+             "| model type | model | status | head | exact zero / reason |", "|---|---|---|---|---|"]
+    for model_type, model in DIFFUSION_FAMILIES:
+        adapter = adapter_for(_Config(model_type))
+        zero = ", ".join(adapter.after_mixing())
+        head = "shifted (p predicts p + 1)" if adapter.shifted_head else "unshifted"
+        lines.append(f"| `{model_type}` | {model} | supported ({adapter.family}, remote code) | {head} | last block, "
+                     f"exactly zero from positions without loss: {zero} |")
+    for model_type, (cls, reason) in sorted(REFUSED_BEYOND_MLM.items()):
+        lines.append(f"| `{model_type}` | `{cls}` (transformers) | refused | - | {reason.replace('|', '/')} |")
+    return lines
+
+
+DIFFUSION_FAMILIES: tuple[tuple[str, str], ...] = (
+    ("llada", "LLaDA (GSAI-ML/LLaDA-8B-Base, -Instruct, 1.5)"),
+    ("Dream", "Dream (Dream-org/Dream-v0-Base-7B, -Instruct)"),
+)
+"""Masked diffusion LMs with a registered adapter (remote code): model type and the checkpoints it names."""
 
 
 class _Config:
@@ -79,4 +100,4 @@ class _Config:
         self.model_type = model_type
 
 
-__all__ = ["REFUSED", "REFUSED_BEYOND_MLM", "coverage_markdown", "coverage_rows", "masked_lm_model_types", "refusal"]
+__all__ = ["DIFFUSION_FAMILIES", "REFUSED", "REFUSED_BEYOND_MLM", "coverage_markdown", "coverage_rows", "masked_lm_model_types", "refusal"]
