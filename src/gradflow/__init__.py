@@ -4,6 +4,8 @@ The public API: what the Getting-started page uses, re-exported from the modules
 
 - load a model: :func:`load_model` -> :class:`LoadedModel`;
 - mask a batch: :func:`mask_batch` with :class:`BertMasking` (or :class:`ExplicitMasking`) -> :class:`MaskedBatch`;
+  other training objectives: :class:`MaskedDiffusion` (LLaDA, MDLM: a ratio t per sequence, 1/t weights) and
+  :class:`SpanMasking` (SpanBERT); any of them shifted with ``shift=True`` (Dream);
 - record one batch: :class:`GradFlowRecorder` (:class:`RecorderConfig`) -> :class:`BatchRecord`;
 - record a corpus: :func:`record_corpus` with :class:`RecordConfig` -> :class:`RunSummary` (a run directory);
 - read a run: :func:`load_run` -> :class:`Run`; report it: :func:`write_report`, :func:`write_comparison`;
@@ -33,6 +35,7 @@ from gradflow.errors import (
 )
 from gradflow.hooks.recorder import BatchRecord, GradFlowRecorder, RecorderConfig, RecorderError
 from gradflow.inputs.masking import BertMasking, ExplicitMasking, MaskedBatch, TokenizerInfo, mask_batch
+from gradflow.inputs.objectives import MaskedDiffusion, SpanMasking
 from gradflow.losses import all_positions_loss, mlm_loss
 from gradflow.models import LoadedModel, load_model
 from gradflow.roles import ALL_ROLES, LOSS_ROLES, TOKEN_ROLES, Role
@@ -79,7 +82,7 @@ def __dir__() -> list[str]:
 __all__ = [
     "ALL_ROLES", "LOSS_ROLES", "TOKEN_ROLES", "Adapter", "BatchRecord", "BertMasking", "ChannelView", "CorpusError",
     "ExplicitMasking", "GradFlowCallback", "GradFlowRecorder", "GradflowError", "LoadedModel", "MaskedBatch",
-    "ModelLoadError", "RecordConfig", "RecorderConfig", "RecorderError", "Role", "Run", "RunError", "RunSummary",
+    "MaskedDiffusion", "ModelLoadError", "SpanMasking", "RecordConfig", "RecorderConfig", "RecorderError", "Role", "Run", "RunError", "RunSummary",
     "SparseMLMTrainer", "SublayerSpec", "TokenizerInfo", "UnsupportedArchitectureError", "UsageError", "__version__", "adapter_for",
     "all_positions_loss", "channel_view", "load_model", "load_run", "mask_batch", "mlm_loss", "record_corpus",
     "register_adapter", "sparse_mlm", "supported_model_types", "write_comparison", "write_report",
