@@ -256,12 +256,16 @@ def test_dream_shifted_zero_sits_where_no_loss_is_whatever_the_input(checkpoints
     assert worst < 1e-6
 
 
-def test_the_head_cannot_run_apart_from_the_whole_model(loaded):
-    """Why both adapters state ``head_mixes_positions``: the recorder's head-at-the-loss-positions path calls the
-    base model with the batch's inputs and reads its last_hidden_state; LLaDA's base model returns logits instead,
-    Dream's takes only the 4-D mask DreamModel.forward builds. The recorder runs the whole model for them."""
+def test_the_base_model_cannot_run_alone_so_the_whole_model_runs(loaded):
+    """Why both adapters state ``run_whole_model`` (not ``head_mixes_positions``: their heads are position-wise): the
+    recorder's head-at-the-loss-positions path calls the base model with the batch's inputs and reads its
+    last_hidden_state; LLaDA's base model returns logits instead, Dream's takes only the 4-D mask DreamModel.forward
+    builds. The recorder runs the whole model for them; sparse training stops the whole model at the last block."""
     family, lm = loaded
-    assert lm.adapter.head_mixes_positions
+    assert lm.adapter.run_whole_model and lm.adapter.head_mixes_positions is None
+    assert lm.adapter.subset_block is not None
+    with GradFlowRecorder(lm.model, RecorderConfig()) as rec:
+        assert rec._position_wise_head() is None
     inputs = _batch(family, lm.tokenizer).model_inputs()
     with torch.no_grad():
         if family == "llada":

@@ -126,6 +126,10 @@ class Adapter:
       position); ``call``: the block call's arguments by name; None: not implemented for the family;
     - ``head_mixes_positions``: why the MLM head is not position-wise (a reason refuses the sparse
       head); None: the head maps each position's hidden state alone;
+    - ``run_whole_model``: why the base model cannot be called alone with the batch's inputs to give the
+      last hidden state (LLaDA's base model applies the head and returns logits; Dream's takes the 4-D mask
+      its whole model builds); the recorder then runs the whole model, and sparse training intercepts the
+      last block inside the whole model's forward (the head is still position-wise); None: it can;
     - ``channels_first``: the blocks and the mid point carry (B, H, T) hidden states (SqueezeBERT): sites
       and sublayer inputs are transposed to (B, T, H); Conv1d sublayers of kernel size 1 are per-position Linears;
     - ``refuse`` (rare): ``(config) -> reason or None``: why a variant of the family cannot be recorded
@@ -156,6 +160,7 @@ class Adapter:
     refuse: Callable[[object], str | None] | None = field(default=None, compare=False)
     subset_block: Callable[[nn.Module, dict, torch.Tensor], torch.Tensor] | None = field(default=None, compare=False)
     head_mixes_positions: str | None = None
+    run_whole_model: str | None = None
     after_mixing_extra: tuple[str, ...] = ()
     """Non-standard sublayer names that, like ``attn.q`` and the FFN, read only their own position after the mixing."""
     appends_padding: bool = False

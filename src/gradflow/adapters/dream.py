@@ -13,14 +13,16 @@ whose successor is masked, whatever their own input, and the last block's exact 
 position (also at a masked input whose successor is not masked).
 
 ``DreamModel.forward`` turns the (B, T) attention mask into the (B, 1, T, T) boolean mask (or ``"full"``) its
-base model takes, so the base model cannot be called with the batch's mask alone: ``head_mixes_positions``
-states that, and the recorder runs the whole model (the same loss and gradients). ``head`` and ``final_norm``
-still map the last block's output to the logits (the logit lens).
+base model takes, so the base model cannot be called with the batch's mask alone: ``run_whole_model`` states
+that, and the recorder runs the whole model (the same loss and gradients). The head is still position-wise:
+``head`` and ``final_norm`` map the last block's output to the logits (the logit lens), and sparse training
+stops the whole model's forward at the last block (:func:`gradflow.adapters.subset_diffusion.dream_subset`).
 """
 
 from __future__ import annotations
 
 from gradflow.adapters.base import LM_HEAD, Adapter, SublayerSpec
+from gradflow.adapters.subset_diffusion import dream_subset
 
 DREAM = Adapter(
     family="dream",
@@ -42,11 +44,12 @@ DREAM = Adapter(
     attn_norm="pre",
     head=LM_HEAD,
     final_norm="norm",
-    head_mixes_positions="Dream's base model takes the (B, 1, T, T) attention mask DreamModel.forward builds from "
-                         "the (B, T) one, so the head cannot run apart from the whole model at the loss positions alone",
+    run_whole_model="DreamBaseModel takes the (B, 1, T, T) attention mask DreamModel.forward builds from the (B, T) "
+                    "one",
+    subset_block=dream_subset,
     shifted_head=True,
     notes="masked diffusion LM (remote code, loaded with --trust-remote-code through AutoModel) with a shifted head "
           "(the logits at p predict the token at p + 1): Qwen2 pre-norm blocks with q/k/v biases, RMSNorm gains "
           "split by role exactly, rotary positions, grouped-query attention, bidirectional attention; the whole "
-          "model runs to record",
+          "model runs to record; sparse last block",
 )

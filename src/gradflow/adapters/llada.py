@@ -10,10 +10,11 @@ Each block is Llama's pre-norm layout under other names: ``attn_norm`` (RMS norm
 ``ff_out(act(ff_proj(x)) * up_proj(x))`` (``ff_proj`` is the gate, ``up_proj`` the input), residual. The block
 returns ``(x, cache)``. The loss is unshifted: the logits at p predict the token at p (the masked positions).
 
-The base model applies ``ln_f`` and the output layer itself and returns logits, no ``last_hidden_state``, so the
-head cannot be run apart from it at the loss positions alone: ``head_mixes_positions`` states that, and the
-recorder runs the whole model (the same loss and gradients). ``head`` and ``final_norm`` still map the last
-block's output to the logits (the logit lens).
+The base model applies ``ln_f`` and the output layer itself and returns logits, no ``last_hidden_state``, so it
+cannot be called alone for the last hidden state: ``run_whole_model`` states that, and the recorder runs the
+whole model (the same loss and gradients). The head is still position-wise: ``head`` and ``final_norm`` map the
+last block's output to the logits (the logit lens), and sparse training stops the forward at the last block
+(:func:`gradflow.adapters.subset_diffusion.llada_subset`) and runs ``ln_f`` and the head at the loss positions.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from gradflow.adapters.base import Adapter, HeadSpec, SublayerSpec
+from gradflow.adapters.subset_diffusion import llada_subset
 
 
 def llada_head(model: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
@@ -56,10 +58,10 @@ LLADA = Adapter(
     attn_norm="pre",
     head=HeadSpec(call=llada_head),
     final_norm="transformer.ln_f",
-    head_mixes_positions="the head runs inside LLaDA's base model (LLaDAModel applies ln_f and ff_out and returns "
-                         "logits, no last_hidden_state), so it cannot run apart from it at the loss positions alone",
+    run_whole_model="LLaDAModel applies ln_f and the output layer itself and returns logits, no last_hidden_state",
+    subset_block=llada_subset,
     notes="masked diffusion LM (remote code, loaded with --trust-remote-code through AutoModel): Llama-style "
           "pre-norm blocks under LLaDA's names (attn_norm, q/k/v_proj, attn_out, ff_norm, ff_proj gate, up_proj, "
           "ff_out), RMS norm gains split by role exactly, rotary positions, bidirectional attention, unshifted "
-          "head; the whole model runs to record (the base model returns logits)",
+          "head; the whole model runs to record (the base model returns logits); sparse last block",
 )

@@ -230,7 +230,8 @@ class GradFlowRecorder:
     def _position_wise_head(self) -> Callable[[torch.Tensor], torch.Tensor] | None:
         """The MLM head as ``hidden (..., H) -> logits (..., V)`` where it reads each position alone from the base
         model's ``last_hidden_state``; None (the whole model runs) otherwise."""
-        if self.adapter.head_mixes_positions or getattr(self.model, "base_model", None) is not self.base:
+        if (self.adapter.head_mixes_positions or self.adapter.run_whole_model
+                or getattr(self.model, "base_model", None) is not self.base):
             return None
         if self.base is self.model:
             return None

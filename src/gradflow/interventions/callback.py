@@ -1,48 +1,47 @@
 """A ``transformers.TrainerCallback`` that logs where the gradient goes while a model trains.
 
-Every ``every`` optimizer steps (and at step 1) it logs, per parameter group (``embeddings``, each
-block, ``other`` = heads, final norms, pooler):
+Every ``every`` optimizer steps (and at step 1) it logs, per parameter group (``embeddings``, each block, ``other`` =
+heads, final norms, pooler):
 
-- ``grad_norm`` (role ``all``): L2 norm of the group's gradient for that step, **before**
-  clipping, summed over gradient-accumulation micro-batches (read by post-accumulate-grad hooks
-  installed for that step only; exact, nothing is recomputed);
-- ``drift`` (role ``all``): ``||W - W0|| / ||W0||`` over the group's parameters after the step's
-  update, ``W0`` being the weights at ``on_train_begin`` (a copy kept on the parameters' device);
+- ``grad_norm`` (role ``all``): L2 norm of the group's gradient for that step, **before** clipping, summed over
+  gradient-accumulation micro-batches (read by post-accumulate-grad hooks installed for that step only; exact, nothing
+  is recomputed);
+- ``drift`` (role ``all``): ``||W - W0|| / ||W0||`` over the group's parameters after the step's update, ``W0`` being
+  the weights at ``on_train_begin`` (a copy kept on the parameters' device);
 
-and, when the batch carries MLM labels (a ``*ForMaskedLM`` model and labels shaped like
-``input_ids``), per depth and position role (masked, random, kept, context, special, pad;
-:mod:`gradflow.roles`), from :class:`gradflow.hooks.recorder.GradFlowRecorder` in capture mode around
-that step's first micro-batch:
+and, when the batch carries MLM labels (a ``*ForMaskedLM`` model and labels shaped like ``input_ids``), per depth and
+position role (masked, random, kept, context, special, pad; :mod:`gradflow.roles`), from
+:class:`gradflow.hooks.recorder.GradFlowRecorder` in capture mode around that step's first micro-batch:
 
-- ``grad_norm`` (per role): ``sqrt(sum over the block's standard sublayers of ||G_r||^2)``, the
-  norm of role r's contribution to the block's weight gradient (exact per-role split);
-- ``hidden_grad_mean`` / ``n_positions``: mean norm of the loss gradient w.r.t. the block's output
-  hidden state over the positions of role r, and their number.
+- ``grad_norm`` (per role): ``sqrt(sum over the block's standard sublayers of ||G_r||^2)``, the norm of role r's
+  contribution to the block's weight gradient (exact per-role split);
+- ``hidden_grad_mean`` / ``n_positions``: mean norm of the loss gradient w.r.t. the block's output hidden state over
+  the positions of role r, and their number.
 
-Roles come from the batch's labels (:func:`gradflow.inputs.masking.mlm_roles`: labels != -100 are
-selected; masked, random or kept by the input; unselected positions special, pad or context), with
-the mask and special ids of the tokenizer (argument or the Trainer's ``processing_class``); without
-one, random replacements count as masked and specials as context.
+Roles come from the batch's labels (:func:`gradflow.inputs.masking.mlm_roles`: labels != -100 are selected; masked,
+random or kept by the input; unselected positions special, pad or context), with the mask and special ids of the
+tokenizer (argument or the Trainer's ``processing_class``); without one, random replacements count as masked and
+specials as context. Shifted labels (``shift``, default: the adapter's ``shifted_head``) give a loss position its
+successor input's role (:func:`loss_side_roles`); weighted losses (``1/t``) are recorded as computed. The sparse trainer
+(:class:`gradflow.training.SparseMLMTrainer`) runs a logged micro-batch densely (:meth:`GradFlowCallback.capture_batch`).
 
 Every row goes to ``gradflow_callback.csv`` (columns and quantities: :data:`gradflow.schema.CALLBACK_FIELDS`,
-:data:`gradflow.schema.CALLBACK_QUANTITIES`) in the run's ``output_dir`` (only on the main process), whatever
-``log`` says. ``log`` chooses the scalars that also go, per logged step, to ``trainer.log`` when attached
-with :meth:`GradFlowCallback.attach` (so the console and every reporting integration get them), else to
+:data:`gradflow.schema.CALLBACK_QUANTITIES`) in the run's ``output_dir`` (only on the main process), whatever ``log``
+says. ``log`` chooses the scalars that also go, per logged step, to ``trainer.log`` when attached with
+:meth:`GradFlowCallback.attach` (so the console and every reporting integration get them), else to
 ``state.log_history``:
 
 - ``"summary"`` (the default): the few scalars of :data:`gradflow.schema.CALLBACK_SUMMARY_SCALARS`
   (:func:`summary_scalars`: the model's gradient norm, the last block's norm, drift and context shares);
-- ``"all"``: one scalar per row but ``n_positions``, ``gradflow/{group}/{quantity}[/{role}]`` (about
-  90 per step on a 6-block model, 13 per block: the whole log for the reporting integrations);
+- ``"all"``: one scalar per row but ``n_positions``, ``gradflow/{group}/{quantity}[/{role}]`` (about 90 per step on a
+  6-block model, 13 per block: the whole log for the reporting integrations);
 - ``"none"``: nothing; the CSV only.
 
-Step numbering: ``step`` s is the optimizer step that takes ``global_step`` from s-1 to s; its
-gradients were computed with the weights after step s-1, its drift after step s.
-ALBERT's shared layer is one group (``blocks.0-11``): its weight gradient is the sum over depths;
-the per-role rows are per depth. With fp16 mixed precision (a gradient scaler), ``grad_norm``
-includes the loss scale; bf16 and fp32 are exact. Under DDP, the hooks see this process's
-gradient before the all-reduce.
-"""
+Step numbering: ``step`` s is the optimizer step that takes ``global_step`` from s-1 to s; its gradients were computed
+with the weights after step s-1, its drift after step s. ALBERT's shared layer is one group (``blocks.0-11``): its
+weight gradient is the sum over depths; the per-role rows are per depth. With fp16 mixed precision (a gradient
+scaler), ``grad_norm`` includes the loss scale; bf16 and fp32 are exact. Under DDP, the hooks see this process's
+gradient before the all-reduce."""
 
 from __future__ import annotations
 
@@ -86,16 +85,16 @@ class _Group:
 class GradFlowCallback(TrainerCallback):
     """Per-block gradient norms (per role for MLM batches) and weight drift, every ``every`` steps.
 
-    ``roles``: ``"auto"`` (per-role rows for MLM batches), ``"off"``; ``sublayers``: the per-role
-    weight-gradient split (``False`` keeps only the cheaper hidden-state rows); ``csv_path``:
-    default ``output_dir/gradflow_callback.csv``; ``tokenizer``: for mask and special ids
-    (default: the Trainer's ``processing_class``); ``log``: the scalars sent to ``trainer.log``
-    (:data:`LOG_MODES`: ``"summary"``, ``"all"``, ``"none"``; the CSV gets every row in each).
+    ``roles``: ``"auto"`` (per-role rows for MLM batches), ``"off"``; ``sublayers``: the per-role weight-gradient split
+    (``False`` keeps only the cheaper hidden-state rows); ``csv_path``: default ``output_dir/gradflow_callback.csv``;
+    ``tokenizer``: for mask and special ids (default: the Trainer's ``processing_class``); ``log``: the scalars sent to
+    ``trainer.log`` (:data:`LOG_MODES`: ``"summary"``, ``"all"``, ``"none"``; the CSV gets every row in each);
+    ``shift``: the labels are shifted (logits at p predict p + 1; None: the adapter's ``shifted_head``).
     """
 
     def __init__(self, every: int = 50, *, roles: str = "auto", sublayers: bool = True, drift: bool = True,
                  csv_path: str | Path | None = None, tokenizer=None, log_first_step: bool = True,
-                 log: str = "summary"):
+                 log: str = "summary", shift: bool | None = None):
         if every < 1:
             raise ValueError(f"every must be >= 1, got {every}")
         if roles not in ("auto", "off"):
@@ -110,6 +109,7 @@ class GradFlowCallback(TrainerCallback):
         self.csv_path = Path(csv_path) if csv_path is not None else None
         self.tokenizer = tokenizer
         self.log_first_step = log_first_step
+        self.shift = shift
         self.trainer = None
         self.rows: list[dict] = []  # every row logged in this process (also written to the CSV)
         self._groups: list[_Group] = []
@@ -154,13 +154,13 @@ class GradFlowCallback(TrainerCallback):
         step = state.global_step + 1
         if not self._is_logged(step):
             return
-        self._active_step = step
-        self._sq = {}
+        self._active_step, self._sq = step, {}
         for group in self._groups:
             for p in group.params:
                 if p.requires_grad:
                     self._hooks.append(p.register_post_accumulate_grad_hook(self._grad_hook))
         if self.roles == "auto" and _is_mlm_model(model):
+            self.shift = bool(adapter_for(model).shifted_head) if self.shift is None else self.shift
             self._arm_recorder(model)
 
     def _grad_hook(self, param: torch.Tensor) -> None:
@@ -178,21 +178,28 @@ class GradFlowCallback(TrainerCallback):
             return
         self._hooks.append(model.register_forward_pre_hook(self._start_capture, with_kwargs=True))
 
-    def _start_capture(self, module, args, kwargs):
-        """On the first forward of the logged step: derive roles and start capturing."""
-        if self._capture is not None or self._record is not None or self._recorder is None:
-            return None
-        ids = kwargs.get("input_ids", args[0] if args else None)
-        labels = kwargs.get("labels")
-        if ids is None or labels is None or labels.shape != ids.shape:
-            return None
+    @property
+    def wants_batch(self) -> bool:
+        """This step's recorder is armed and waits for its micro-batch (the sparse trainer then runs it densely)."""
+        return self._recorder is not None and self._capture is None and self._record is None
+
+    def capture_batch(self, input_ids: torch.Tensor, labels: torch.Tensor,
+                      attention_mask: torch.Tensor | None = None) -> bool:
+        """Capture the next forward and backward with this batch's roles; False if not armed or not MLM labels."""
+        if not self.wants_batch or labels is None or input_ids is None or labels.shape != input_ids.shape:
+            return False
         tok = self.tokenizer
         mask_id = getattr(tok, "mask_token_id", None) if tok is not None else None
         specials = tuple(getattr(tok, "all_special_ids", ())) if tok is not None else ()
-        roles = mlm_roles(ids, labels, kwargs.get("attention_mask"), mask_id, specials)
+        roles = loss_side_roles(input_ids, labels, attention_mask, mask_id, specials, bool(self.shift))
         self._capture = self._recorder.capture(roles)
         self._capture.__enter__()
-        return None
+        return True
+
+    def _start_capture(self, module, args, kwargs):
+        """On the first forward of the logged step: derive roles and start capturing."""
+        self.capture_batch(kwargs.get("input_ids", args[0] if args else None), kwargs.get("labels"),
+                           kwargs.get("attention_mask"))
 
     def _finish_capture(self) -> None:
         """After the first micro-batch's backward: keep its record and remove the recorder."""
@@ -215,9 +222,7 @@ class GradFlowCallback(TrainerCallback):
         if self._active_step is None:
             return
         self._finish_capture()
-        for handle in self._hooks:
-            handle.remove()
-        self._hooks = []
+        self._remove_hooks()
         self._grad_rows = [self._row(g.name, "all", "grad_norm", self._group_grad_norm(g)) for g in self._groups]
 
     def _group_grad_norm(self, group: _Group) -> float:
@@ -234,8 +239,7 @@ class GradFlowCallback(TrainerCallback):
         if self._record is not None:
             rows += self._role_rows(self._record)
         self._record, self._grad_rows, self._active_step = None, [], None
-        # trainer.log() clears control.should_log (CallbackHandler.on_log): keep the Trainer's own
-        # pending log of this step (its loss) from being dropped.
+        # trainer.log() clears control.should_log (CallbackHandler.on_log): keep the Trainer's pending log (its loss)
         pending_log = control.should_log
         self._emit(rows, state)
         control.should_log = control.should_log or pending_log
@@ -244,9 +248,11 @@ class GradFlowCallback(TrainerCallback):
 
     def on_train_end(self, args, state, control, **kwargs):
         self._finish_capture()
-        for handle in self._hooks:
-            handle.remove()
-        self._hooks = []
+        self._remove_hooks()
+
+    def _remove_hooks(self) -> None:
+        while self._hooks:
+            self._hooks.pop().remove()
 
     def _row(self, group: str, role: str, quantity: str, value: float) -> dict:
         return {"step": self._active_step, "group": group, "role": role, "quantity": quantity, "value": value}
@@ -270,15 +276,12 @@ class GradFlowCallback(TrainerCallback):
         self.rows.extend(rows)
         if self._write and self.csv_path is not None:
             with self.csv_path.open("a", newline="") as fh:
-                writer = csv.writer(fh)
-                writer.writerows([[r[c] for c in CALLBACK_COLUMNS] for r in rows])
+                csv.writer(fh).writerows([[r[c] for c in CALLBACK_COLUMNS] for r in rows])
         if self.log == "summary":
             scalars = summary_scalars(rows)
-        elif self.log == "all":
+        else:  # "all"; "none" logs nothing
             scalars = {_scalar_name(r): r["value"] for r in rows if r["quantity"] != "n_positions"}
-        else:
-            return
-        if not scalars:
+        if not scalars or self.log == "none":
             return
         if self.trainer is not None:
             self.trainer.log(scalars)
@@ -290,21 +293,21 @@ class GradFlowCallback(TrainerCallback):
 def summary_scalars(rows: list[dict]) -> dict[str, float]:
     """The scalars of :data:`gradflow.schema.CALLBACK_SUMMARY_SCALARS` from one logged step's rows.
 
-    ``rows``: dicts with the log's columns, all of one step (``callback.rows`` or the CSV's rows of
-    that step: ``frame[frame.step == s].to_dict("records")``). The last block is the deepest block
-    group (role ``all``: ALBERT's shared ``blocks.0-11``) and, for the per-role scalars, the deepest
-    ``blocks.{i}`` with per-role rows; the loss positions are masked, random and kept.
+    ``rows``: dicts with the log's columns, all of one step (``callback.rows`` or the CSV's rows of that step:
+    ``frame[frame.step == s].to_dict("records")``). The last block is the deepest block group (role ``all``: ALBERT's
+    shared ``blocks.0-11``) and, for the per-role scalars, the deepest ``blocks.{i}`` with per-role rows; the loss
+    positions are masked, random and kept.
 
     - ``gradflow/grad_norm``: ``sqrt(sum over groups of grad_norm^2)``, the whole model's norm;
     - ``gradflow/last_block/grad_norm``, ``gradflow/last_block/drift``: the last block group's rows;
-    - ``gradflow/last_block/context_share``: ``n * hidden_grad_mean`` of context over its sum over
-      roles (the share of the summed per-position hidden-state gradient norms: 0 under MLM);
+    - ``gradflow/last_block/context_share``: ``n * hidden_grad_mean`` of context over its sum over roles (the share of
+      the summed per-position hidden-state gradient norms: 0 under MLM);
     - ``gradflow/last_block/context_weight_share``: context's ``grad_norm^2`` over its sum over roles;
-    - ``gradflow/{last_block,block_before_last}/context_loss_ratio``: ``hidden_grad_mean`` at context
-      over the loss positions' mean (their means weighted by ``n_positions``).
+    - ``gradflow/{last_block,block_before_last}/context_loss_ratio``: ``hidden_grad_mean`` at context over the loss
+      positions' mean (their means weighted by ``n_positions``).
 
-    A scalar whose rows are missing (``roles="off"``, ``drift=False``, ``sublayers=False``, a batch
-    without MLM labels, a one-block model) or whose denominator is 0 is left out.
+    A scalar whose rows are missing (``roles="off"``, ``drift=False``, ``sublayers=False``, a batch without MLM labels,
+    a one-block model) or whose denominator is 0 is left out.
     """
     out: dict[str, float] = {}
     whole = [r for r in rows if r["role"] == "all"]
@@ -365,8 +368,21 @@ def _scalar_name(row: dict) -> str:
     return f"gradflow/{row['group']}/{row['quantity']}{role}"
 
 
+def loss_side_roles(input_ids: torch.Tensor, labels: torch.Tensor, attention_mask: torch.Tensor | None,
+                    mask_token_id: int | None, special_ids: tuple[int, ...], shift: bool) -> torch.Tensor:
+    """:func:`mlm_roles`; under ``shift`` (``labels[p]``: token p + 1) the roles ``shift_to_loss_side`` gives."""
+    if not shift:
+        return mlm_roles(input_ids, labels, attention_mask, mask_token_id, special_ids)
+    own = mlm_roles(input_ids, torch.full_like(labels, -100), attention_mask, None,  # a lone mask token: context
+                    tuple(i for i in special_ids if i != mask_token_id))
+    successor = torch.cat([input_ids[:, 1:], input_ids[:, -1:]], dim=1)  # the loss position's input role
+    return torch.where(labels != -100, mlm_roles(successor, labels, None, mask_token_id, ()), own)
+
+
 def _is_mlm_model(model: nn.Module | None) -> bool:
-    return model is not None and "MaskedLM" in type(model).__name__
+    """A ``*ForMaskedLM``, or output embeddings (LLaDA's ``LLaDAModelLM``, Dream's ``DreamModel``; no classifier)."""
+    output = getattr(model, "get_output_embeddings", None)
+    return model is not None and ("MaskedLM" in type(model).__name__ or (callable(output) and output() is not None))
 
 
 def _param_groups(model: nn.Module) -> list[_Group]:
@@ -400,5 +416,5 @@ def _drift(group: _Group) -> float:
     return math.sqrt(diff) / math.sqrt(ref) if ref > 0 else float("nan")
 
 
-__all__ = ["CSV_COLUMNS", "CSV_NAME", "LOG_MODES", "GradFlowCallback", "mlm_roles",  # mlm_roles: for older imports
-           "summary_scalars"]
+__all__ = ["CSV_COLUMNS", "CSV_NAME", "LOG_MODES", "GradFlowCallback", "loss_side_roles",
+           "mlm_roles", "summary_scalars"]  # mlm_roles: for older imports

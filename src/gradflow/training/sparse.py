@@ -10,12 +10,16 @@ computes elsewhere in the last block and the head gets exactly zero gradient and
   every position and its query, attention output, FFN and the norms after attention at the loss
   positions only; the final norm (pre-LN families) and the head follow at those rows.
 
-The loss (mean cross-entropy over the loss positions, as every ``*ForMaskedLM`` computes it) and the
-gradient of every parameter are the dense model's (tested per family in float32 to 1e-5). With
-dropout on, the dense and sparse models draw different dropout masks (the same distribution).
+The loss (mean cross-entropy over the loss positions, as every ``*ForMaskedLM`` computes it; or an
+objective's weighted, normalised loss: ``loss_weights`` (B, T), ``loss_norm`` (B,) and
+``mean_over_sequences``, :func:`gradflow.losses.weighted_cross_entropy`'s value, e.g. masked
+diffusion's ``1/t`` weights) and the gradient of every parameter are the dense model's (tested per
+family in float32 to 1e-5). With dropout on, the dense and sparse models draw different dropout
+masks (the same distribution).
 
     sparse = sparse_mlm(model)                       # block and head; sparse_mlm(model, block=False): head only
     loss = sparse.loss(input_ids, attention_mask, labels)
+    loss = sparse.batch_loss(batch)                  # a MaskedBatch: its weights, normaliser and extra inputs too
     loss.backward()
 """
 
@@ -39,13 +43,29 @@ IGNORE = -100
 
 @dataclass(frozen=True)
 class SparseMLMOutput:
-    """One sparse forward: ``loss`` (scalar: mean cross-entropy over the N loss positions), ``logits``
-    (N, V) and ``labels`` (N,) at the loss positions in row-major order, ``positions`` (N, 2): (row, position)."""
+    """One sparse forward: ``loss`` (scalar: mean cross-entropy over the N loss positions, or the weighted loss),
+    ``logits`` (N, V) and ``labels`` (N,) at the loss positions in row-major order, ``positions`` (N, 2): (row,
+    position); ``weights`` (N,): each loss position's weight (None: unweighted)."""
 
     loss: torch.Tensor
     logits: torch.Tensor
     labels: torch.Tensor
     positions: torch.Tensor
+    weights: torch.Tensor | None = None
+
+
+def weighted_loss(logits: torch.Tensor, labels: torch.Tensor, rows: torch.Tensor, weights: torch.Tensor,
+                  norm: torch.Tensor, mean_over_sequences: bool = False) -> torch.Tensor:
+    """:func:`gradflow.losses.weighted_cross_entropy` (reduction ``"batch"``) from the N loss positions alone:
+    ``logits`` (N, V), ``labels`` (N,), ``rows`` (N,) their sequence, ``weights`` (N,) theirs, ``norm`` (B,).
+
+    With ``S_b`` the weighted cross-entropy sum of sequence b: ``sum_b S_b / sum_b norm_b``, or with
+    ``mean_over_sequences`` ``mean_b S_b / norm_b`` over all B sequences (float32; a norm under 1 counts as 1).
+    """
+    per = F.cross_entropy(logits.float(), labels, reduction="none")
+    sums = per.new_zeros(norm.shape[0]).index_add_(0, rows, per * weights.to(per.dtype))
+    norm = norm.to(per.dtype).clamp_min(1)
+    return (sums / norm).mean() if mean_over_sequences else sums.sum() / norm.sum()
 
 
 @dataclass(frozen=True)
@@ -118,7 +138,8 @@ class SparseMLM:
         """Run the base model up to its last block application; return that block and its call's arguments.
 
         The block's ``forward`` is replaced for this call only (restored in ``finally``); the blocks
-        before it run as in the dense model, the last one not at all.
+        before it run as in the dense model, the last one not at all. With ``Adapter.run_whole_model`` (LLaDA,
+        Dream) the whole model's forward is the one interrupted: it builds what the base model takes.
         """
         blocks = block_modules(self.adapter, self.model.base_model)
         last = blocks[-1]
@@ -136,8 +157,9 @@ class SparseMLM:
             raise _StopAtLastBlock
 
         called.forward = forward
+        runner = self.model if self.adapter.run_whole_model else self.model.base_model
         try:
-            self.model.base_model(**inputs)
+            runner(**inputs)
         except _StopAtLastBlock:
             pass
         finally:
@@ -158,34 +180,73 @@ class SparseMLM:
             hidden = get_module(self.model.base_model, self.adapter.final_norm)(hidden)
         return hidden
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, labels: torch.Tensor,
-                **inputs: object) -> SparseMLMOutput:
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, labels: torch.Tensor, *,
+                loss_weights: torch.Tensor | None = None, loss_norm: torch.Tensor | None = None,
+                mean_over_sequences: bool = False, **inputs: object) -> SparseMLMOutput:
         """The MLM loss of one batch (``input_ids``, ``attention_mask``, ``labels``: (B, T); more model
-        inputs, e.g. ``token_type_ids``, by name), computed sparsely."""
+        inputs, e.g. ``token_type_ids``, by name), computed sparsely.
+
+        ``loss_weights`` (B, T) and ``loss_norm`` (B,), given together (a :class:`~gradflow.inputs.MaskedBatch`'s
+        fields, e.g. masked diffusion's ``1/t`` and real-token counts), with ``mean_over_sequences``: the loss is
+        :func:`gradflow.losses.weighted_cross_entropy`'s (see :func:`weighted_loss`); without them the plain mean.
+        A shifted objective needs nothing more: its labels are on the loss side already (``labels[p]`` the token
+        at p + 1), and the loss positions are where they are.
+        """
         if labels.shape != input_ids.shape:
             raise SparseTrainingError(f"labels {tuple(labels.shape)} and input_ids {tuple(input_ids.shape)} differ "
                                       "in shape: give one label per token (-100 outside the loss)")
+        weighted = _check_weights(labels, loss_weights, loss_norm)
         where = loss_index(labels, attention_mask, self.rows_per_sequence)
         rows = torch.arange(labels.shape[0], device=labels.device)[:, None].expand_as(where.index)
         positions = torch.stack([rows[where.valid], where.index[where.valid]], dim=1)
         hidden = self.hidden_at_slots(where, input_ids=input_ids, attention_mask=attention_mask, **inputs)
         targets = labels[positions[:, 0], positions[:, 1]]
+        weights = loss_weights[positions[:, 0], positions[:, 1]] if weighted else None
         if self.rows_per_sequence is None:  # the head at the N loss positions
             logits = self._head(hidden[where.valid])
+        else:  # fixed shapes: the head at all B * width slots (the padding slots' logits are dropped)
+            slot_logits = self._head(hidden.reshape(-1, hidden.shape[-1]))
+            logits = slot_logits[where.valid.reshape(-1)]
+        if weighted:
+            loss = weighted_loss(logits, targets, positions[:, 0], weights, loss_norm, bool(mean_over_sequences))
+        elif self.rows_per_sequence is None:
             loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets)
-            return SparseMLMOutput(loss, logits, targets, positions)
-        # fixed shapes: the head at all B * width slots, the padding slots outside the loss
-        slot_logits = self._head(hidden.reshape(-1, hidden.shape[-1]))
-        slot_targets = torch.where(where.valid, labels.gather(1, where.index), IGNORE).reshape(-1)
-        loss = F.cross_entropy(slot_logits, slot_targets, ignore_index=IGNORE)
-        return SparseMLMOutput(loss, slot_logits[where.valid.reshape(-1)], targets, positions)
+        else:
+            slot_targets = torch.where(where.valid, labels.gather(1, where.index), IGNORE).reshape(-1)
+            loss = F.cross_entropy(slot_logits, slot_targets, ignore_index=IGNORE)
+        return SparseMLMOutput(loss, logits, targets, positions, weights)
 
     __call__ = forward
 
     def loss(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, labels: torch.Tensor,
              **inputs: object) -> torch.Tensor:
-        """The scalar MLM loss (see :meth:`forward`)."""
+        """The scalar MLM loss (see :meth:`forward`; ``loss_weights``, ``loss_norm``, ``mean_over_sequences`` too)."""
         return self.forward(input_ids, attention_mask, labels, **inputs).loss
+
+    def batch_forward(self, batch: object) -> SparseMLMOutput:
+        """:meth:`forward` of a :class:`~gradflow.inputs.MaskedBatch`: its inputs, extra inputs, labels and, when
+        the objective sets them, ``loss_weights``, ``loss_norm`` and ``mean_over_sequences`` (the loss is then
+        ``gradflow.losses.get_loss("mlm", "batch")`` of the dense logits)."""
+        weights = {"loss_weights": batch.loss_weights, "loss_norm": batch.loss_norm,
+                   "mean_over_sequences": batch.mean_over_sequences} if batch.loss_weights is not None else {}
+        return self.forward(batch.input_ids, batch.attention_mask, batch.labels, **weights, **batch.extra_inputs)
+
+    def batch_loss(self, batch: object) -> torch.Tensor:
+        """The scalar loss of :meth:`batch_forward`."""
+        return self.batch_forward(batch).loss
+
+
+def _check_weights(labels: torch.Tensor, weights: torch.Tensor | None, norm: torch.Tensor | None) -> bool:
+    """True when the loss is weighted; refuses one of ``weights`` and ``norm`` without the other, or wrong shapes."""
+    if weights is None and norm is None:
+        return False
+    if weights is None or norm is None:
+        raise SparseTrainingError("give loss_weights (B, T) and loss_norm (B,) together (the weighted loss needs "
+                                  "both: weighted cross-entropy sums over each sequence's normaliser), or neither")
+    if weights.shape != labels.shape or norm.shape != labels.shape[:1]:
+        raise SparseTrainingError(f"loss_weights {tuple(weights.shape)} and loss_norm {tuple(norm.shape)} do not "
+                                  f"match labels {tuple(labels.shape)}: give (B, T) weights and one norm per sequence")
+    return True
 
 
 def sparse_mlm(model: nn.Module, *, block: bool = True, head: bool = True,
@@ -208,6 +269,10 @@ def sparse_mlm(model: nn.Module, *, block: bool = True, head: bool = True,
     if adapter.head_mixes_positions:
         raise SparseTrainingError(f"the {adapter.family} MLM head mixes positions ({adapter.head_mixes_positions}): "
                                   "computing it at the loss positions only would change the logits")
+    if not block and adapter.run_whole_model:
+        raise SparseTrainingError(f"sparse_mlm(model, block=False) reads the base model's last hidden state, which "
+                                  f"the {adapter.family} base model does not give ({adapter.run_whole_model}): use "
+                                  "block=True (the default), which stops inside the whole model's forward")
     if block and adapter.subset_block is None:
         raise SparseTrainingError(f"the sparse last block is not implemented for the {adapter.family} family yet "
                                   "(its adapter has no subset_block); use sparse_mlm(model, block=False) for the "
@@ -221,4 +286,5 @@ def sparse_mlm(model: nn.Module, *, block: bool = True, head: bool = True,
     return SparseMLM(model, adapter, block=block, head=head, rows_per_sequence=rows_per_sequence)
 
 
-__all__ = ["IGNORE", "LossIndex", "SparseMLM", "SparseMLMOutput", "call_arguments", "loss_index", "sparse_mlm"]
+__all__ = ["IGNORE", "LossIndex", "SparseMLM", "SparseMLMOutput", "call_arguments", "loss_index", "sparse_mlm",
+           "weighted_loss"]
