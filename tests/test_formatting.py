@@ -93,3 +93,21 @@ def test_the_report_and_the_pressure_section_use_the_one_rule():
         text = (src / rel).read_text(encoding="utf-8")
         assert "from gradflow.formatting import" in text, rel
         assert "def _num(" not in text and "def _ci(" not in text and "def _pval(" not in text, rel
+
+
+@pytest.mark.parametrize("masking, label", [
+    ({"policy": "bert", "rate": 0.15, "split": [0.8, 0.1, 0.1], "whole_word": False}, "BERT 15% (80/10/10)"),
+    ({"policy": "bert", "rate": 0.4, "split": [0.8, 0.1, 0.1], "whole_word": True, "shift": True},
+     "BERT 40% (80/10/10), whole words, shifted"),
+    ({"policy": "span", "rate": 0.15, "split": [0.8, 0.1, 0.1], "shift": False}, "span 15% (80/10/10)"),
+    ({"policy": "diffusion", "eps": 0.001, "ratio": None, "ratios": []}, "diffusion t ~ U(0.001, 1), 1/t"),
+    ({"policy": "diffusion", "eps": 0.001, "ratio": None, "ratios": [0.1, 0.5]}, "diffusion t in {0.1, 0.5}, 1/t"),
+    ({"policy": "diffusion", "eps": 0.001, "ratio": 0.3, "ratios": [], "shift": True}, "diffusion t = 0.3, 1/t, shifted"),
+    ({"policy": "explicit", "positions": [3]}, "explicit positions"),
+    ({"policy": "other"}, "{'policy': 'other'}"), (None, "None"),
+], ids=["bert", "bert 40 whole shifted", "span", "diffusion drawn", "diffusion grid", "diffusion fixed shifted",
+        "explicit", "unknown policy", "missing"])
+def test_masking_label_names_each_objective(masking, label):
+    from gradflow.formatting import masking_label
+
+    assert masking_label(masking) == label

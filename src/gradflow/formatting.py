@@ -126,5 +126,34 @@ def fixed_column(values: Iterable[Any], lows: Iterable[Any] | None = None, highs
             for v, lo, hi in zip(values, lows, highs)]
 
 
+def masking_label(masking: Any) -> str:
+    """A short name of a meta.json ``masking`` description, for tables that compare objectives side by side:
+    ``BERT 15% (80/10/10)``, ``span 40% (80/10/10)``, ``diffusion t ~ U(0.001, 1), 1/t``, ``diffusion t in {0.1,
+    0.5}, 1/t``, ``diffusion t = 0.3, 1/t``, ``explicit positions``; ``, whole words`` and ``, shifted`` where they
+    apply. Anything else: its text."""
+    if not isinstance(masking, dict):
+        return str(masking)
+    policy = masking.get("policy")
+    split = masking.get("split")
+    parts = "/".join(format_number(100 * x, None) for x in split) if isinstance(split, list) else ""
+    if policy in ("bert", "span"):
+        label = f"{'BERT' if policy == 'bert' else 'span'} {format_number(100 * masking.get('rate', 0.15), None)}%"
+        label += f" ({parts})" if parts else ""
+        label += ", whole words" if masking.get("whole_word") else ""
+    elif policy == "diffusion":
+        if masking.get("ratio") is not None:
+            t = f"t = {format_number(masking['ratio'], None)}"
+        elif masking.get("ratios"):
+            t = "t in {" + ", ".join(format_number(x, None) for x in masking["ratios"]) + "}"
+        else:
+            t = f"t ~ U({format_number(masking.get('eps'), None)}, 1)"
+        label = f"diffusion {t}, 1/t"
+    elif policy == "explicit":
+        label = "explicit positions"
+    else:
+        return str(masking)
+    return label + (", shifted" if masking.get("shift") else "")
+
+
 __all__ = ["MAX_DECIMALS", "MIN_DECIMALS", "MISSING", "column_decimals", "fixed_column", "format_estimate", "format_fixed",
-           "format_fixed_estimate", "format_number", "format_p_value"]
+           "format_fixed_estimate", "format_number", "format_p_value", "masking_label"]

@@ -45,7 +45,6 @@ from gradflow.figures.pressure import PRESSURE_FIGURE, pressure_bars, pressure_c
 from gradflow.figures.profiles import depth_profile, distribution_ranges, ratio_heatmap
 from gradflow.figures.report_tables import (
     check_layout,
-    compact,
     comparison_last_table,
     comparison_ratio_table,
     deficit_table,
@@ -56,7 +55,7 @@ from gradflow.figures.report_tables import (
 from gradflow.figures.style import DEFAULT_WIDTH, gradflow_style
 from gradflow.figures.sublayers import last_block_bars, sublayer_heatmap
 from gradflow.figures.tables import TextTable, latex_label, markdown_table
-from gradflow.formatting import format_estimate, format_number
+from gradflow.formatting import format_estimate, format_number, masking_label
 from gradflow.provenance import display_name
 from gradflow.schema import COMPARISON_TABLES, REPORT_TABLES, conform
 
@@ -345,7 +344,7 @@ def _comparison_summary(runs: Sequence[Run], comp: Comparison, depths: Mapping[s
                   "those runs before citing the comparison.", ""]
     lines += ["## Runs", ""]
     lines += markdown_table(_table(("label", "model", "loss", "masking", "blocks", "sequences", "complete"), [
-        (lab, r.meta.get("model"), r.meta.get("loss"), f"`{compact(r.meta.get('masking'))}`", r.num_layers,
+        (lab, r.meta.get("model"), r.meta.get("loss"), masking_label(r.meta.get("masking")), r.num_layers,
          r.sequences["sequence_index"].nunique(), r.complete) for lab, r in zip(comp.labels, runs)])) + [""]
     same = len(set(depths.values())) == 1
     lines += [f"## Context / loss gradient-norm ratio, {'per layer' if same else 'by relative depth'} "
