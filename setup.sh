@@ -18,5 +18,8 @@ if ! python -c "import torch" >/dev/null 2>&1; then
     pip install -q "torch==2.13.0" --index-url "${TORCH_CPU_INDEX:-https://download.pytorch.org/whl/cpu}"
   fi
 fi
-pip install -q -e ".[test,explore,docs]"
-python -c "import torch, gradflow; print(f'gradflow {gradflow.__version__} ready (torch {torch.__version__}, cuda={torch.cuda.is_available()})')"
+# gradflow and its companion gradflow-models (the embedded models beyond the core pair), both editable, so every
+# embedded model loads by name (packages/gradflow-models: the models the core wheel leaves out)
+pip install -q -e ".[test,explore,docs]" -e packages/gradflow-models
+python -c "import torch, gradflow, gradflow_models; print(f'gradflow {gradflow.__version__} ready with gradflow-models \
+{gradflow_models.__version__} (torch {torch.__version__}, cuda={torch.cuda.is_available()})')"

@@ -27,6 +27,7 @@ from pathlib import Path
 import pandas as pd
 
 from analyses.pretraining.recipe.train import EXIT_STOPPED
+from gradflow.models import embedded_model_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -62,10 +63,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--rtol", type=float, default=1e-3)
     parser.add_argument("--corpus", default=None, help="the corpus folder (default: the one the model was trained on)")
-    parser.add_argument("--package", type=Path, default=ROOT / "src" / "gradflow" / "models",
-                        help="the folder the model was shipped to")
+    parser.add_argument("--package", type=Path, default=None,
+                        help="the folder the model was shipped to (default: where the embedded model is installed: "
+                             "src/gradflow/models or the companion gradflow-models)")
     args = parser.parse_args(argv)
-    shipped = args.package / args.model
+    shipped = args.package / args.model if args.package else embedded_model_dir(args.model)
     recipe = json.loads((shipped / "recipe.json").read_text())
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "run"

@@ -6,7 +6,8 @@
 For each finished run (``<run>/model`` and ``<run>/meta.json`` with ``final``; the model's name is the run
 folder's name):
 
-1. ``src/gradflow/models/<name>/``: ``config.json`` and ``model.safetensors`` in float16 (safetensors only),
+1. ``packages/gradflow-models/src/gradflow_models/<name>/`` (the companion distribution gradflow-models, issue 52;
+   ``--package`` for elsewhere): ``config.json`` and ``model.safetensors`` in float16 (safetensors only),
    the tokenizer files, ``training_log.csv`` (the run's curve) and ``recipe.json`` (the card below);
 2. held-out top-1 at the selected positions, of the float16 weights as gradflow loads them: on the corpus's
    test split (``test.txt``, the recipe's fixed BERT masking, ``--test-windows`` windows, seed 0) and on the
@@ -43,7 +44,7 @@ from gradflow.errors import UsageError
 from gradflow.provenance import portable_command, portable_path
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGE_MODELS = ROOT / "src" / "gradflow" / "models"
+PACKAGE_MODELS = ROOT / "packages" / "gradflow-models" / "src" / "gradflow_models"  # the companion's models (issue 52)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt")
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import importlib.util
 import os
 import shlex
 import subprocess
@@ -20,6 +21,9 @@ from pathlib import Path
 PACKAGE_PREFIX = "gradflow:"
 CACHE_PREFIX = "gradflow-cache:"
 EXTERNAL_PREFIX = "external:"
+COMPANION_PACKAGE = "gradflow_models"
+"""The import package of the companion distribution gradflow-models (the embedded models beyond the core wheel's
+pair): its model folders are recorded as ``gradflow:models/<name>``, as when they shipped in gradflow's own folder."""
 _PREFIXES = (PACKAGE_PREFIX, CACHE_PREFIX, EXTERNAL_PREFIX)
 
 
@@ -44,6 +48,16 @@ def source_revision() -> str:
 
 def _package_root() -> Path:
     return Path(__file__).resolve().parent
+
+
+def _companion_root() -> Path | None:
+    """The installed companion package's folder (found without importing it), or None."""
+    try:
+        spec = importlib.util.find_spec(COMPANION_PACKAGE)
+    except (ImportError, ValueError):
+        return None
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    return Path(locations[0]).resolve() if locations else None
 
 
 def cache_root() -> Path:
@@ -86,7 +100,9 @@ def portable_path(path: str | os.PathLike, out_dir: str | os.PathLike) -> str:
        model's name, ``zoo:NAME``, ``<3 texts>``): returned unchanged, so user-given strings stay
        as given.
     2. Inside the installed gradflow package: ``gradflow:<relative>``
-       (``gradflow:models/gradflow-mini-en``, ``gradflow:data/sotu_sample.txt``).
+       (``gradflow:models/gradflow-mini-en``, ``gradflow:data/sotu_sample.txt``); inside the companion
+       package of embedded models (gradflow-models): ``gradflow:models/<relative>``
+       (``gradflow:models/gradflow-mini12-en``), wherever either is installed.
     3. Inside the gradflow cache (``$GRADFLOW_CACHE`` or ``~/.cache/gradflow``, where ``zoo:NAME``
        models live): ``gradflow-cache:<relative>`` (``gradflow-cache:zoo/antiberty``).
     4. Inside ``out_dir``: relative to it, written ``.`` or ``./<relative>``.
@@ -121,6 +137,10 @@ def _portable_form(target: Path, out: Path) -> str | None:
     rel = _under(target, _package_root())
     if rel is not None:
         return PACKAGE_PREFIX + rel
+    companion = _companion_root()
+    rel = _under(target, companion) if companion is not None else None
+    if rel is not None:
+        return PACKAGE_PREFIX + "models" + ("" if rel == "." else "/" + rel)
     cache = _cache_root()
     rel = _under(target, cache) if cache is not None else None
     if rel is not None:
@@ -150,8 +170,9 @@ def is_local_input(path: str | os.PathLike) -> bool:
     if text.startswith(_PREFIXES) or not raw.exists():
         return False
     target = raw.resolve()
-    cache = _cache_root()
-    return _under(target, _package_root()) is None and (cache is None or _under(target, cache) is None)
+    cache, companion = _cache_root(), _companion_root()
+    return _under(target, _package_root()) is None and (cache is None or _under(target, cache) is None) \
+        and (companion is None or _under(target, companion) is None)
 
 
 def content_hash(path: str | os.PathLike, chunk: int = 1 << 20) -> str:
@@ -208,5 +229,5 @@ def portable_command(command: str | Sequence[str], out_dir: str | os.PathLike) -
     return shlex.join(new)
 
 
-__all__ = ["CACHE_PREFIX", "EXTERNAL_PREFIX", "PACKAGE_PREFIX", "cache_root", "content_hash", "display_name",
-           "is_external", "is_local_input", "portable_command", "portable_path", "source_revision"]
+__all__ = ["CACHE_PREFIX", "COMPANION_PACKAGE", "EXTERNAL_PREFIX", "PACKAGE_PREFIX", "cache_root", "content_hash",
+           "display_name", "is_external", "is_local_input", "portable_command", "portable_path", "source_revision"]

@@ -1,5 +1,5 @@
-"""docs/guides/record.md names every embedded model that ships in src/gradflow/models/ (issue 49: it listed only
-the 6-block pair)."""
+"""docs/guides/record.md names every embedded model that ships in src/gradflow/models/ or in the companion's
+packages/gradflow-models/src/gradflow_models/ (issue 49: it listed only the 6-block pair)."""
 
 from __future__ import annotations
 
@@ -9,16 +9,16 @@ from pathlib import Path
 from gradflow.models import EMBEDDED_MODELS, embedded_model_dir
 
 ROOT = Path(__file__).resolve().parents[2]
-MODELS = ROOT / "src" / "gradflow" / "models"
+FOLDERS = (ROOT / "src" / "gradflow" / "models", ROOT / "packages" / "gradflow-models" / "src" / "gradflow_models")
 
 
 def _shipped() -> set[str]:
-    return {p.name for p in MODELS.iterdir() if (p / "config.json").is_file()}
+    return {p.name for folder in FOLDERS for p in folder.iterdir() if (p / "config.json").is_file()}
 
 
 def test_every_model_folder_is_an_embedded_model():
     assert _shipped() == set(EMBEDDED_MODELS)
-    assert all(embedded_model_dir(name) == MODELS / name for name in EMBEDDED_MODELS)
+    assert all(embedded_model_dir(name) in (folder / name for folder in FOLDERS) for name in EMBEDDED_MODELS)
 
 
 def test_the_record_guide_names_every_embedded_model():

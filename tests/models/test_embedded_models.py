@@ -1,4 +1,5 @@
-"""The embedded models load offline by name, predict held-out text, and show the structural zero."""
+"""The embedded models load offline by name, predict held-out text, and show the structural zero: the core pair
+(in the gradflow package) and the companion's (gradflow-models, which ./setup.sh installs editable beside it)."""
 
 from __future__ import annotations
 
@@ -11,12 +12,12 @@ import torch
 
 from gradflow import GradFlowRecorder, mask_batch
 from gradflow.inputs.masking import BertMasking
-from gradflow.models import EMBEDDED_MODELS, embedded_model_dir, load_model
+from gradflow.models import CORE_MODELS, EMBEDDED_MODELS, embedded_model_dir, installed_embedded_models, load_model
 from gradflow.roles import Role
 from gradflow.runs.evaluation import mlm_accuracy
 from gradflow.runs.record import default_texts
 
-SHIPPED = all((embedded_model_dir(n) / "model.safetensors").exists() for n in EMBEDDED_MODELS)
+SHIPPED = all((embedded_model_dir(n) / "model.safetensors").exists() for n in CORE_MODELS)
 pytestmark = pytest.mark.skipif(not SHIPPED, reason="embedded model weights not in this checkout")
 MARGIN = 0.02
 
@@ -37,6 +38,11 @@ def _reported(name: str) -> float:
 def _layers(name: str) -> int:
     """The documented depth: the card's shape, else the 6-block pair's 6 (README, docs/reference/models.md)."""
     return _card(name)["shape"]["layers"] if "shape" in _card(name) else 6
+
+
+def test_every_embedded_model_is_installed():
+    """A checkout set up by ./setup.sh has the companion too, so every model of the family is tested below."""
+    assert installed_embedded_models() == list(EMBEDDED_MODELS), "re-run ./setup.sh (it installs gradflow-models)"
 
 
 @pytest.fixture(scope="module", params=sorted(EMBEDDED_MODELS))

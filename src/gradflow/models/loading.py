@@ -18,7 +18,6 @@ import hashlib
 import json
 import sys
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 
 import torch
@@ -27,17 +26,14 @@ from torch import nn
 from gradflow.adapters import ADAPTER_CHOICES, Adapter, UnsupportedArchitectureError, adapter_for, discover_adapter
 from gradflow.errors import ModelLoadError
 from gradflow.models import zoo
+from gradflow.models.embedded import (
+    DEFAULT_MODEL,
+    EMBEDDED_MODELS,
+    embedded_model_dir,  # noqa: F401 - re-exported (its home before issue 52)
+    find_embedded_model,
+)
 from gradflow.models.quiet import quiet_transformers
 
-EMBEDDED_MODELS: dict[str, str] = {
-    "gradflow-mini-en": "BERT MLM (6 layers, hidden 256) pretrained on SOTU + Brown with standard 15% MLM",
-    "gradflow-mini-en-alltoken": "its twin trained with the all-token loss (predict the original token everywhere)",
-    "gradflow-mini12-en": "the same block at 12 layers (hidden 256), one pass of the large corpus (25.7 M tokens), "
-                          "standard 15% MLM",
-    "gradflow-mini12-en-alltoken": "its twin trained with the all-token loss for the same compute (9,829 steps, "
-                                   "20.0 M tokens of the large corpus)",
-}
-DEFAULT_MODEL = "gradflow-mini-en"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -67,19 +63,10 @@ class LoadedModel:
         return {"name_or_path": self.path, "vocab_size": len(self.tokenizer), "hash": digest}
 
 
-def embedded_model_dir(name: str) -> Path:
-    """Directory of an embedded model inside the installed package."""
-    return Path(str(resources.files("gradflow") / "models" / name))
-
-
 def resolve_model_path(spec: str) -> tuple[str, bool]:
     """(path or hub name, is_local) for a model spec; raises ModelLoadError for missing local paths."""
-    if spec in EMBEDDED_MODELS:
-        path = embedded_model_dir(spec)
-        if not (path / "config.json").exists():
-            raise ModelLoadError(f"the embedded model {spec} is missing from this installation ({path}). "
-                                 "Reinstall gradflow from a full checkout (the weights ship in the package).")
-        return str(path), True
+    if spec in EMBEDDED_MODELS:  # in the gradflow package or the companion gradflow-models, wherever installed
+        return str(find_embedded_model(spec)), True
     if spec.startswith("zoo:"):
         return str(zoo.resolve(spec[4:])), True
     p = Path(spec).expanduser()
