@@ -122,6 +122,35 @@ def test_refusals_under_the_new_objectives(models):
             sparse_mlm(models[family].model, block=False)
 
 
+class Interleaved(torch.nn.Module):
+    """A rotary embedding of the other convention (pairs of neighbouring channels), which llada_subset must refuse."""
+
+    def forward(self, q, k):
+        def rotate(t):
+            angle = torch.arange(t.shape[-2], dtype=t.dtype)[:, None] * 0.1
+            even, odd = t[..., ::2], t[..., 1::2]
+            return torch.stack((even * angle.cos() - odd * angle.sin(), even * angle.sin() + odd * angle.cos()),
+                               dim=-1).flatten(-2)
+
+        return rotate(q), rotate(k)
+
+
+def test_llada_variants_the_sparse_block_does_not_reproduce_are_refused(models):
+    import copy
+
+    lm = models["llada"]
+    batch = mask_batch(lm.tokenizer, TEXTS, MaskedDiffusion(seed=12))
+    normed = copy.deepcopy(lm.model)
+    normed.model.transformer.blocks[-1].q_norm = torch.nn.LayerNorm(32)  # attention_layer_norm's query norm
+    with pytest.raises(SparseTrainingError, match="q_norm beyond LLaDA's Llama-block layout.*train densely"):
+        sparse_mlm(normed).batch_loss(batch)
+    rotated = copy.deepcopy(lm.model)
+    rotated.model.transformer.blocks[-1].rotary_emb = Interleaved()
+    with pytest.raises(SparseTrainingError, match="not the rotate-half rotation"):
+        sparse_mlm(rotated).batch_loss(batch)
+    assert "forward" not in vars(rotated.model.transformer.blocks[-1])  # the interception is undone
+
+
 # ---------------------------------------------------------------------------------------- the Trainer
 class Collator:
     """A diffusion collator (the user's): masks each batch of (index, text) pairs and hands the objective's fields

@@ -23,7 +23,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from gradflow.adapters.subset import _check_layout, attend, mask_rows, select_rows, split_heads
+from gradflow.adapters.base import get_module
+from gradflow.adapters.subset import attend, mask_rows, select_rows, split_heads
 from gradflow.errors import SparseTrainingError
 
 LLADA_LAYOUT_MODULES = {
@@ -39,6 +40,19 @@ DREAM_LAYOUT_MODULES = {
 """The child modules of Dream's Qwen2 decoder layer."""
 
 
+def check_layout(block: nn.Module, layout: dict[str, set[str]], name: str) -> None:
+    """Refuse a block with modules beyond ``layout`` (by parent path), which the sparse block would leave out. (The
+    head alone is no way out here, unlike :mod:`gradflow.adapters.subset`'s check: these base models give no last
+    hidden state.)"""
+    for parent, allowed in layout.items():
+        extra = sorted({child for child, _ in get_module(block, parent).named_children()} - allowed)
+        if extra:
+            names = ", ".join(f"{parent}.{e}" if parent else e for e in extra)
+            raise SparseTrainingError(f"the last block ({type(block).__name__}) has {names} beyond {name} layout, "
+                                      "which the sparse last block would leave out: not implemented for this variant; "
+                                      "train densely")
+
+
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
     """(..., d) -> cat(-x2, x1): the rotary convention of Llama, LLaDA and Dream."""
     x1, x2 = x.chunk(2, dim=-1)
@@ -46,20 +60,23 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def llada_rotary_table(rotary: nn.Module, length: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(cos, sin), (T, d) each, of LLaDA's ``rotary_emb(q, k)`` over ``length`` positions, read with one probe:
-    q = [1 | 0] rotates to [cos | sin] (the two halves of the tables are equal), k = [0 | 1] to [-sin | cos], which
-    checks the rotate-half form this module assumes (refused otherwise)."""
+    """(cos, sin), (T, d) each, of LLaDA's ``rotary_emb(q, k)`` over ``length`` positions, read with one call: the
+    query probe [1 | 0] rotates to [cos | sin] (the two halves of each table are equal); the key probe (seeded
+    random numbers) must rotate to ``k cos + rotate_half(k) sin`` with them, which checks the rotate-half form this
+    module reproduces (refused otherwise)."""
     d = like.shape[-1]
-    half = torch.arange(d, device=like.device) < d // 2
-    probe_q = half.to(like.dtype).expand(1, 1, length, d)
-    probe_k = (~half).to(like.dtype).expand(1, 1, length, d)
+    half = (torch.arange(d, device=like.device) < d // 2).to(like.dtype)
+    probe_q = half.expand(1, 1, length, d).contiguous()
+    gen = torch.Generator().manual_seed(0)
+    probe_k = torch.randn(1, 1, length, d, generator=gen).to(device=like.device, dtype=like.dtype)
     with torch.no_grad():
-        q, k = rotary(probe_q.contiguous(), probe_k.contiguous())
-    cos, sin = q[0, 0, :, : d // 2], q[0, 0, :, d // 2:]
-    if not (torch.equal(k[0, 0, :, : d // 2], -sin) and torch.equal(k[0, 0, :, d // 2:], cos)):
+        q, k = rotary(probe_q, probe_k)
+    cos, sin = (torch.cat((t, t), dim=-1) for t in (q[0, 0, :, : d // 2], q[0, 0, :, d // 2:]))
+    want = probe_k * cos + rotate_half(probe_k) * sin
+    if q.shape != probe_q.shape or not torch.allclose(k, want, rtol=1e-5, atol=1e-6):
         raise SparseTrainingError("the last block's rotary_emb is not the rotate-half rotation the sparse LLaDA block "
                                   "reproduces: not implemented for this variant; train densely")
-    return torch.cat((cos, cos), dim=-1).to(like.dtype), torch.cat((sin, sin), dim=-1).to(like.dtype)
+    return cos.to(like.dtype), sin.to(like.dtype)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -76,7 +93,7 @@ def _gqa(key: torch.Tensor, value: torch.Tensor, heads: int) -> tuple[torch.Tens
 def llada_subset(block: nn.Module, call: dict, index: torch.Tensor) -> torch.Tensor:
     """LLaDA's ``LLaDALlamaBlock`` at the selected queries: ``attn_norm`` at every position (keys and values need
     it), rotary positions at the selected rows, grouped-query attention, the FFN at the selected rows."""
-    _check_layout(block, LLADA_LAYOUT_MODULES, "LLaDA's Llama-block")
+    check_layout(block, LLADA_LAYOUT_MODULES, "LLaDA's Llama-block")
     if call.get("layer_past") is not None or call.get("use_cache"):
         raise SparseTrainingError("the last LLaDA block got a key/value cache: the sparse last block is for training")
     config = block.config
@@ -110,7 +127,7 @@ def dream_subset(block: nn.Module, call: dict, index: torch.Tensor) -> torch.Ten
     """Dream's ``DreamDecoderLayer`` (Qwen2 with bidirectional attention) at the selected queries:
     ``input_layernorm`` at every position, rotary (cos, sin) rows of the selected queries, q/k/v biases,
     grouped-query attention under the boolean mask rows (``"full"``: no mask), the MLP at the selected rows."""
-    _check_layout(block, DREAM_LAYOUT_MODULES, "Dream's Qwen2-layer")
+    check_layout(block, DREAM_LAYOUT_MODULES, "Dream's Qwen2-layer")
     hidden = call["hidden_states"]
     att = block.self_attn
     d = att.head_dim
@@ -129,5 +146,5 @@ def dream_subset(block: nn.Module, call: dict, index: torch.Tensor) -> torch.Ten
     return h + block.mlp(block.post_attention_layernorm(h))
 
 
-__all__ = ["DREAM_LAYOUT_MODULES", "LLADA_LAYOUT_MODULES", "dream_subset", "llada_rotary_table", "llada_subset",
-           "rotate_half"]
+__all__ = ["DREAM_LAYOUT_MODULES", "LLADA_LAYOUT_MODULES", "check_layout", "dream_subset", "llada_rotary_table",
+           "llada_subset", "rotate_half"]
