@@ -142,8 +142,10 @@ def test_refusals_say_why() -> None:
     model = tiny_model("bert")
     batch = tiny_batch()
     every = torch.where(batch.attention_mask.bool(), batch.original_ids, torch.full_like(batch.labels, -100))
-    with pytest.raises(SparseTrainingError, match="all-positions loss.*nothing to skip"):
-        sparse_mlm(model).loss(batch.input_ids, batch.attention_mask, every)
+    # every real position carries loss (masked diffusion at t near 1): nothing to skip, computed all the same
+    dense = torch.nn.functional.cross_entropy(model(**batch.model_inputs()).logits[every != -100], every[every != -100])
+    torch.testing.assert_close(sparse_mlm(model).loss(batch.input_ids, batch.attention_mask, every), dense,
+                               rtol=1e-5, atol=1e-6)
     with pytest.raises(SparseTrainingError, match="no loss position"):
         sparse_mlm(model).loss(batch.input_ids, batch.attention_mask, torch.full_like(batch.labels, -100))
     with pytest.raises(SparseTrainingError, match="differ in shape"):

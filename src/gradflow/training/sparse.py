@@ -83,18 +83,16 @@ class _StopAtLastBlock(Exception):
 
 def loss_index(labels: torch.Tensor, attention_mask: torch.Tensor | None = None,
                width: int | None = None) -> LossIndex:
-    """The per-row loss positions of ``labels`` (B, T); refuses a batch with nothing to skip or nothing to learn.
+    """The per-row loss positions of ``labels`` (B, T); refuses a batch with nothing to learn. A batch where every
+    real position carries loss (masked diffusion at t near 1) has nothing to skip and is computed all the same.
 
     ``width``: a fixed n (constant shapes from batch to batch); a row with more loss positions is refused.
+    ``attention_mask`` is accepted for the callers' symmetry; padding carries no label, so it is not read.
     """
     loss_at = labels != IGNORE
-    real = loss_at.new_ones(loss_at.shape) if attention_mask is None else attention_mask.to(torch.bool)
     if not bool(loss_at.any()):
         raise SparseTrainingError("the batch has no loss position (every label is -100): there is no MLM loss to "
                                   "compute; skip the batch")
-    if bool((loss_at | ~real).all()):
-        raise SparseTrainingError("every position of the batch is a loss position (all-positions loss): the "
-                                  "sparse head and last block have nothing to skip; train the dense model")
     counts = loss_at.sum(dim=1)
     n = int(counts.max())
     if width is not None and n > width:
