@@ -30,11 +30,11 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     """Serve the explorer until interrupted."""
     from gradflow.explore.server import serve
     from gradflow.explore.service import ExploreConfig, ExploreService
-    from gradflow.models import EMBEDDED_MODELS
+    from gradflow.models.embedded import installed_embedded_models
 
     if args.port > 65535:
         raise UsageError(f"--port must be at most 65535, got {args.port}")
-    models = tuple(dict.fromkeys(args.model or EMBEDDED_MODELS))
+    models = tuple(dict.fromkeys(args.model or installed_embedded_models()))  # (the companion's only when installed)
     service = ExploreService(ExploreConfig(models=models, max_tokens=args.max_tokens, device=args.device,
                                            objective=objective_from_args(args)))
     service.load_all(progress=lambda name: print(f"gradflow explore: loading {name}", file=sys.stderr))

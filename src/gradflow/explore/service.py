@@ -20,7 +20,8 @@ from pathlib import Path
 from gradflow.errors import ExploreError, GradflowError
 from gradflow.explore.view import LOSSES, ChannelView, channel_view
 from gradflow.inputs.masking import MaskingPolicy
-from gradflow.models import EMBEDDED_MODELS, LoadedModel, load_model
+from gradflow.models import LoadedModel, load_model
+from gradflow.models.embedded import installed_embedded_models
 from gradflow.models.zoo import first_example
 
 DEFAULT_TEXT = "The progress of public credit is witnessed by a considerable rise of American stock abroad."
@@ -34,7 +35,7 @@ class ExploreConfig:
     directories); ``max_tokens``: longest sentence in tokens, special tokens included;
     ``max_chars``: longest text accepted before tokenising; ``max_waiting``: requests that may wait."""
 
-    models: Sequence[str] = tuple(EMBEDDED_MODELS)
+    models: Sequence[str] = field(default_factory=lambda: tuple(installed_embedded_models()))
     max_tokens: int = 64
     max_chars: int = 600
     max_waiting: int = 4
