@@ -21,29 +21,15 @@ stops the whole model's forward at the last block (:func:`gradflow.adapters.subs
 
 from __future__ import annotations
 
-from gradflow.adapters.base import LM_HEAD, Adapter, SublayerSpec
+from dataclasses import replace
+
+from gradflow.adapters.llamalike import EUROBERT
 from gradflow.adapters.subset_diffusion import dream_subset
 
-DREAM = Adapter(
+DREAM = replace(
+    EUROBERT,  # the same module paths: Qwen2's and Llama's blocks name their parts alike
     family="dream",
     model_types=("Dream", "dream"),
-    embeddings="embed_tokens",
-    blocks="layers",
-    mid=("post_attention_layernorm", "input"),
-    sublayers={
-        "attn.q": SublayerSpec("self_attn.q_proj"),
-        "attn.k": SublayerSpec("self_attn.k_proj"),
-        "attn.v": SublayerSpec("self_attn.v_proj"),
-        "attn.out": SublayerSpec("self_attn.o_proj"),
-        "attn.norm": SublayerSpec("input_layernorm"),
-        "ffn.in": SublayerSpec("mlp.up_proj"),
-        "ffn.gate": SublayerSpec("mlp.gate_proj"),
-        "ffn.out": SublayerSpec("mlp.down_proj"),
-        "ffn.norm": SublayerSpec("post_attention_layernorm"),
-    },
-    attn_norm="pre",
-    head=LM_HEAD,
-    final_norm="norm",
     run_whole_model="DreamBaseModel takes the (B, 1, T, T) attention mask DreamModel.forward builds from the (B, T) "
                     "one",
     subset_block=dream_subset,
