@@ -55,7 +55,8 @@ class BatchState:
     per id(module) over all depths; ``deferred``: id(weight) -> the statistics of a Linear call
     that wait for the largest role's product, computed by the weight gradient's backward
     (:mod:`gradflow.hooks.split_linear`); ``finish(None)`` computes it directly instead; ``inputs``: the
-    input side of the last Linear input (shared by the modules that read it, :mod:`gradflow.hooks.linear_inputs`).
+    input side of the last Linear input (shared by the modules that read it, :mod:`gradflow.hooks.linear_inputs`);
+    ``scratch``: float32 buffers reused by the calls of the batch (:meth:`buffer`).
     """
 
     config: RecorderConfig
@@ -73,6 +74,7 @@ class BatchState:
     module_calls: dict[int, int] = field(default_factory=dict)
     deferred: dict[int, DirectSplit] = field(default_factory=dict)
     inputs: InputSlot = field(default_factory=InputSlot)
+    scratch: dict[tuple, torch.Tensor] = field(default_factory=dict)
 
     @classmethod
     def start(cls, config: RecorderConfig, roles: torch.Tensor, sequence_index: torch.Tensor | None,
@@ -94,12 +96,23 @@ class BatchState:
         """Sequence length T."""
         return int(self.roles.shape[1])
 
+    def buffer(self, name: str, shape: tuple[int, ...], device: torch.device) -> torch.Tensor:
+        """A float32 scratch tensor (uninitialised) of ``shape``, allocated once per batch and reused by every
+        call asking for the same ``name`` and shape: its pages are touched once a batch, not once a call.
+        The caller consumes it before the next call asks for it."""
+        key = (name, shape, device)
+        buffer = self.scratch.get(key)
+        if buffer is None:
+            buffer = self.scratch[key] = torch.empty(shape, dtype=torch.float32, device=device)
+        return buffer
+
     def release_graph(self) -> None:
         """Drop the references into the autograd graph (the embeddings output, extra targets)."""
         self.emb_out = None
         self.extra_targets = []
         self.deferred = {}
         self.inputs.clear()
+        self.scratch = {}
 
 
 __all__ = ["BatchState", "RolePartition", "SublayerStats"]

@@ -28,12 +28,12 @@ def float32(values: torch.Tensor) -> torch.Tensor:
 @dataclass(frozen=True)
 class RestRows:
     """The rows of every role but ``big``, ordered by role (smallest role first): ``index`` (n_rest,) into
-    the call's rows, ``starts`` the first row of each role in that order, ``x`` (n_rest, D_in) float32,
-    ``native`` the same rows in the input's own dtype (``x`` itself for a float32 input)."""
+    the call's rows, ``starts`` the first row of each role in that order, ``native`` (n_rest, D_in) the rows
+    in the input's own dtype (a role's float32 copy is made only when its statistics need it:
+    :meth:`InputRows.role_rows`)."""
 
     index: torch.Tensor
     starts: dict[int, int]
-    x: torch.Tensor
     native: torch.Tensor
 
 
@@ -58,6 +58,7 @@ class InputRows:
     _rest: dict[int, RestRows] = field(default_factory=dict)
     _gram: dict[int, torch.Tensor] = field(default_factory=dict)
     _big: dict[int, torch.Tensor] = field(default_factory=dict)
+    _float: dict[tuple[int, int], torch.Tensor] = field(default_factory=dict)
 
     @classmethod
     def of(cls, x: torch.Tensor, codes: torch.Tensor, index: list[torch.Tensor], counts: tuple[int, ...]
@@ -75,16 +76,22 @@ class InputRows:
             index = torch.cat([self.index[code] for code in order]) if order else self.index[big][:0]
             starts = dict(zip(order, itertools.accumulate([self.counts[code] for code in order], initial=0)))
             native = self.x2.index_select(0, index)
-            self._rest[big] = RestRows(index, starts, float32(native), native)
+            self._rest[big] = RestRows(index, starts, native)
         return self._rest[big]
 
     def role_rows(self, code: int, big: int, native: bool = False) -> torch.Tensor:
-        """(n_r, D_in) float32 (``native``: in the input's own dtype): the rows of role ``code`` in index order."""
+        """(n_r, D_in) float32 (``native``: in the input's own dtype): the rows of role ``code`` in index order
+        (a float32 copy of a low-precision input's rows made once per role, only for the roles asked for: the
+        roles without a nonzero contribution, most rows in a model's last block, are never converted)."""
         if code == big:
             return self.big_rows(big) if native else float32(self.big_rows(big))
         rest = self.rest(big)
-        rows = rest.native if native else rest.x
-        return rows[rest.starts[code]: rest.starts[code] + self.counts[code]]
+        rows = rest.native[rest.starts[code]: rest.starts[code] + self.counts[code]]
+        if native or rows.dtype == torch.float32:
+            return rows
+        if (code, big) not in self._float:
+            self._float[(code, big)] = rows.float()
+        return self._float[(code, big)]
 
     def gram(self, code: int, big: int) -> torch.Tensor:
         """(n_r, n_r) float32 Gram matrix ``X_r X_r^T`` of role ``code``'s rows."""

@@ -122,14 +122,14 @@ def _linear_stats(state: BatchState, depth: int, mod: nn.Linear, entries: list[S
     direct = (direct and x2.dtype == g2.dtype == mod.weight.dtype and g2.dtype in SPLIT_DTYPES
               and not state.config.materialize and sum(table[1]) < limit)  # neither product can overflow
     pending: list[tuple] = []
+    zero = torch.zeros((), dtype=torch.float64, device=g2.device)
     rest_rows: tuple = (None, None)  # the whole output's rest rows of g and x, for the backward's second product
     for entry, (g, gn, g_nonzero, contributes, mag, col) in zip(entries, calls):
         d_out, d_in = g.shape[1], x2.shape[1]
         n_contributing, unsafe = table[col], table[col + 2]
         g_rest = g.index_select(0, rest.index)  # in the call's dtype (the backward's second product)
-        gs = float32(g_rest)
-        norms = torch.zeros(NUM_ROLES, device=g2.device)  # stays on the device: no sync per role
-        grams: dict[int, torch.Tensor] = {}
+        squares = [zero] * NUM_ROLES  # float64 squared norms from Gram matrices (0: no contribution)
+        products: dict[int, torch.Tensor] = {}  # float32 norms from a role's own product
         deferred = False
         for code in range(NUM_ROLES):
             if n_contributing[code] == 0:  # every g_t x_t^T of this role is exactly zero: so is G_r
@@ -142,26 +142,26 @@ def _linear_stats(state: BatchState, depth: int, mod: nn.Linear, entries: list[S
                 continue
             if low and not gram_cheaper and table[1][code] < limit:  # the product in the call's dtype, as fast
                 rows = part.index[code]  # as autograd's (float32's is 3-4x slower on a CPU)
-                norms[code] = _rounded_norm(g.index_select(0, rows).T @ inputs.role_rows(code, big, native=True),
-                                            lambda r=rows, c=code: float32(g.index_select(0, r)).T @ inputs.role_rows(c, big))
+                products[code] = _rounded_norm(g.index_select(0, rows).T @ inputs.role_rows(code, big, native=True),
+                                               lambda r=rows, c=code: float32(g.index_select(0, r)).T @ inputs.role_rows(c, big))
                 continue
             if code == big:
                 gr = float32(g.index_select(0, part.index[code]))
-            else:
-                gr = gs[rest.starts[code]: rest.starts[code] + counts[code]]
+            else:  # a float32 copy of this role's rows only (roles without a contribution are never converted)
+                gr = float32(g_rest[rest.starts[code]: rest.starts[code] + counts[code]])
             if state.config.materialize:
                 matrix = gr.T @ inputs.role_rows(code, big)
                 state.matrices[(depth, entry.name, "weight", ALL_ROLES[code])] = matrix.cpu()
-                norms[code] = safe_norm(matrix, dim=(-2, -1))
+                products[code] = safe_norm(matrix, dim=(-2, -1))
             elif gram_cheaper and not unsafe[code]:
-                grams[code] = ((gr @ gr.T) * inputs.gram(code, big)).sum(dtype=torch.float64)
+                squares[code] = ((gr @ gr.T) * inputs.gram(code, big)).sum(dtype=torch.float64)
             elif gram_cheaper:  # float32 products of these rows could underflow or overflow
-                grams[code] = gram_float64(gr, inputs.role_rows(code, big))
+                squares[code] = gram_float64(gr, inputs.role_rows(code, big))
             else:
-                norms[code] = safe_norm(gr.T @ inputs.role_rows(code, big), dim=(-2, -1))
-        if grams:  # float64 square roots rounded once to float32
-            for code, value in zip(grams, torch.stack(list(grams.values())).clamp(min=0).sqrt().float()):
-                norms[code] = value
+                products[code] = safe_norm(gr.T @ inputs.role_rows(code, big), dim=(-2, -1))
+        norms = torch.stack(squares).clamp_(min=0).sqrt_().float()  # float64 square roots rounded once; 0 stays 0
+        for code, value in products.items():
+            norms[code] = value
         weight_sums = (sums[:, col], sums[:, col + 1])
         if deferred:
             pending.append((entry, g, mag, weight_sums, norms))
@@ -170,7 +170,7 @@ def _linear_stats(state: BatchState, depth: int, mod: nn.Linear, entries: list[S
         else:
             _store(state, depth, entry.name, "weight", part, *weight_sums, norms, mag)
         if mod.bias is not None or entry.outside_bias:
-            role_sums = _role_sums(g, part)
+            role_sums = _role_sums(g, part, state)
             _store(state, depth, entry.name, "bias", part, sums[:, col + 3], sums[:, col + 4],
                    safe_norm(role_sums, dim=-1), gn)
             if state.config.materialize:
@@ -223,43 +223,56 @@ def _rounded_norm(matrix: torch.Tensor, exact: Callable[[], torch.Tensor]) -> to
     return norm
 
 
-def _role_sums(values: torch.Tensor, part: RolePartition) -> torch.Tensor:
+def _role_sums(values: torch.Tensor, part: RolePartition, state: BatchState | None = None) -> torch.Tensor:
     """(NUM_ROLES, D) float32 sums of (N, D) ``values`` per role, row by row (``index_add_``: a role whose rows
-    are all zero gets exactly zero; 3-5x faster than a product with the role indicator on a CPU)."""
+    are all zero gets exactly zero; 3-5x faster than a product with the role indicator on a CPU). With ``state``,
+    a low-precision ``values`` is converted into the batch's float32 scratch buffer (no fresh pages per call)."""
     sums = torch.zeros(NUM_ROLES, values.shape[-1], dtype=torch.float32, device=values.device)
+    if values.dtype != torch.float32 and state is not None:
+        values = state.buffer("role_sums", tuple(values.shape), values.device).copy_(values)
     return sums.index_add_(0, part.codes, float32(values))
 
 
 def _scatter_columns(columns: list[torch.Tensor], codes: torch.Tensor) -> torch.Tensor:
-    """(NUM_ROLES, K) float32 per-role sums of K (N,) per-position ``columns`` (bool or float), in one operation."""
-    stacked = torch.stack([float32(column) for column in columns], dim=1)
+    """(NUM_ROLES, K) float32 per-role sums of K (N,) per-position ``columns`` (bool or float32), in one operation."""
+    stacked = float32(torch.stack(columns, dim=1))  # bool columns promoted to float32 by the stack itself
     return torch.zeros(NUM_ROLES, len(columns), dtype=torch.float32, device=codes.device).index_add_(0, codes, stacked)
 
 
 def _norm_stats(state: BatchState, depth: int, mod: nn.Module, entries: list[SublayerEntry], x: torch.Tensor,
                 grad: torch.Tensor, token: bool) -> None:
-    """Norm gain and bias: per-position contributions ``g * xhat`` and ``g``, summed per role."""
+    """Norm gain and bias: per-position contributions ``g * xhat`` and ``g`` (float32, side by side in one
+    scratch buffer of the batch), summed per role in one ``index_add_``."""
     d = x.shape[-1]
-    g2 = float32(grad.reshape(-1, d))
+    g2 = grad.reshape(-1, d)
+    if g2.dtype not in (torch.float32, torch.bfloat16, torch.float16):  # (float64: rounded to float32 first)
+        g2 = g2.float()
     part = _role_rows(state, g2.shape[0], token)
     if isinstance(mod, nn.LayerNorm) or entries[0].acts_as == "layer_norm":
         unit = torch.ones(d, device=x.device)  # with a gain and bias CPU layer_norm takes a 2.5x faster kernel
         xhat = F.layer_norm(float32(x.reshape(-1, d)), (d,), unit, torch.zeros_like(unit), eps=mod.eps)
     else:
         xhat = float32(unit_affine(mod, x.reshape(-1, d)))
-    params = [(param, per_pos) for param, per_pos in (("weight", g2 * xhat), ("bias", g2))
-              if getattr(mod, param, None) is not None]
-    mags = [safe_norm(per_pos, dim=-1) for _, per_pos in params]
-    sums = _scatter_columns([column for mag in mags for column in (mag > 0, mag)], part.codes)
-    for i, ((param, per_pos), mag) in enumerate(zip(params, mags)):
-        role_sums = _role_sums(per_pos, part)
-        norms = safe_norm(role_sums, dim=-1)
+    params = [param for param in ("weight", "bias") if getattr(mod, param, None) is not None]
+    n, k = g2.shape[0], len(params)
+    per_pos = state.buffer("norm", (n, k, d), g2.device)  # (N, k, D): each parameter's per-position gradient
+    for i, param in enumerate(params):
+        if param == "weight":
+            torch.mul(g2, xhat, out=per_pos[:, i])  # a low-precision g exact in float32, as a conversion first
+        else:
+            per_pos[:, i].copy_(g2)
+    mags = safe_norm(per_pos, dim=-1)  # (N, k)
+    sums = _scatter_columns([column for i in range(k) for column in (mags[:, i] > 0, mags[:, i])], part.codes)
+    role_sums = torch.zeros(NUM_ROLES, k * d, dtype=torch.float32, device=g2.device)
+    role_sums = role_sums.index_add_(0, part.codes, per_pos.view(n, k * d)).view(NUM_ROLES, k, d)
+    norms = safe_norm(role_sums, dim=-1)  # (NUM_ROLES, k)
+    for i, param in enumerate(params):
         for entry in entries:
-            _store(state, depth, entry.name, param, part, sums[:, 2 * i], sums[:, 2 * i + 1], norms, mag)
+            _store(state, depth, entry.name, param, part, sums[:, 2 * i], sums[:, 2 * i + 1], norms[:, i], mags[:, i])
             if state.config.materialize:
                 for code in range(NUM_ROLES):
                     if part.count_list[code]:
-                        state.matrices[(depth, entry.name, param, ALL_ROLES[code])] = role_sums[code].cpu()
+                        state.matrices[(depth, entry.name, param, ALL_ROLES[code])] = role_sums[code, i].clone().cpu()
 
 
 def _store(state: BatchState, depth: int, name: str, param: str, part: RolePartition, n_nonzero: torch.Tensor,
