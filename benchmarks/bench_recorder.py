@@ -31,12 +31,14 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import replace
 
 import torch
 from transformers import BertConfig, BertForMaskedLM
 
-from gradflow import BertMasking, GradFlowRecorder, RecorderConfig, mlm_loss
-from gradflow.inputs.masking import MaskedBatch, TokenizerInfo, mask_sequence
+from gradflow import BertMasking, GradFlowRecorder, MaskedDiffusion, RecorderConfig, SpanMasking, mlm_loss
+from gradflow.inputs.batch import pad_draws
+from gradflow.inputs.masking import MaskedBatch, TokenizerInfo, draw_sequence
 
 MODES = ("bare", "norms", "full", "record-norms", "record-full", "captum-norms")
 
@@ -53,19 +55,25 @@ def build(layers: int, device: str, dtype: str = "float32", seed: int = 0):
     return model
 
 
-def make_batch(b: int, t: int, vocab: int, device: str) -> MaskedBatch:
+OBJECTIVES = {"bert": BertMasking(seed=0), "mask40": BertMasking(rate=0.4, seed=0), "span": SpanMasking(seed=0),
+              "diffusion": MaskedDiffusion(seed=0)}
+"""``--objective``: the masking of the benchmark batch (diffusion: t ~ U(0.001, 1) per sequence, 1/t weights)."""
+
+
+def make_batch(b: int, t: int, vocab: int, device: str, objective: str = "bert", shift: bool = False) -> MaskedBatch:
+    """B random sequences of T tokens ([CLS] ... [SEP]) masked by ``objective`` (shifted with ``shift``)."""
     info = TokenizerInfo(mask_token_id=103, vocab_size=vocab, special_ids=(0, 100, 101, 102, 103), pad_token_id=0)
     gen = torch.Generator().manual_seed(0)
-    rows = []
+    policy = replace(OBJECTIVES[objective], shift=shift)
+    originals, draws = [], []
     for i in range(b):
         ids = [101] + torch.randint(1000, vocab, (t - 2,), generator=gen).tolist() + [102]
         special = [True] + [False] * (t - 2) + [True]
-        rows.append((ids, *mask_sequence(ids, special, i, BertMasking(seed=0), info)))
-    original = torch.tensor([r[0] for r in rows])
-    inputs = torch.tensor([r[1] for r in rows])
-    labels = torch.tensor([r[2] for r in rows])
-    roles = torch.tensor([r[3] for r in rows], dtype=torch.int8)
-    return MaskedBatch(inputs, original, labels, roles, torch.ones_like(inputs), torch.arange(b)).to(device)
+        originals.append(ids)
+        draws.append(draw_sequence(ids, special, i, policy, info))
+    batch = pad_draws(draws, originals, range(b), 0, weighted=isinstance(policy, MaskedDiffusion), shifted=shift,
+                      mean_over_sequences=False)
+    return batch.to(device)
 
 
 def site_modules(model) -> list[torch.nn.Module]:
@@ -113,7 +121,7 @@ def timing(args) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
     then ``args.steps`` timed steps whose mean is the round's sample (one step alone varies by several
     percent on a shared 2-core machine; the mean of a few does not)."""
     model = build(args.layers, args.device, args.dtype)
-    batch = make_batch(args.batch, args.length, model.config.vocab_size, args.device)
+    batch = make_batch(args.batch, args.length, model.config.vocab_size, args.device, args.objective, args.shift)
     times = {m: [] for m in MODES}
     cpu = {m: [] for m in MODES}
     norms = GradFlowRecorder(model, RecorderConfig(sublayers=False))
@@ -140,7 +148,7 @@ def timing(args) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
 def memory_one(args, mode: str) -> float:
     """Peak memory of one step of ``mode`` above the loaded model and batch (MiB)."""
     model = build(args.layers, args.device, args.dtype)
-    batch = make_batch(args.batch, args.length, model.config.vocab_size, args.device)
+    batch = make_batch(args.batch, args.length, model.config.vocab_size, args.device, args.objective, args.shift)
     recorder = None
     if mode not in ("bare", "captum-norms"):
         recorder = GradFlowRecorder(model, RecorderConfig(sublayers="full" in mode))
@@ -181,6 +189,9 @@ def main() -> None:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu, cuda or cuda:N")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     p.add_argument("--dtype", default="float32", choices=sorted(DTYPES), help="the model's weights (default float32)")
+    p.add_argument("--objective", default="bert", choices=sorted(OBJECTIVES),
+                   help="the batch's masking: bert 15%%, mask40, span, diffusion (t ~ U(0.001, 1), 1/t weights)")
+    p.add_argument("--shift", action="store_true", help="a shifted objective (logits at p predict p + 1)")
     p.add_argument("--memory-child", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.device.startswith("cuda") and not torch.cuda.is_available():
@@ -191,7 +202,8 @@ def main() -> None:
         print(json.dumps({"peak_mib": memory_one(args, args.memory_child)}))
         return
     print(f"device={args.device} dtype={args.dtype} threads={torch.get_num_threads()} layers={args.layers} "
-          f"B={args.batch} T={args.length} torch={torch.__version__} load={os.getloadavg()[0]:.2f}")
+          f"B={args.batch} T={args.length} objective={args.objective}{' shifted' if args.shift else ''} "
+          f"torch={torch.__version__} load={os.getloadavg()[0]:.2f}")
     times, cpu = timing(args)
     bare, bare_cpu = statistics.median(times["bare"]), statistics.median(cpu["bare"])
     print(f"{'mode':<14}{'median s':>10}{'ratio':>8}{'min':>8}{'max':>8}{'paired':>8}{'cpu ratio':>11}   "
@@ -205,7 +217,8 @@ def main() -> None:
     peaks = {}
     for mode in MODES:
         cmd = [sys.executable, __file__, "--memory-child", mode, "--layers", str(args.layers), "--batch",
-               str(args.batch), "--length", str(args.length), "--device", args.device, "--dtype", args.dtype]
+               str(args.batch), "--length", str(args.length), "--device", args.device, "--dtype", args.dtype,
+               "--objective", args.objective] + (["--shift"] if args.shift else [])
         if args.threads:
             cmd += ["--threads", str(args.threads)]
         out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
