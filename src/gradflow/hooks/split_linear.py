@@ -1,4 +1,4 @@
-"""A Linear whose weight gradient is computed in two parts while a capture runs: no extra product.
+"""A Linear whose weight gradient is computed in two or three parts while a capture runs: no extra product.
 
 Under ``loss.backward()`` autograd computes every Linear's weight gradient ``W = sum_t g_t x_t^T``
 over all B * T positions. The per-role split needs ``||G_r||`` for each role; for the largest role
@@ -7,12 +7,15 @@ replaces the ``forward`` of each Linear sublayer module whose weight gradient co
 alone by :class:`RoleSplitLinear`, whose backward computes ``W`` as two products instead of one: the
 largest role's rows ``G_big = g_big^T x_big`` (its norm is the statistic) and then
 ``W = G_big + g_rest^T x_rest``. The flops are those of the one product; the result is ``W`` up to
-float32 summation order (a split product, as a different thread count gives).
+float32 summation order (a split product, as a different thread count gives). When the role with the most
+rows after ``big`` has enough of them (masked diffusion's masked half, say), its rows are a third product
+``G_second``, its norm a statistic too: ``W = (G_big + G_second) + G_rest``, the same flops.
 
 A bfloat16 or float16 Linear (weights and input in that dtype, outside autocast) is split the same way in
 its own dtype: both products run at the speed of autograd's one (float32 accumulation inside, as
 autograd's), ``G_big`` is rounded once to the dtype before ``G_rest`` is added, so ``W`` is autograd's up to
-about one unit in the last place of the dtype; the statistic is ``||G_big||`` of the rounded product,
+about one unit in the last place of the dtype (a three-way split rounds ``G_second`` and its sum with
+``G_big`` once each more); the statistic is ``||G_big||`` (and ``||G_second||``) of the rounded product,
 within the dtype's rounding of the float32 norm (float16's narrow range is guarded by the statistics,
 :func:`gradflow.hooks.sublayer_stats.sublayer_stats`).
 
@@ -41,14 +44,17 @@ class DirectSplit:
     and ``rest_input`` (n_rest, D_in): the ``rest`` rows of the output gradient and the input, when the
     statistics already gathered them (None: the backward gathers them); ``big_input``: returns the ``big``
     rows of the input (n_big, D_in), gathered once for every module reading that input (None: gathered here).
+    ``second``: the last ``second`` rows of ``rest`` (in its order) are one role's, computed as their own
+    product ``G_second`` (a three-way split), passed as ``finish(G_big, G_second)`` and then added (0: none).
     """
 
     big: torch.Tensor
     rest: torch.Tensor
-    finish: Callable[[torch.Tensor | None], None]
+    finish: Callable[..., None]
     rest_grad: torch.Tensor | None = None
     rest_input: torch.Tensor | None = None
     big_input: Callable[[], torch.Tensor] | None = None
+    second: int = 0
 
 
 WeightSplit = Callable[[nn.Parameter], "DirectSplit | None"]
@@ -59,7 +65,8 @@ towards activations does not)."""
 
 
 class RoleSplitLinear(torch.autograd.Function):
-    """``F.linear(x, weight, bias)`` with the weight gradient computed as ``G_big + G_rest`` (see module)."""
+    """``F.linear(x, weight, bias)`` with the weight gradient computed as ``G_big + G_rest``, or
+    ``G_big + G_second + G_rest`` (see module)."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, module: nn.Linear,
@@ -85,11 +92,19 @@ class RoleSplitLinear(torch.autograd.Function):
                 if x_big is None or x_big.shape != (split.big.numel(), x2.shape[1]) or x_big.dtype != x2.dtype:
                     x_big = x2.index_select(0, split.big)
                 grad_w = g2.index_select(0, split.big).T @ x_big
-                split.finish(grad_w)
-                if split.rest.numel():
-                    g_rest, x_rest = split.rest_grad, split.rest_input
-                    if g_rest is None or x_rest is None or g_rest.dtype != g2.dtype or x_rest.dtype != x2.dtype:
-                        g_rest, x_rest = g2.index_select(0, split.rest), x2.index_select(0, split.rest)
+                g_rest, x_rest = split.rest_grad, split.rest_input
+                if split.rest.numel() and (g_rest is None or x_rest is None or g_rest.dtype != g2.dtype
+                                           or x_rest.dtype != x2.dtype):
+                    g_rest, x_rest = g2.index_select(0, split.rest), x2.index_select(0, split.rest)
+                if split.second:  # the rest's last rows: the second role's own product, added
+                    cut = split.rest.numel() - split.second
+                    second = g_rest[cut:].T @ x_rest[cut:]
+                    split.finish(grad_w, second)
+                    grad_w.add_(second)
+                    g_rest, x_rest = g_rest[:cut], x_rest[:cut]
+                else:
+                    split.finish(grad_w)
+                if split.rest.numel() > split.second:
                     grad_w.addmm_(g_rest.T, x_rest)
         grad_b = g2.sum(dim=0) if ctx.has_bias and ctx.needs_input_grad[2] else None
         return grad_x, grad_w, grad_b, None, None, None

@@ -7,7 +7,8 @@ contribution of a role r is ``G_r = sum_{t in r} g_t x_t^T``; the contributions 
 - ``contribution_norm``: ``||G_r||_F``, from the Gram identity ``||G_r||^2 = <G G^T, X X^T>``
   when that is cheaper, else from ``G_r`` itself; for the role with the most rows (context, usually)
   under ``loss.backward()``, ``G_r`` is one of the two products the weight gradient is computed from
-  (:mod:`gradflow.hooks.split_linear`: ``W = G_big + G_rest``, no product beyond autograd's own);
+  (:mod:`gradflow.hooks.split_linear`: ``W = G_big + G_rest``, no product beyond autograd's own), and so
+  is the second-largest role's when it has enough rows (``W = G_big + G_second + G_rest``, :data:`SECOND_SHARE`);
 - ``magnitude_sum``: ``sum_{t in r} ||g_t|| * ||x_t||`` (per-position Frobenius norms, additive);
 - ``n_positions`` and ``n_nonzero`` (positions whose per-position contribution ``g_t x_t^T`` has a
   nonzero element, i.e. ``g_t`` and ``x_t`` both have one).
@@ -34,7 +35,7 @@ from torch import nn
 from gradflow.adapters.base import SublayerSpec
 from gradflow.adapters.norms import splittable, unit_affine
 from gradflow.hooks.batch_state import BatchState, RolePartition
-from gradflow.hooks.linear_inputs import InputRows, float32
+from gradflow.hooks.linear_inputs import InputRows, RestRows, float32
 from gradflow.hooks.safe_norms import flag_unsafe, gram_float64, safe_norm
 from gradflow.hooks.split_linear import SPLIT_DTYPES, DirectSplit
 from gradflow.roles import ALL_ROLES, NUM_ROLES, Role
@@ -121,6 +122,7 @@ def _linear_stats(state: BatchState, depth: int, mod: nn.Linear, entries: list[S
     limit = torch.finfo(g2.dtype).max / 2 if g2.dtype.is_floating_point else 0.0
     direct = (direct and x2.dtype == g2.dtype == mod.weight.dtype and g2.dtype in SPLIT_DTYPES
               and not state.config.materialize and sum(table[1]) < limit)  # neither product can overflow
+    second = _second_role(rest, table[0], g2.shape[1], x2.shape[1]) if direct else None
     pending: list[tuple] = []
     zero = torch.zeros((), dtype=torch.float64, device=g2.device)
     rest_rows: tuple = (None, None)  # the whole output's rest rows of g and x, for the backward's second product
@@ -130,15 +132,15 @@ def _linear_stats(state: BatchState, depth: int, mod: nn.Linear, entries: list[S
         g_rest = g.index_select(0, rest.index)  # in the call's dtype (the backward's second product)
         squares = [zero] * NUM_ROLES  # float64 squared norms from Gram matrices (0: no contribution)
         products: dict[int, torch.Tensor] = {}  # float32 norms from a role's own product
-        deferred = False
+        deferred: list[int] = []  # the roles whose norms come from the backward's own products
         for code in range(NUM_ROLES):
             if n_contributing[code] == 0:  # every g_t x_t^T of this role is exactly zero: so is G_r
                 if state.config.materialize and counts[code]:
                     state.matrices[(depth, entry.name, "weight", ALL_ROLES[code])] = torch.zeros(d_out, d_in)
                 continue
             gram_cheaper = counts[code] * (d_out + d_in) < d_out * d_in
-            if code == big and direct and not gram_cheaper:
-                deferred = True  # the weight gradient's own product of these rows (split_linear)
+            if code == big and direct and not gram_cheaper or code == second:
+                deferred.append(code)  # the weight gradient's own product of these rows (split_linear)
                 continue
             if low and not gram_cheaper and table[1][code] < limit:  # the product in the call's dtype, as fast
                 rows = part.index[code]  # as autograd's (float32's is 3-4x slower on a CPU)
@@ -164,7 +166,7 @@ def _linear_stats(state: BatchState, depth: int, mod: nn.Linear, entries: list[S
             norms[code] = value
         weight_sums = (sums[:, col], sums[:, col + 1])
         if deferred:
-            pending.append((entry, g, mag, weight_sums, norms))
+            pending.append((entry, g, mag, weight_sums, norms, deferred))
             if entry.chunk is None:  # in the call's dtype
                 rest_rows = (g_rest, rest.native)
         else:
@@ -178,31 +180,55 @@ def _linear_stats(state: BatchState, depth: int, mod: nn.Linear, entries: list[S
                     if counts[code]:
                         state.matrices[(depth, entry.name, "bias", ALL_ROLES[code])] = role_sums[code].cpu()
     if pending:
-        def finish(big_product: torch.Tensor | None) -> None:
-            _finish_big_role(state, depth, part, big, x2, pending, big_product)
+        def finish(big_product: torch.Tensor | None, second_product: torch.Tensor | None = None) -> None:
+            _finish_big_role(state, depth, part, big, x2, pending, big_product, second_product)
 
         def big_input() -> torch.Tensor:
             return inputs.big_rows(big)
 
-        state.deferred[id(mod.weight)] = DirectSplit(part.index[big], rest.index, finish, *rest_rows,
-                                                     big_input=big_input)
+        state.deferred[id(mod.weight)] = DirectSplit(part.index[big], rest.index, finish, *rest_rows, big_input=big_input,
+                                                     second=0 if second is None else counts[second])
+
+
+SECOND_SHARE = 0.05
+"""A three-way split (the second role's rows as their own product in the weight gradient's backward) is taken
+when that role's rows ``n`` reach ``n * (D_out + D_in) >= SECOND_SHARE * D_out * D_in``: below it, its Gram
+products cost less than the third product's overhead (one more product launch, one addition of the weight's
+size). Measured on a 2-core CPU, bert-base shapes (docs/benchmarks.md)."""
+
+
+def _second_role(rest: RestRows, n_live: list[float], d_out: int, d_in: int) -> int | None:
+    """The role the weight gradient's backward computes as its own product (see :data:`SECOND_SHARE`): the role
+    with the most rows but ``big`` (the last of ``rest``'s order), when it has a contributing row, else None."""
+    if not rest.starts:
+        return None
+    code = max(rest.starts, key=rest.starts.__getitem__)
+    rows = rest.index.numel() - rest.starts[code]
+    if n_live[code] == 0 or rows * (d_out + d_in) < SECOND_SHARE * d_out * d_in:
+        return None
+    return code
 
 
 def _finish_big_role(state: BatchState, depth: int, part: RolePartition, big: int, x2: torch.Tensor,
-                     pending: list[tuple], big_product: torch.Tensor | None) -> None:
-    """Store the weight statistics of deferred entries, ``big``'s norm from ``big_product`` (D_out, D_in):
-    ``sum_{t in big} g_t x_t^T`` as the weight gradient's backward computed it, or, when None (no weight
-    gradient was computed), from its own product."""
-    idx = part.index[big]
-    for entry, g, mag, weight_sums, norms in pending:
-        def exact(g: torch.Tensor = g) -> torch.Tensor:
-            return float32(g.index_select(0, idx)).T @ float32(x2.index_select(0, idx))
+                     pending: list[tuple], big_product: torch.Tensor | None,
+                     second_product: torch.Tensor | None = None) -> None:
+    """Store the weight statistics of deferred entries, each deferred role's norm from its product (D_out, D_in):
+    ``sum_{t in r} g_t x_t^T`` as the weight gradient's backward computed it (``big_product`` for ``big``,
+    ``second_product`` for the other role of a three-way split), or, when None (no weight gradient was
+    computed), from its own product."""
+    for entry, g, mag, weight_sums, norms, codes in pending:
+        for code in codes:
+            idx = part.index[code]
 
-        if big_product is not None:
-            matrix = big_product if entry.chunk is None else _rows(big_product.T, entry.chunk, entry.groups).T
-            norms[big] = _rounded_norm(matrix, exact)
-        else:
-            norms[big] = safe_norm(exact(), dim=(-2, -1))
+            def exact(g: torch.Tensor = g, idx: torch.Tensor = idx) -> torch.Tensor:
+                return float32(g.index_select(0, idx)).T @ float32(x2.index_select(0, idx))
+
+            product = big_product if code == big else second_product
+            if product is not None:
+                matrix = product if entry.chunk is None else _rows(product.T, entry.chunk, entry.groups).T
+                norms[code] = _rounded_norm(matrix, exact)
+            else:
+                norms[code] = safe_norm(exact(), dim=(-2, -1))
         _store(state, depth, entry.name, "weight", part, *weight_sums, norms, mag)
 
 
