@@ -219,7 +219,8 @@ def test_trainer_steps_equal_the_dense_steps(models, family, tmp_path):
     for (name, a), b, w0 in zip(dense.model.named_parameters(), sparse.model.parameters(), start.parameters()):
         step = float((a - w0).detach().norm())
         moved = max(moved, step)
-        assert float((a - b).detach().norm()) <= 1e-5 * max(step, 1e-3), name
+        ulps = 4 * torch.finfo(torch.float32).eps * float(a.detach().abs().max())  # rounding of 3 weight updates
+        assert float((a - b).detach().norm()) <= 1e-5 * max(step, 1e-3) + ulps, name
     assert moved > 1e-3  # the steps did move the weights
     inputs = Collator(lm.tokenizer, policy)([(0, TEXTS[0]), (1, TEXTS[1])])
     want = dense.compute_loss(sparse.model, dict(inputs))
