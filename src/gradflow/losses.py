@@ -55,8 +55,15 @@ def weighted_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, weights: 
     """
     flat = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1),
                            ignore_index=-100, reduction="none").reshape(labels.shape)
-    sums = (flat * weights.to(flat.dtype)).sum(dim=1)
-    norm = norm.to(flat.dtype).clamp_min(1)
+    return weighted_reduction((flat * weights.to(flat.dtype)).sum(dim=1), norm, reduction, mean_over_sequences)
+
+
+def weighted_reduction(sums: torch.Tensor, norm: torch.Tensor, reduction: str = "batch",
+                       mean_over_sequences: bool = False) -> torch.Tensor:
+    """The reference normalisation of per-sequence weighted cross-entropy sums ``S_b`` (``sums``, (B,)) by ``norm``
+    (B,; a normaliser under 1 counts as 1): see :func:`weighted_cross_entropy`. The one rule of every weighted loss
+    (on the logits, at the labelled positions only, and in sparse training)."""
+    norm = norm.to(sums.dtype).clamp_min(1)
     if reduction == "batch":
         return (sums / norm).mean() if mean_over_sequences else sums.sum() / norm.sum()
     if reduction == "sequence":
@@ -109,14 +116,10 @@ def cross_entropy_at_labels(head: Callable[[torch.Tensor], torch.Tensor], hidden
     per = F.cross_entropy(head(hidden[rows, cols]).float(), labels[rows, cols], reduction="none")
     if weights is not None and norm is not None:
         sums = per.new_zeros(labels.shape[0]).index_add_(0, rows, per * weights[rows, cols].to(per.dtype))
-        norm = norm.to(per.dtype).clamp_min(1)
-        if reduction == "batch":
-            return (sums / norm).mean() if mean_over_sequences else sums.sum() / norm.sum()
-        if reduction == "sequence":
-            return (sums / norm).sum()
-    elif reduction == "batch":
+        return weighted_reduction(sums, norm, reduction, mean_over_sequences)
+    if reduction == "batch":
         return per.sum() / counted.sum().clamp_min(1)
-    elif reduction == "sequence":
+    if reduction == "sequence":
         sums = per.new_zeros(labels.shape[0]).index_add_(0, rows, per)
         return (sums / counted.sum(dim=1).clamp_min(1)).sum()
     raise ValueError(f"unknown reduction {reduction!r}; choose one of {', '.join(REDUCTIONS)}")

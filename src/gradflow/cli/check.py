@@ -26,7 +26,7 @@ from gradflow.cli.options import (
     add_trust_remote_code,
     objective_from_args,
 )
-from gradflow.formatting import format_number
+from gradflow.formatting import format_number, masking_label
 
 MARK = "*"
 
@@ -61,18 +61,6 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     return 0
 
 
-def _masking(batch: dict) -> str:
-    """``BERT masking``, ``span masking``, ``masked diffusion (t ~ U(0.001, 1))``, ... (``shifted`` when it is)."""
-    masking = batch.get("masking", {"policy": "bert"})
-    policy = masking.get("policy", "bert")
-    name = {"bert": "BERT masking", "span": "span masking", "explicit": "explicit masking"}.get(policy, policy)
-    if policy == "diffusion":
-        t = (f"t = {masking['ratio']}" if masking.get("ratio") is not None else
-             f"t in {masking['ratios']}" if masking.get("ratios") else f"t ~ U({masking.get('eps')}, 1)")
-        name = f"masked diffusion ({t}, 1/t weights)"
-    return f"{name}, shifted," if masking.get("shift") else name
-
-
 def _roles(names: Sequence[str]) -> str:
     return ",".join(names) if names else "-"
 
@@ -83,7 +71,7 @@ def render(result) -> str:
     tokens = ", ".join(f"{role} {n}" for role, n in b["tokens"].items())
     lines = [f"gradflow check: {result.model} (model_type {result.model_type}, adapter {result.family}, "
              f"{result.attn_norm}-LN), {result.num_blocks} blocks",
-             f"batch: {b['sequences']} sequences from {b.get('texts', 'the given batch')}, {_masking(b)} seed "
+             f"batch: {b['sequences']} sequences from {b.get('texts', 'the given batch')}, {masking_label(b.get('masking', {'policy': 'bert', 'rate': 0.15}))}, seed "
              f"{b.get('seed', '-')}, max length {b.get('max_length', '-')}; positions: {tokens}; loss "
              f"{b['loss']:.4f}", "",
              "Roles that send exactly zero gradient (measured: the role's contribution to the parameter's gradient "

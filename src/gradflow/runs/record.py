@@ -31,7 +31,7 @@ from gradflow.runs.files import SequenceWriter, merge_sequence_parts, prepare_ou
 from gradflow.runs.job import CorpusJob, open_job
 from gradflow.runs.meta import JobInputs, job_meta
 from gradflow.runs.record_stats import NONFINITE_REASON, RecordProgress, RecordStats
-from gradflow.runs.record_tables import DISCARD_PATTERNS, Rows, open_writers, part_name, sequence_tables
+from gradflow.runs.record_tables import DISCARD_PATTERNS, Rows, SequenceTable, open_writers, part_name, sequence_tables
 from gradflow.runs.resume import (
     DEFAULT_EVERY,
     DEFAULT_MINUTES,
@@ -273,8 +273,12 @@ def _ranked(name: str, rank: int | str | None) -> str:
 def _writers(job: _Job, parts: dict[str, int]) -> list[tuple[SequenceWriter, Rows]]:
     """This process's per-sequence tables (:mod:`gradflow.runs.record_tables`) and each one's row function;
     ``parts``: each table's durable parts kept from the checkpoint a resumed job continues."""
-    tables = sequence_tables(job.config.sublayers, isinstance(job.corpus.policy, MaskedDiffusion))
-    return open_writers(job.out, tables, job.corpus.rank, job.corpus.world, parts)
+    return open_writers(job.out, _tables(job), job.corpus.rank, job.corpus.world, parts)
+
+
+def _tables(job: _Job) -> list[SequenceTable]:
+    """The per-sequence tables this run writes: sublayer sums when recorded, each sequence's t under diffusion."""
+    return sequence_tables(job.config.sublayers, isinstance(job.corpus.policy, MaskedDiffusion))
 
 
 def _record_batch(job: _Job, recorder: GradFlowRecorder, batch: MaskedBatch,
@@ -325,7 +329,7 @@ def _finish(job: _Job) -> RunSummary:
         torch.distributed.barrier()
         return job.summary()
     if world > 1:
-        for table in sequence_tables(job.config.sublayers, isinstance(job.corpus.policy, MaskedDiffusion)):
+        for table in _tables(job):
             merge_sequence_parts([job.out / part_name(table.name, r, world) for r in range(world)],
                                  job.out / table.name, table.schema)
     meta = _write_tables(job)

@@ -36,6 +36,7 @@ from torch import nn
 from gradflow.adapters import Adapter, block_modules, get_module, resolve_adapter
 from gradflow.adapters.subset import select_rows
 from gradflow.errors import SparseTrainingError
+from gradflow.losses import weighted_reduction
 
 IGNORE = -100
 """The label of a position outside the loss (transformers' ``ignore_index``)."""
@@ -64,8 +65,7 @@ def weighted_loss(logits: torch.Tensor, labels: torch.Tensor, rows: torch.Tensor
     """
     per = F.cross_entropy(logits.float(), labels, reduction="none")
     sums = per.new_zeros(norm.shape[0]).index_add_(0, rows, per * weights.to(per.dtype))
-    norm = norm.to(per.dtype).clamp_min(1)
-    return (sums / norm).mean() if mean_over_sequences else sums.sum() / norm.sum()
+    return weighted_reduction(sums, norm, "batch", mean_over_sequences)
 
 
 @dataclass(frozen=True)
