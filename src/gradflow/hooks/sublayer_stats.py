@@ -139,7 +139,7 @@ def _linear_stats(state: BatchState, depth: int, mod: nn.Linear, entries: list[S
                     state.matrices[(depth, entry.name, "weight", ALL_ROLES[code])] = torch.zeros(d_out, d_in)
                 continue
             gram_cheaper = counts[code] * (d_out + d_in) < d_out * d_in
-            if code == big and direct and not gram_cheaper or code == second:
+            if direct and (code == big and own_product(counts[code], d_out, d_in) or code == second):
                 deferred.append(code)  # the weight gradient's own product of these rows (split_linear)
                 continue
             if low and not gram_cheaper and table[1][code] < limit:  # the product in the call's dtype, as fast
@@ -191,10 +191,10 @@ def _linear_stats(state: BatchState, depth: int, mod: nn.Linear, entries: list[S
 
 
 SECOND_SHARE = 0.05
-"""A three-way split (the second role's rows as their own product in the weight gradient's backward) is taken
-when that role's rows ``n`` reach ``n * (D_out + D_in) >= SECOND_SHARE * D_out * D_in``: below it, its Gram
-products cost less than the third product's overhead (one more product launch, one addition of the weight's
-size). Measured on a 2-core CPU, bert-base shapes (docs/benchmarks.md)."""
+"""A role's rows are their own product in the weight gradient's backward (the largest role's in a two-way
+split; the second role's in a three-way split) when they reach ``n * (D_out + D_in) >= SECOND_SHARE * D_out *
+D_in``: below it, their Gram products cost less than the split's overhead (the rows gathered, one more product
+launch, one addition of the weight's size). Measured on a 2-core CPU, bert-base shapes (docs/benchmarks.md)."""
 
 
 def _second_role(rest: RestRows, n_live: list[float], d_out: int, d_in: int) -> int | None:
@@ -204,9 +204,15 @@ def _second_role(rest: RestRows, n_live: list[float], d_out: int, d_in: int) -> 
         return None
     code = max(rest.starts, key=rest.starts.__getitem__)
     rows = rest.index.numel() - rest.starts[code]
-    if n_live[code] == 0 or rows * (d_out + d_in) < SECOND_SHARE * d_out * d_in:
+    if n_live[code] == 0 or not own_product(rows, d_out, d_in):
         return None
     return code
+
+
+def own_product(rows: int, d_out: int, d_in: int) -> bool:
+    """Whether a role's ``rows`` are computed as their own product in the weight gradient's backward (no flops
+    beyond autograd's) rather than from their Gram matrices (float32, beside it): :data:`SECOND_SHARE`."""
+    return rows * (d_out + d_in) >= SECOND_SHARE * d_out * d_in
 
 
 def _finish_big_role(state: BatchState, depth: int, part: RolePartition, big: int, x2: torch.Tensor,
