@@ -1,11 +1,14 @@
 """Pretrain the embedded English MLMs ``gradflow-mini-en`` and ``gradflow-mini-en-alltoken``.
 
-One recipe, two losses:
+One recipe, four losses (``--loss``):
 - ``--loss mlm``: standard BERT masking (15% of tokens selected; 80% [MASK], 10% random, 10% kept)
   and the cross-entropy at the selected positions only.
 - ``--loss alltoken``: the same corruption, but the original token is predicted at *every*
   non-special position (ELECTRA's "All-Tokens MLM" ablation), so the last block is trained on
   context channels too.
+- ``--loss mask40`` and ``--loss diffusion`` (issue 52, :mod:`analyses.pretraining.objectives`): BERT masking
+  at 40%, and masked diffusion as LLaDA pretrains (t ~ U(1e-3, 1) per window, every selected token masked,
+  1/t weights, divided by the batch's real tokens), on mini-en's windows in mini-en's order.
 
 Architecture (RoFormerForMaskedLM: BERT's post-LN block with rotary position embeddings instead of
 a learned position table): 6 layers, hidden 256, 4 heads, FFN 1024, 128 positions, lower-cased
@@ -54,6 +57,7 @@ import torch.nn.functional as F
 from tokenizers import BertWordPieceTokenizer
 from transformers import BertConfig, BertForMaskedLM, BertTokenizerFast
 
+from analyses.pretraining import objectives
 from gradflow.training import sparse_mlm
 
 MAX_LEN = 128
@@ -166,6 +170,28 @@ def evaluate(model, tokenizer, valid: torch.Tensor, seed: int, batch: int = 128)
     return {"valid_loss": total_loss / total, "valid_top1": total_correct / total, "valid_positions": int(total)}
 
 
+@torch.no_grad()
+def evaluate_own(model, tokenizer, valid: torch.Tensor, seed: int, objective: str, batch: int = 128) -> dict:
+    """The objective's own loss (diffusion: the 1/t-weighted loss per real token) and top-1 at its loss positions,
+    on a fixed corruption of ``valid`` (seeds ``seed + 1``, and ``seed + 2`` for the ratios)."""
+    model.eval()
+    gen, ratio_gen = torch.Generator().manual_seed(seed + 1), torch.Generator().manual_seed(seed + 2)
+    total_loss = total_norm = total_correct = total = 0.0
+    for start in range(0, len(valid), batch):
+        ids = valid[start : start + batch]
+        corrupted = objectives.corrupt(objective, ids, tokenizer, gen, ratio_gen)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss, logits, targets = objectives.objective_loss(model, corrupted, (ids != tokenizer.pad_token_id).long())
+        # the loss's own normaliser: real tokens (diffusion), loss positions (BERT masking)
+        norm = int((ids != tokenizer.pad_token_id).sum()) if objective == "diffusion" else targets.numel()
+        total_loss += float(loss) * norm
+        total_norm += norm
+        total_correct += float((logits.argmax(-1) == targets).sum())
+        total += targets.numel()
+    model.train()
+    return {"own_loss": total_loss / total_norm, "own_top1": total_correct / total, "own_positions": int(total)}
+
+
 def sinusoids(n_positions: int, dim: int) -> torch.Tensor:
     """(n_positions, dim) sinusoidal position table of Vaswani et al. (2017), sin and cos halves."""
     pos = torch.arange(n_positions, dtype=torch.float32)[:, None]
@@ -173,12 +199,74 @@ def sinusoids(n_positions: int, dim: int) -> torch.Tensor:
     return torch.cat([torch.sin(pos * freq), torch.cos(pos * freq)], dim=1)
 
 
+def build_model(args: argparse.Namespace, vocab_size: int, pad_token_id: int) -> torch.nn.Module:
+    """The seeded-by-caller model of ``args.arch`` at mini-en's sizes (6 x 256, 4 heads, FFN 1024)."""
+    sizes = dict(vocab_size=vocab_size, hidden_size=256, num_hidden_layers=6, num_attention_heads=4,
+                 intermediate_size=1024, type_vocab_size=2, pad_token_id=pad_token_id,
+                 hidden_dropout_prob=args.dropout, attention_probs_dropout_prob=args.dropout)
+    if args.arch == "bert":
+        model = BertForMaskedLM(BertConfig(**sizes, max_position_embeddings=MAX_LEN))
+    elif args.arch == "roformer":  # rotary positions in every attention, no position embedding table
+        from transformers import RoFormerConfig, RoFormerForMaskedLM
+
+        model = RoFormerForMaskedLM(RoFormerConfig(**sizes, embedding_size=256, max_position_embeddings=MAX_LEN))
+    else:  # RoBERTa-style positions start after the padding index: two more rows
+        from transformers import RobertaPreLayerNormConfig, RobertaPreLayerNormForMaskedLM
+
+        model = RobertaPreLayerNormForMaskedLM(RobertaPreLayerNormConfig(**sizes, max_position_embeddings=MAX_LEN + 2))
+    config = model.config
+    if args.position_init == "sinusoidal" and args.arch != "roformer":
+        with torch.no_grad():
+            table = model.base_model.embeddings.position_embeddings.weight
+            waves = sinusoids(table.shape[0], config.hidden_size)
+            table.copy_(waves * args.position_scale * table.std() / waves.std())
+    return model
+
+
+def make_optimizer(model: torch.nn.Module, args: argparse.Namespace):
+    """AdamW (0.9, 0.98), weight decay 0.01 on matrices, and the warm-up then linear-decay schedule."""
+    decay = [p_ for n, p_ in model.named_parameters() if p_.ndim >= 2]
+    no_decay = [p_ for n, p_ in model.named_parameters() if p_.ndim < 2]
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=args.lr, betas=(0.9, 0.98), eps=1e-6,
+    )
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min((s + 1) / args.warmup, max(0.0, (args.steps - s) / (args.steps - args.warmup)))
+    )
+    return opt, schedule
+
+
+def train_step(model, opt, schedule, ids: torch.Tensor, tokenizer, gen: torch.Generator, args: argparse.Namespace,
+               capacity: int, ratio_gen: torch.Generator | None = None) -> torch.Tensor:
+    """One optimiser step on windows ``ids`` (B, T) under ``args.loss``: corruption, bfloat16-autocast forward and
+    loss, backward, clipping at 1.0, AdamW, schedule. Returns the detached loss."""
+    attention_mask = (ids != tokenizer.pad_token_id).long()
+    if args.loss in ("mlm", "alltoken"):  # mini-en's and the twin's path, unchanged (check_reproduce)
+        inputs, labels, _ = corrupt(ids, tokenizer, gen, alltoken=args.loss == "alltoken")
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            if args.sparse:
+                loss = sparse_loss(model, inputs, labels, attention_mask)
+            else:
+                loss, _, _ = mlm_loss(model, inputs, labels, attention_mask, capacity)
+    else:
+        batch = objectives.corrupt(args.loss, ids, tokenizer, gen, ratio_gen)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss, _, _ = objectives.objective_loss(model, batch, attention_mask)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+    schedule.step()
+    opt.zero_grad(set_to_none=True)
+    return loss.detach()
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     p = argparse.ArgumentParser(description="Pretrain a gradflow-mini-en model.")
     p.add_argument("--corpus", type=Path, default=Path("data/corpus"))
     p.add_argument("--tokenizer", type=Path, default=Path("build/tokenizer-mini-en"))
     p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--loss", choices=["mlm", "alltoken"], default="mlm")
+    p.add_argument("--loss", choices=list(objectives.OBJECTIVES), default="mlm")
     p.add_argument("--vocab-size", type=int, default=8192)
     p.add_argument("--steps", type=int, default=4000)
     p.add_argument("--batch-size", type=int, default=16)
@@ -209,6 +297,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     if args.sparse and args.loss == "alltoken":
         p.error("--sparse skips the positions outside the loss; with --loss alltoken every non-special position is "
                 "in the loss, so there is nothing to skip: drop --sparse")
+    if args.sparse and args.loss not in ("mlm", "alltoken"):
+        p.error(f"--sparse is the 15% MLM's speed-up; --loss {args.loss} trains dense, as its budget was measured")
     threads = torch.get_num_threads()
     torch.set_num_threads(args.threads)
     try:
@@ -229,35 +319,10 @@ def _train(args: argparse.Namespace) -> None:
     valid = valid_all[torch.randperm(len(valid_all), generator=torch.Generator().manual_seed(7))[: args.valid_windows]]
     print(f"train windows {len(train)}, valid windows {len(valid)} (of {len(valid_all)})", flush=True)
 
-    sizes = dict(vocab_size=len(tokenizer), hidden_size=256, num_hidden_layers=6, num_attention_heads=4,
-                 intermediate_size=1024, type_vocab_size=2, pad_token_id=tokenizer.pad_token_id,
-                 hidden_dropout_prob=args.dropout, attention_probs_dropout_prob=args.dropout)
-    if args.arch == "bert":
-        model = BertForMaskedLM(BertConfig(**sizes, max_position_embeddings=MAX_LEN))
-    elif args.arch == "roformer":  # rotary positions in every attention, no position embedding table
-        from transformers import RoFormerConfig, RoFormerForMaskedLM
-
-        model = RoFormerForMaskedLM(RoFormerConfig(**sizes, embedding_size=256, max_position_embeddings=MAX_LEN))
-    else:  # RoBERTa-style positions start after the padding index: two more rows
-        from transformers import RobertaPreLayerNormConfig, RobertaPreLayerNormForMaskedLM
-
-        model = RobertaPreLayerNormForMaskedLM(RobertaPreLayerNormConfig(**sizes, max_position_embeddings=MAX_LEN + 2))
-    config = model.config
-    if args.position_init == "sinusoidal" and args.arch != "roformer":
-        with torch.no_grad():
-            table = model.base_model.embeddings.position_embeddings.weight
-            waves = sinusoids(table.shape[0], config.hidden_size)
-            table.copy_(waves * args.position_scale * table.std() / waves.std())
-    decay = [p_ for n, p_ in model.named_parameters() if p_.ndim >= 2]
-    no_decay = [p_ for n, p_ in model.named_parameters() if p_.ndim < 2]
-    opt = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=args.lr, betas=(0.9, 0.98), eps=1e-6,
-    )
-    schedule = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min((s + 1) / args.warmup, max(0.0, (args.steps - s) / (args.steps - args.warmup)))
-    )
+    model = build_model(args, len(tokenizer), tokenizer.pad_token_id)
+    opt, schedule = make_optimizer(model, args)
     gen = torch.Generator().manual_seed(args.seed)
+    ratio_gen = torch.Generator().manual_seed(args.seed + 1)  # diffusion's ratios t (mini-en's draws untouched)
     log_rows = []
     start = time.time()
     tokens_seen = 0
@@ -268,23 +333,14 @@ def _train(args: argparse.Namespace) -> None:
         source, rows_per_step = ((train_short, args.batch_size * MAX_LEN // args.short_length) if step <= short_steps
                                  else (train, args.batch_size))
         ids = source[torch.randint(len(source), (rows_per_step,), generator=gen)]
-        inputs, labels, _ = corrupt(ids, tokenizer, gen, alltoken=args.loss == "alltoken")
-        attention_mask = (ids != tokenizer.pad_token_id).long()
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            if args.sparse:
-                loss = sparse_loss(model, inputs, labels, attention_mask)
-            else:
-                loss, _, _ = mlm_loss(model, inputs, labels, attention_mask, capacity)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        schedule.step()
-        opt.zero_grad(set_to_none=True)
+        loss = train_step(model, opt, schedule, ids, tokenizer, gen, args, capacity, ratio_gen)
         tokens_seen += int((ids != tokenizer.pad_token_id).sum())
         row = {"step": step, "tokens": tokens_seen, "train_loss": float(loss.detach()), "lr": schedule.get_last_lr()[0],
                "elapsed_s": round(time.time() - start, 1)}
         if step % args.eval_every == 0 or step == args.steps:
             row.update(evaluate(model, tokenizer, valid, args.seed))
+            if args.loss in ("mask40", "diffusion"):
+                row.update(evaluate_own(model, tokenizer, valid, args.seed, args.loss))
             print(json.dumps(row), flush=True)
             model.save_pretrained(args.out / "checkpoint")
         log_rows.append(row)
@@ -295,9 +351,13 @@ def _train(args: argparse.Namespace) -> None:
         if args.stop_after is not None and step >= args.stop_after:
             break
     final = evaluate(model, tokenizer, valid, args.seed)
+    if args.loss in ("mask40", "diffusion"):
+        final.update(evaluate_own(model, tokenizer, valid, args.seed, args.loss))
     model.half().save_pretrained(args.out, safe_serialization=True)
     tokenizer.save_pretrained(args.out)
     fields = ["step", "tokens", "train_loss", "lr", "elapsed_s", "valid_loss", "valid_top1", "valid_positions"]
+    if args.loss in ("mask40", "diffusion"):
+        fields += ["own_loss", "own_top1", "own_positions"]
     with open(args.out / "training_log.csv", "w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=fields)
         writer.writeheader()
