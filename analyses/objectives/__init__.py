@@ -1,0 +1,8 @@
+"""Issue 52: four pretraining objectives at six blocks (``figures/objectives/plan.md``), the fine-tuning parts.
+
+- ``design``: Parts 3 and 4 as data: the models, arms, tasks, configs and the runs of each part;
+- ``budget``: Part 4's step-budget rule (S) and seeds rule (n) applied to the pilot's curves;
+- ``finetune``: the runner (``python -m analyses.objectives.finetune --part lr1e-4|pilot|seed-regime|decision``);
+- ``contrasts``: Family A, the secondary model contrasts and Family B from per-run summaries (pure);
+- ``report``: reads the committed per-run files and writes the tables (``python -m analyses.objectives.report``).
+"""

@@ -1,0 +1,189 @@
+"""Issue 52's fine-tuning tables (``figures/objectives/plan.md``, Parts 3 and 4), recomputed from the committed
+per-run files.
+
+    python -m analyses.objectives.report [--out figures/objectives/finetune]
+
+Reads ``<out>/lr1e-4/runs`` (the new models at lr 1e-4), ``figures/finetune/last-block-finetuning/convergence/runs``
+(mini-en's and the twin's cells, reused: ``--convergence``), ``<out>/pilot/decision.json`` (S and n) and
+``<out>/seed-regime/runs``, and writes into ``<out>``:
+
+- ``run_summaries_lr1e-4.csv``, ``cells_lr1e-4.{csv,md}``: every lr 1e-4 run and cell of the four models (AUC,
+  final test score, seconds);
+- ``family_a.{csv,md}`` (Holm over 12, MDEs) and ``secondary.{csv,md}`` (the model contrasts, no correction);
+- ``run_summaries_seed-regime.csv``, ``cells_seed-regime.{csv,md}``, ``family_b.{csv,md}`` (Holm over 8, MDEs,
+  the lr 1e-4 value of each contrast beside it, and the plan's reading of the seed's claim).
+
+A family whose cells lack a seed is not computed (Holm ranks all its contrasts together): its ``.md`` says so in
+one sentence and its ``.csv`` is removed; a secondary contrast is computed once its own four cells are complete.
+Runs of the seed regime whose validation steps are not 60, 120, ..., S are left out and named.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+import pandas as pd
+
+from analyses.last_block_finetuning.grid import collect
+from analyses.last_block_finetuning.powered_report import (
+    METRIC,
+    cells,
+    cells_markdown,
+    interval,
+    run_summaries,
+    write_markdown,
+)
+from analyses.objectives.contrasts import FAMILY_B, at_lr1e4, family_a, family_b, secondary, seeds_claim
+from analyses.objectives.design import CONVERGENCE, EVAL_EVERY_LOW, MINI, NEW_MODELS, OUT, ROOT, TWIN
+
+
+def summaries_of(regime_dir: Path) -> pd.DataFrame:
+    """``run_summaries`` of the finished runs under ``regime_dir/runs`` (empty when there are none)."""
+    if not any((regime_dir / "runs").glob("*/result.json")):
+        return pd.DataFrame(columns=["model", "arm", "task", "seed", "run_id", "auc", "test"])
+    return run_summaries(regime_dir)
+
+
+def lr1e4_summaries(out: Path, convergence: Path = CONVERGENCE) -> pd.DataFrame:
+    """The four models' lr 1e-4 runs: mini-en's and the twin's committed ones, the new models' from ``out``."""
+    old, new = summaries_of(convergence), summaries_of(out / "lr1e-4")
+    parts = [p for p in (old[old.model.isin((MINI, TWIN))], new[new.model.isin(NEW_MODELS)]) if not p.empty]
+    return pd.concat(parts, ignore_index=True) if parts else new
+
+
+def off_schedule(regime_dir: Path, steps: int) -> list[str]:
+    """The finished runs under ``regime_dir`` whose validation steps are not 60, 120, ..., ``steps``."""
+    if not any((regime_dir / "runs").glob("*/result.json")):
+        return []
+    curves, _ = collect(regime_dir)
+    expected = list(range(EVAL_EVERY_LOW, steps + 1, EVAL_EVERY_LOW))
+    val = curves[(curves.split == "validation") & (curves.metric == curves.task.map(METRIC))]
+    found = val.groupby("run_id")["step"].apply(lambda s: sorted(s.tolist()))
+    return sorted(run_id for run_id in curves.run_id.unique() if found.get(run_id, []) != expected)
+
+
+def refuse(out: Path, name: str, sentence: str) -> None:
+    """``name``.md is the one sentence; a stale ``name``.csv is removed."""
+    (out / f"{name}.md").write_text(sentence + "\n", encoding="utf-8")
+    (out / f"{name}.csv").unlink(missing_ok=True)
+    print(sentence)
+
+
+def mde(r: tuple) -> str:
+    """The MDE cell of a tested row: ``-`` for a significant contrast."""
+    return "-" if math.isnan(r.mde_alpha05) else f"{r.mde_alpha05:.4f} / {r.mde_bonferroni:.4f}"
+
+
+def write_cells(out: Path, summaries: pd.DataFrame, label: str) -> None:
+    """``run_summaries_<label>.csv`` and ``cells_<label>.{csv,md}``."""
+    summaries.to_csv(out / f"run_summaries_{label}.csv", index=False, float_format="%.6g")
+    if summaries.empty:
+        return
+    table = cells(summaries)
+    table.to_csv(out / f"cells_{label}.csv", index=False, float_format="%.6g")
+    (out / f"cells_{label}.md").write_text(cells_markdown(table), encoding="utf-8")
+
+
+def write_lr1e4(out: Path, summaries: pd.DataFrame) -> list[str]:
+    """Family A and the secondary contrasts into ``out``; returns the sentences of what was not computed."""
+    notes = []
+    try:
+        table = family_a(summaries)
+    except ValueError as err:
+        refuse(out, "family_a", str(err))
+        notes.append(str(err))
+    else:
+        table.to_csv(out / "family_a.csv", index=False, float_format="%.6g")
+        write_markdown(out / "family_a.md", ["contrast", "task", "mean difference in AUC [95% CI]", "n", "p",
+                                              "p (Holm, m = 12)", "MDE at 80% power (alpha .05 / .05/12)"],
+                       [[r.contrast, r.task, interval(r), r.n_pairs, f"{r.p:.3g}", f"{r.p_holm:.3g}", mde(r)]
+                        for r in table.itertuples()])
+    table = secondary(summaries)
+    table.to_csv(out / "secondary.csv", index=False, float_format="%.6g")
+    rows = [[r.contrast, r.task, interval(r) if r.computed else r.note, r.n_pairs,
+             f"{r.p:.3g}" if r.computed else "-",
+             "-" if not r.computed or math.isnan(r.mde_alpha05) else f"{r.mde_alpha05:.4f}"]
+            for r in table.itertuples()]
+    write_markdown(out / "secondary.md", ["model contrast (secondary, no correction)", "task",
+                                           "mean difference in AUC [95% CI]", "n", "p", "MDE (alpha .05)"], rows)
+    notes += [f"{r.contrast}, {r.task}: {r.note}." for r in table.itertuples() if not r.computed]
+    return notes
+
+
+def read_decision(out: Path) -> dict | None:
+    """The pilot's ``decision.json`` (S, n), or None before the pilot's decision."""
+    path = out / "pilot" / "decision.json"
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+
+
+def seed_regime_summaries(out: Path, steps: int) -> tuple[pd.DataFrame, list[str]]:
+    """(run summaries of ``out/seed-regime`` on S = ``steps``'s schedule, the run ids left out as off it)."""
+    regime = out / "seed-regime"
+    stray = off_schedule(regime, steps)
+    summaries = summaries_of(regime)
+    return (summaries[~summaries.run_id.isin(stray)] if not summaries.empty else summaries), stray
+
+
+def write_seed_regime(out: Path, lr_summaries: pd.DataFrame) -> list[str]:
+    """Family B (and the seed regime's cells) into ``out``; returns the sentences of what was not computed."""
+    decision = read_decision(out)
+    if decision is None:
+        sentence = ("Family B is not computed yet: the pilot's decision (S and n, "
+                    f"{(out / 'pilot' / 'decision.json').relative_to(out)}) is not there.")
+        refuse(out, "family_b", sentence)
+        return [sentence]
+    steps, seeds = int(decision["S"]), tuple(range(int(decision["n"])))
+    summaries, stray = seed_regime_summaries(out, steps)
+    write_cells(out, summaries, "seed-regime")
+    notes = [f"Left out of Family B, their validation steps are not 60..{steps}: {', '.join(stray)}."] if stray \
+        else []
+    try:
+        table = family_b(summaries, seeds)
+    except ValueError as err:
+        refuse(out, "family_b", str(err))
+        return [*notes, str(err)]
+    table["at_lr1e4"] = [at_lr1e4(lr_summaries, r.model, r.arm) for r in table.itertuples()]
+    table["steps"] = steps
+    table.to_csv(out / "family_b.csv", index=False, float_format="%.6g")
+    write_markdown(out / "family_b.md", ["contrast (brown-pos, lr 1e-5)",
+                                         f"mean difference in AUC 60..{steps} [95% CI]", "n", "p",
+                                         f"p (Holm, m = {FAMILY_B})",
+                                         f"MDE at 80% power (alpha .05 / .05/{FAMILY_B})",
+                                         "the same contrast at lr 1e-4 (AUC 15..120)"],
+                   [[r.contrast, interval(r), r.n_pairs, f"{r.p:.3g}", f"{r.p_holm:.3g}", mde(r), r.at_lr1e4]
+                    for r in table.itertuples()])
+    claim = seeds_claim(table)
+    with (out / "family_b.md").open("a", encoding="utf-8") as handle:
+        handle.write("\n" + claim + "\n")
+    print(claim)
+    return notes
+
+
+def write_report(out: Path = OUT, convergence: Path = CONVERGENCE) -> list[str]:
+    """Every table of Parts 3 and 4 into ``out``; returns (and prints) the sentences of what was not computed."""
+    out.mkdir(parents=True, exist_ok=True)
+    lr = lr1e4_summaries(out, convergence)
+    write_cells(out, lr, "lr1e-4")
+    notes = write_lr1e4(out, lr) + write_seed_regime(out, lr)
+    for note in notes:
+        print(f"note: {note}")
+    return notes
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=OUT, help=f"the experiment folder (default "
+                        f"{OUT.relative_to(ROOT)})")
+    parser.add_argument("--convergence", type=Path, default=CONVERGENCE,
+                        help="mini-en's and the twin's committed lr 1e-4 runs (default %(default)s)")
+    args = parser.parse_args(argv)
+    write_report(args.out, args.convergence)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
