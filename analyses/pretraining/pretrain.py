@@ -324,7 +324,7 @@ def _train(args: argparse.Namespace) -> None:
     gen = torch.Generator().manual_seed(args.seed)
     ratio_gen = torch.Generator().manual_seed(args.seed + 1)  # diffusion's ratios t (mini-en's draws untouched)
     log_rows = []
-    start = time.time()
+    start, cpu_start = time.time(), time.process_time()
     tokens_seen = 0
     # head rows per step: every position for the all-token loss, else 1/4 of them (15% are selected)
     capacity = args.batch_size * MAX_LEN if args.loss == "alltoken" else args.batch_size * MAX_LEN // 4
@@ -364,6 +364,7 @@ def _train(args: argparse.Namespace) -> None:
         writer.writerows(log_rows)
     recipe = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
     recipe.update(final=final, train_windows=len(train), wall_s=round(time.time() - start, 1),
+                  cpu_s=round(time.process_time() - cpu_start, 1),
                   torch=torch.__version__, tokens_seen=tokens_seen)
     (args.out / "recipe.json").write_text(json.dumps(recipe, indent=2))
     print(json.dumps(recipe), flush=True)

@@ -136,8 +136,8 @@ def test_an_older_companion_without_the_model_says_to_upgrade(tmp_path, monkeypa
 
 
 def test_an_unknown_name_is_not_an_embedded_model():
-    with pytest.raises(ModelLoadError, match="'gradflow-mini-en-mask40' is not an embedded model; the embedded"):
-        embedded_model_dir("gradflow-mini-en-mask40")
+    with pytest.raises(ModelLoadError, match="'gradflow-mini-en-mask80' is not an embedded model; the embedded"):
+        embedded_model_dir("gradflow-mini-en-mask80")
 
 
 def test_companion_models_are_recorded_as_before_in_provenance(tmp_path):

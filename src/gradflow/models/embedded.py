@@ -26,6 +26,10 @@ EMBEDDED_MODELS: dict[str, str] = {
                           "standard 15% MLM",
     "gradflow-mini12-en-alltoken": "its twin trained with the all-token loss for the same compute (9,829 steps, "
                                    "20.0 M tokens of the large corpus)",
+    "gradflow-mini-en-mask40": "mini-en's recipe trained with BERT masking at 40% (80/10/10), at mini-en's compute "
+                               "(3,262 steps)",
+    "gradflow-mini-en-diffusion": "mini-en's recipe trained as a masked diffusion LM (t ~ U(0.001, 1) per sequence, "
+                                  "1/t weights), at mini-en's compute (3,059 steps)",
 }
 DEFAULT_MODEL = "gradflow-mini-en"
 CORE_MODELS: tuple[str, ...] = ("gradflow-mini-en", "gradflow-mini-en-alltoken")
