@@ -25,7 +25,6 @@ import time
 from pathlib import Path
 
 import torch
-
 from analyses.pretraining import pretrain
 
 MINI_EN_STEPS = 3600

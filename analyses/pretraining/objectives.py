@@ -119,5 +119,16 @@ def objective_loss(model: torch.nn.Module, batch: Corrupted, attention_mask: tor
     return weighted_reduction(sums, attention_mask.sum(dim=1).to(ce.dtype)), logits, targets
 
 
-__all__ = ["Corrupted", "EPS", "HEAD_ROWS", "OBJECTIVES", "RATES", "corrupt", "corrupt_bert", "corrupt_diffusion",
-           "head_rows", "objective_loss", "special_positions"]
+__all__ = [
+    "EPS",
+    "HEAD_ROWS",
+    "OBJECTIVES",
+    "RATES",
+    "Corrupted",
+    "corrupt",
+    "corrupt_bert",
+    "corrupt_diffusion",
+    "head_rows",
+    "objective_loss",
+    "special_positions",
+]

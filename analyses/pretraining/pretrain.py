@@ -104,18 +104,10 @@ def windows(tokenizer: BertTokenizerFast, path: Path, length: int = MAX_LEN) -> 
 
 
 def corrupt(ids: torch.Tensor, tokenizer: BertTokenizerFast, gen: torch.Generator, alltoken: bool):
-    """BERT 15% / 80-10-10 corruption. Returns (inputs, labels) with -100 outside the loss."""
-    special = (ids == tokenizer.cls_token_id) | (ids == tokenizer.sep_token_id) | (ids == tokenizer.pad_token_id)
-    u = torch.rand(ids.shape, generator=gen)
-    selected = (u < 0.15) & ~special
-    action = torch.rand(ids.shape, generator=gen)
-    inputs = ids.clone()
-    inputs[selected & (action < 0.8)] = tokenizer.mask_token_id
-    rand_pos = selected & (action >= 0.8) & (action < 0.9)
-    inputs[rand_pos] = torch.randint(len(tokenizer), ids.shape, generator=gen)[rand_pos]
-    loss_at = ~special if alltoken else selected
-    labels = torch.where(loss_at, ids, torch.full_like(ids, -100))
-    return inputs, labels, selected
+    """BERT 15% / 80-10-10 corruption (:func:`objectives.corrupt_bert`). Returns (inputs, labels, selected), labels
+    -100 outside the loss."""
+    corrupted = objectives.corrupt_bert(ids, tokenizer, gen, 0.15, alltoken=alltoken)
+    return corrupted.inputs, corrupted.labels, corrupted.selected
 
 
 def loss_positions(labels: torch.Tensor, capacity: int) -> torch.Tensor:

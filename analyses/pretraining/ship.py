@@ -33,9 +33,15 @@ def ship(build: Path, dest: Path) -> None:
 def curves(dest: Path, figures: Path, names: tuple[str, ...] = NAMES) -> pd.DataFrame:
     """The shipped models' training logs as one table (``model`` first), also written to
     ``figures/pretraining_curves.csv``."""
+    return training_logs({name: dest / name for name in names}, figures)
+
+
+def training_logs(folders: dict[str, Path], figures: Path) -> pd.DataFrame:
+    """The ``training_log.csv`` of each model's folder as one table (``model`` first), in ``folders``' order; also
+    written to ``<figures>/pretraining_curves.csv``."""
     frames = []
-    for name in names:
-        log = pd.read_csv(dest / name / "training_log.csv")
+    for name, folder in folders.items():
+        log = pd.read_csv(folder / "training_log.csv")
         log.insert(0, "model", name)
         frames.append(log)
     table = pd.concat(frames, ignore_index=True)

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from analyses.pretraining.ship import FILES
+from analyses.pretraining.ship import FILES, training_logs
 
 ROOT = Path(__file__).resolve().parents[2]
 NEW = {"gradflow-mini-en-mask40": "BERT 40% (80/10/10)",
@@ -61,10 +61,10 @@ def last_cpu_reading(path: Path | None) -> float | None:
 
 def ship_one(run: Path, dest: Path, cpu_log: Path | None) -> dict:
     """Copy ``run`` into ``dest`` and write its card into ``dest/recipe.json``; returns the card."""
+    from gradflow import BertMasking
     from gradflow.models import load_model
     from gradflow.runs.evaluation import mlm_accuracy
     from gradflow.runs.record import default_texts
-    from gradflow import BertMasking
 
     dest.mkdir(parents=True, exist_ok=True)
     for f in FILES:
@@ -86,16 +86,8 @@ def ship_one(run: Path, dest: Path, cpu_log: Path | None) -> dict:
 
 def curves(figures: Path) -> pd.DataFrame:
     """The four members' training logs as one table (``model`` first): ``<figures>/pretraining_curves.csv``."""
-    frames = []
-    for name in (*CORE, *NEW):
-        folder = (ROOT / "src/gradflow/models" / name) if name in CORE else COMPANION / name
-        log = pd.read_csv(folder / "training_log.csv")
-        log.insert(0, "model", name)
-        frames.append(log)
-    table = pd.concat(frames, ignore_index=True)
-    figures.mkdir(parents=True, exist_ok=True)
-    table.to_csv(figures / "pretraining_curves.csv", index=False, float_format="%.6g")
-    return table
+    folders = {name: (ROOT / "src/gradflow/models" / name) if name in CORE else COMPANION / name for name in (*CORE, *NEW)}
+    return training_logs(folders, figures)
 
 
 def draw(table: pd.DataFrame, figures: Path) -> None:
