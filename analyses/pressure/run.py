@@ -1,5 +1,7 @@
 """Counterfactual context pressure of gradflow-mini-en and its all-token twin (issue 14, part 2); ``--pair
-mini12-en``: the 12-block pair (issue 31) into ``figures/twelve-blocks/pressure``.
+mini12-en``: the 12-block pair (issue 31) into ``figures/twelve-blocks/pressure``; ``--pair objectives``: the four
+6-block objectives (issue 52, plan Part 1 measure 3: mini-en, the twin, mask40, diffusion) into
+``figures/objectives/pressure``.
 
 Regenerates the pressure numbers quoted in README.md (about 3 min on 2 cores):
 
@@ -26,7 +28,10 @@ ROOT = Path(__file__).resolve().parents[2]
 # per pair: label -> model (the MLM model first) and the default --out, relative to the repository root
 PAIRS = {"mini-en": ({"mini-en": "gradflow-mini-en", "twin": "gradflow-mini-en-alltoken"}, "figures/pressure"),
          "mini12-en": ({"mini12-en": "gradflow-mini12-en", "twin": "gradflow-mini12-en-alltoken"},
-                       "figures/twelve-blocks/pressure")}
+                       "figures/twelve-blocks/pressure"),
+         "objectives": ({"mini-en": "gradflow-mini-en", "twin": "gradflow-mini-en-alltoken",
+                         "mask40": "gradflow-mini-en-mask40", "diffusion": "gradflow-mini-en-diffusion"},
+                        "figures/objectives/pressure")}
 MODELS, OUT = PAIRS["mini-en"]
 
 
@@ -70,8 +75,8 @@ def last_block_lines(frame: pd.DataFrame, models: list[str]) -> list[str]:
         r = last[label].reindex(subs)
         columns += [fixed_column(r["pressure"], r["ci_low"], r["ci_high"]),
                     fixed_column(r["vs_earlier"], r["vs_earlier_ci_low"], r["vs_earlier_ci_high"])]
-    lines = [f"| last-block sublayer | {mlm} pressure [95% CI] | {mlm} vs earlier blocks | twin pressure [95% CI] | "
-             "twin vs earlier blocks |", "|---|---|---|---|---|"]
+    lines = ["| last-block sublayer | " + " | ".join(f"{label} pressure [95% CI] | {label} vs earlier blocks"
+                                                  for label in models) + " |", "|---|" + "---|" * (2 * len(models))]
     lines += [f"| {sub} | " + " | ".join(column[k] for column in columns) + " |" for k, sub in enumerate(subs)]
     return lines
 
@@ -88,9 +93,10 @@ def write_last_block_table(frame: pd.DataFrame, models: list[str], out: Path) ->
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pair", choices=PAIRS, default="mini-en",
-                        help="mini-en: the 6-block pair (issue 14); mini12-en: the 12-block pair (issue 31)")
+                        help="mini-en: the 6-block pair (issue 14); mini12-en: the 12-block pair (issue 31); objectives: "
+                             "the four 6-block objectives (issue 52)")
     parser.add_argument("--out", default=None, help="relative to the repository root (default figures/pressure, "
-                        "figures/twelve-blocks/pressure)")
+                        "figures/twelve-blocks/pressure, figures/objectives/pressure)")
     parser.add_argument("--tables-only", action="store_true",
                         help="rewrite last_block.md from the committed pressure.csv in --out; record nothing")
     args = parser.parse_args(argv)

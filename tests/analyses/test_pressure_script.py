@@ -40,6 +40,27 @@ def test_scratch_runs_at_the_committed_location_are_the_ones_the_results_were_ma
         "mini12-en": ROOT / "runs/pressure-mini12-en-mini12-en", "twin": ROOT / "runs/pressure-mini12-en-twin"}
     # the arguments the recorded commands got: relative to the repository root, as before
     assert pressure.as_argument(ROOT / "runs/pressure-twin") == "runs/pressure-twin"
+    assert pressure.scratch_runs("objectives", pressure.ROOT / "figures/objectives/pressure") == {
+        label: ROOT / f"runs/pressure-objectives-{label}" for label in ("mini-en", "twin", "mask40", "diffusion")}
+
+
+def test_the_last_block_table_has_two_columns_a_model(tmp_path):
+    """The pairs' header is unchanged (mini-en ..., twin ...); the four objectives get a pressure and a ratio each."""
+    assert pressure.last_block_lines(_frame(["mini-en", "twin"]), ["mini-en", "twin"])[0] == (
+        "| last-block sublayer | mini-en pressure [95% CI] | mini-en vs earlier blocks | twin pressure [95% CI] | "
+        "twin vs earlier blocks |")
+    labels = list(pressure.PAIRS["objectives"][0])
+    lines = pressure.last_block_lines(_frame(labels), labels)
+    assert lines[1] == "|---|" + "---|" * 8 and lines[0].count("|") == 10
+    assert lines[2].startswith("| attn.q | 0.500 [0.400, 0.600] |")
+
+
+def _frame(labels: list[str]):
+    import pandas as pd
+
+    row = {"sublayer": "attn.q", "last_block": True, "pressure": 0.5, "ci_low": 0.4, "ci_high": 0.6,
+           "vs_earlier": 0.25, "vs_earlier_ci_low": 0.2, "vs_earlier_ci_high": 0.3}
+    return pd.DataFrame([{**row, "model": label} for label in labels])
 
 
 @pytest.mark.parametrize("pair", sorted(pressure.PAIRS))
@@ -60,16 +81,17 @@ def test_the_script_with_out_writes_nothing_into_the_clones_runs(pair, tmp_path,
         pressure.main(["--pair", pair, "--out", str(tmp_path / "out")])
     assert _listing(ROOT / "runs") == before
     records = [c for c in commands if c[0] == "record"]
-    assert len(records) == 2 and commands[-1][0] == "compare"
+    n = len(pressure.PAIRS[pair][0])
+    assert len(records) == n and commands[-1][0] == "compare"
     outs = [Path(c[c.index("--out") + 1]) for c in records]
     assert outs == [tmp_path / "out" / "runs" / label for label in pressure.PAIRS[pair][0]]
     assert all(out.is_dir() for out in outs)
     compare = commands[-1]
-    assert [Path(p) for p in compare[1:3]] == outs and Path(compare[compare.index("--out") + 1]) == tmp_path / "out"
+    assert [Path(p) for p in compare[1:1 + n]] == outs and Path(compare[compare.index("--out") + 1]) == tmp_path / "out"
 
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
-@pytest.mark.parametrize("target", ["pressure", "twelve-blocks-pressure"])
+@pytest.mark.parametrize("target", ["pressure", "twelve-blocks-pressure", "objectives-pressure"])
 def test_the_make_targets_hand_out_to_the_script(target, tmp_path):
     proc = subprocess.run(["make", "-n", "-s", "-C", str(ROOT / "analyses"), target, f"OUT={tmp_path}"],
                           capture_output=True, text=True, timeout=60)

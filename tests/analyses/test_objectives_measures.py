@@ -1,0 +1,72 @@
+"""Issue 52, plan Part 1 (``analyses/objectives/measures.py``): ``figures/objectives/measures/summary.md`` is what the
+committed run, report, check and pressure tables give, and the committed exact-zero sets agree with the theory.
+
+No model is run: everything is read from the committed files (about a second).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from analyses.objectives import measures
+
+ROOT = Path(__file__).resolve().parents[2]
+OUT = ROOT / measures.DEFAULT_OUT
+PRESSURE = ROOT / measures.DEFAULT_PRESSURE
+AFTER_MIXING = ["attn.q", "attn.out", "attn.norm", "ffn.in", "ffn.out", "ffn.norm"]
+committed = pytest.mark.skipif(not (OUT / "summary.md").is_file(), reason="the Part 1 measures are not committed")
+
+
+@committed
+def test_the_summary_is_recomputed_from_the_committed_tables():
+    assert measures.summary_text(OUT, PRESSURE) == (OUT / "summary.md").read_text(encoding="utf-8")
+
+
+@committed
+def test_the_exact_zero_sets_agree_with_the_theory():
+    assert measures.defects(OUT) == []
+    for run in measures.RUNS:
+        expected = [] if run.name == "twin_all-positions" else AFTER_MIXING
+        assert sorted(measures.last_block_zero(OUT, run)) == sorted(expected), run.name
+    for label in measures.MODELS:
+        assert measures.check_zero(measures.check_result(OUT, label)) == AFTER_MIXING, label
+
+
+@committed
+def test_every_run_is_complete_on_the_committed_sample_with_its_objective():
+    for run in measures.RUNS:
+        meta = measures.run_meta(OUT, run)
+        assert meta["complete"] and meta["seed"] == 0 and meta["texts"] == "gradflow:data/sotu_sample.txt"
+        assert meta["model"] == measures.MODELS[run.label] and meta["limit"] is None
+        assert meta["loss"] == ("all-positions" if run.name == "twin_all-positions" else "mlm")
+        policy = meta["masking"]["policy"]
+        assert policy == ("diffusion" if run.name.startswith("diffusion_diff") or run.name == measures.GRID_RUN
+                          else "bert"), run.name
+        if policy == "bert":
+            assert meta["masking"]["rate"] == (0.4 if run.name == "mask40_bert40" else 0.15)
+
+
+@committed
+def test_the_pressure_table_has_the_four_models():
+    import pandas as pd
+
+    frame = pd.read_csv(PRESSURE / "pressure.csv")
+    assert sorted(frame["model"].unique()) == sorted(measures.MODELS)
+    assert (frame["loss"] == "all-positions").all()
+
+
+def test_scratch_runs_stay_out_of_the_committed_folder(tmp_path):
+    run = measures.RUNS[0]
+    assert measures.scratch(run, ROOT / measures.DEFAULT_OUT) == ROOT / "runs" / f"objectives-{run.name}"
+    assert measures.scratch(run, tmp_path) == tmp_path / "scratch" / run.name
+
+
+def test_the_runs_cover_the_plan():
+    own = {r.label: r for r in measures.RUNS if r.own}
+    yardstick = {r.label for r in measures.RUNS if r.yardstick}
+    assert set(own) == yardstick == set(measures.MODELS)
+    assert own["twin"].args == ("--loss", "all-positions") and own["mask40"].args == ("--mask-rate", "0.4")
+    assert own["diffusion"].args == ("--objective", "diffusion") and own["mini-en"].yardstick
+    grid = next(r for r in measures.RUNS if r.name == measures.GRID_RUN)
+    assert [float(t) for t in grid.args[-1].split(",")] == [k / 10 for k in range(1, 11)]
