@@ -159,10 +159,12 @@ def test_cli_explore_binds_to_localhost_and_names_its_models(monkeypatch):
     seen = {}
     monkeypatch.setattr(server, "serve", lambda service, host, port: seen.update(host=host, port=port,
                                                                                    models=service.models()))
+    from gradflow.models import EMBEDDED_MODELS, installed_embedded_models
+
     assert main(["explore"]) == 0
-    assert seen == {"host": "127.0.0.1", "port": 8765, "models": ["gradflow-mini-en", "gradflow-mini-en-alltoken",
-                                                                     "gradflow-mini12-en",
-                                                                     "gradflow-mini12-en-alltoken"]}
+    # every installed embedded model, in the family's order (a checkout set up by ./setup.sh has them all)
+    assert installed_embedded_models() == list(EMBEDDED_MODELS)
+    assert seen == {"host": "127.0.0.1", "port": 8765, "models": list(EMBEDDED_MODELS)}
     assert main(["explore", "--model", MODEL, MODEL, "--port", "9000", "--host", "0.0.0.0"]) == 0
     assert seen == {"host": "0.0.0.0", "port": 9000, "models": [MODEL]}
     assert main(["explore", "--port", "70000"]) == 2
