@@ -18,9 +18,8 @@ positions only; LLaDA's base model returns logits, so the head-only mode is refu
 interleaved within each round (median per mode). Beside each measured saving, ``gradflow check``'s FLOP shares for
 the same model and batch (:func:`gradflow.runs.check.check_batch`): the skippable share (the last block's
 zero-context Linear sublayers at the unselected positions, of the total), with the attention rows, and the step
-saving those predict. ``check_flops`` counts a head inside the base model (LLaDA's ``transformer.ff_out``) as
-encoder compute at every position; the ``+head`` prediction moves it to the loss positions, as the sparse step
-runs it. Not a test: numbers are printed, never asserted.
+saving those predict (``check_flops`` counts LLaDA's output layer, inside its base model, as the head:
+``HeadSpec.in_base_model``). Not a test: numbers are printed, never asserted.
 
     OMP_WAIT_POLICY=passive python benchmarks/bench_sparse_objectives.py [--rounds 3] [--steps 2] [--threads 2]
 """
@@ -88,16 +87,12 @@ def make_batch(policy, b: int, t: int, vocab: int) -> MaskedBatch:
 
 
 def predicted(model: torch.nn.Module, batch: MaskedBatch) -> dict[str, float]:
-    """gradflow check's FLOP shares for this batch, its predicted step saving, and the same with the output layer
-    (inside LLaDA's base model, so counted as encoder compute at every position) at the loss positions."""
+    """gradflow check's FLOP shares for this batch and the step saving they predict: a dense step runs the head at
+    every position (``total + head_unselected``), the sparse one skips ``head_unselected`` and the skippable rows."""
     flops = check_batch(model.eval(), batch).flops
     skipped = flops.skippable + flops.skippable_attention
-    config = model.config
-    out = 2.0 * config.d_model * config.vocab_size * 3  # ff_out, forward + backward, per token
-    head_unselected = out * flops.unselected_tokens
     return {"share": flops.share, "share_with_attention": flops.share_with_attention,
-            "step": (flops.head_unselected + skipped) / (flops.total + flops.head_unselected),
-            "step_head": (head_unselected + skipped) / flops.total}
+            "step": (flops.head_unselected + skipped) / (flops.total + flops.head_unselected)}
 
 
 def train_step(mode: str, model: torch.nn.Module, opt: torch.optim.Optimizer, batch: MaskedBatch) -> None:
@@ -169,7 +164,7 @@ def main() -> None:
     print(f"finished at load average {os.getloadavg()[0]:.1f}\n")
     print("| objective | loss positions | mode | tokens/s | speed-up (wall) | speed-up (CPU) | step saving "
           "measured (wall / CPU) | check: skippable share (with attention rows) | predicted step saving "
-          "(check / +head) |")
+          "(check) |")
     print("|---|---|---|---|---|---|---|---|---|")
     for name, batch in batches.items():
         tokens = int(batch.attention_mask.sum())
@@ -185,7 +180,7 @@ def main() -> None:
             else:
                 q = pred[name]
                 cells += [f"{1 - 1 / speed:.1%} / {1 - 1 / speed_cpu:.1%}",
-                          f"{q['share']:.1%} ({q['share_with_attention']:.1%})", f"{q['step']:.1%} / {q['step_head']:.1%}"]
+                          f"{q['share']:.1%} ({q['share_with_attention']:.1%})", f"{q['step']:.1%}"]
             print("| " + " | ".join(cells) + " |")
     if args.json:
         print(json.dumps({"predicted": pred, "wall": {f"{k[0]}/{k[1]}": v for k, v in times["wall"].items()},

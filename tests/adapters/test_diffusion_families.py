@@ -274,3 +274,17 @@ def test_the_base_model_cannot_run_alone_so_the_whole_model_runs(loaded):
         else:
             with pytest.raises(RuntimeError, match="attn_mask"):
                 lm.model.base_model(**inputs)
+
+
+def test_check_counts_llada_s_output_layer_as_head_compute(checkpoints):
+    """LLaDA's output layer ``ff_out`` sits inside its base model (``HeadSpec.in_base_model``): ``gradflow check``
+    counts it at the loss positions, as every other MLM head, not at every position as encoder compute."""
+    from gradflow.runs.check import check_batch
+
+    lm = checkpoints["llada"]
+    batch = _batch("llada", lm.tokenizer)
+    flops = check_batch(lm.model, batch, lm.adapter).flops
+    ff_out = get_module(lm.model, "model.transformer.ff_out")
+    assert flops.encoder_other == 0  # wte is a look-up; ff_out is the only Linear outside the blocks
+    assert flops.head == 3 * 2 * ff_out.in_features * ff_out.out_features * flops.loss_tokens
+    assert flops.head_unselected == 3 * 2 * ff_out.in_features * ff_out.out_features * flops.unselected_tokens

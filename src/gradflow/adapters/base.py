@@ -70,6 +70,9 @@ class HeadSpec:
 
     modules: tuple[str, ...] = ("cls",)
     call: Callable[[nn.Module, torch.Tensor], torch.Tensor] | None = field(default=None, compare=False)
+    in_base_model: tuple[str, ...] = ()
+    """Head modules that sit inside the base model (LLaDA's ``ff_out``; paths relative to the model, a missing one
+    skipped): ``gradflow check`` counts their calls at the loss positions, as the head's, not as encoder compute."""
 
     def function(self, model: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
         """``hidden (..., H) -> logits (..., V)`` for ``model``; LookupError if a module is missing."""

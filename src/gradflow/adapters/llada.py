@@ -56,7 +56,7 @@ LLADA = Adapter(
         "ffn.norm": SublayerSpec("ff_norm"),
     },
     attn_norm="pre",
-    head=HeadSpec(call=llada_head),
+    head=HeadSpec(call=llada_head, in_base_model=("model.transformer.ff_out",)),
     final_norm="transformer.ln_f",
     run_whole_model="LLaDAModel applies ln_f and the output layer itself and returns logits, no last_hidden_state",
     subset_block=llada_subset,

@@ -14,7 +14,8 @@ tokens, ``2 * n_s^2 * d_q`` (``Q K^T``) and ``2 * n_s^2 * d_v`` (``A V``) forwar
 an upper bound for local or sparse attention). Norms, softmax, activations and embedding look-ups
 are not matmuls and are not counted; nor are convolutions (ConvBERT).
 
-The MLM head (every Linear outside the base model) is counted at the N_loss loss positions, as
+The MLM head (every Linear outside the base model, and the head modules an adapter places inside it:
+``HeadSpec.in_base_model``, LLaDA's output layer) is counted at the N_loss loss positions, as
 BERT's original pretraining code, flash-attention's BERT and MosaicBERT compute it (they gather the
 selected positions first); what a dense head computes at the other positions is reported apart
 (``head_unselected``) and is not in the total. So::
@@ -145,7 +146,7 @@ def count_flops(model: nn.Module, adapter: Adapter, blocks: Sequence[nn.Module],
     n_loss = int(loss.sum())
     n_unsel = n - n_loss
     block_ids = {id(m) for block in blocks for m in block.modules()}
-    base_ids = {id(m) for m in model.base_model.modules()}
+    base_ids = {id(m) for m in model.base_model.modules()} - _head_module_ids(model, adapter)
     terms = dict.fromkeys(("blocks_linear", "encoder_other", "head", "non_token", "head_unselected"), 0.0)
     for module_id, fan_in, fan_out, rows in calls.calls:
         per_token = 2.0 * fan_in * fan_out * FORWARD_BACKWARD
@@ -180,6 +181,18 @@ def count_flops(model: nn.Module, adapter: Adapter, blocks: Sequence[nn.Module],
         skippable_attention=skip_attention, share=skippable / total if total else 0.0,
         share_with_attention=(skippable + skip_attention) / total if total else 0.0,
     )
+
+
+def _head_module_ids(model: nn.Module, adapter: Adapter) -> set[int]:
+    """Ids of the head's modules inside the base model (``adapter.head.in_base_model``; a missing path skipped:
+    LLaDA with tied weights has no ``ff_out``)."""
+    ids: set[int] = set()
+    for path in adapter.head.in_base_model:
+        try:
+            ids |= {id(m) for m in get_module(model, path).modules()}
+        except LookupError:
+            continue
+    return ids
 
 
 __all__ = ["FORWARD_BACKWARD", "FlopCount", "LinearCalls", "count_flops", "count_linear_calls", "matmul_features",
