@@ -1,6 +1,6 @@
 """The three-way direct split: the weight gradient as ``G_big + G_second + G_rest`` (issue 50, item 3; issue 51).
 
-When the role with the most rows after the largest has enough of them (``sublayer_stats.SECOND_SHARE``), the
+When the role with the most rows after the largest has enough of them (``split_linear.SECOND_SHARE``), the
 backward of :class:`gradflow.hooks.split_linear.RoleSplitLinear` computes its rows as their own product too: its
 norm is then that product's, with no Gram matrices and no product beyond autograd's. These tests check that the
 three products sum to the Linear's gradient and that each passed product is autograd's per-role product, that a
@@ -106,16 +106,14 @@ def test_a_half_masked_batch_takes_the_three_way_split(family, seconds):
 
 
 def test_below_the_share_the_roles_keep_their_gram(monkeypatch, seconds):
-    """With the threshold out of reach no role is a product of its own (``sublayer_stats.own_product``): no split
+    """With the threshold out of reach no role is a product of its own (``split_linear.own_product``): no split
     is taken, the norms come from Gram matrices or products beside the backward, and they are the same."""
-    from gradflow.hooks import sublayer_stats
-
     model, batch = tiny_model("bert"), _half_masked()
     with GradFlowRecorder(model) as rec:
         three = _captured(rec, model, batch)
         assert max(seconds) > 0
         seconds.clear()
-        monkeypatch.setattr(sublayer_stats, "SECOND_SHARE", float("inf"))
+        monkeypatch.setattr(split_linear, "SECOND_SHARE", float("inf"))
         two = _captured(rec, model, batch)
     assert seconds == []
     a, b = _norms(two), _norms(three)

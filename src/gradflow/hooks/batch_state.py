@@ -29,6 +29,11 @@ class RolePartition:
     counts: torch.Tensor
     count_list: tuple[int, ...]
 
+    @property
+    def present(self) -> list[int]:
+        """The role codes with at least one row."""
+        return [code for code, count in enumerate(self.count_list) if count]
+
     @classmethod
     def of_roles(cls, roles: torch.Tensor) -> "RolePartition":
         """The partition of (B, T) role codes."""

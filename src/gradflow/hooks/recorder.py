@@ -185,11 +185,12 @@ class GradFlowRecorder:
         act = torch.stack(state.act).cpu()
         keys = [key for key, _ in sorted(state.sublayers.items(), key=_sublayer_order)]
         stats = [state.sublayers[key] for key in keys]
-        counts = torch.stack([s[0] for s in stats]).cpu() if stats else None  # (K, NUM_ROLES) long
-        values = torch.stack([torch.stack(s[1:4]) for s in stats]).cpu() if stats else None  # (K, 3, NUM_ROLES)
+        # each record's arrays are rows of these two host tensors (views: one operation each, not seven copies)
+        counts = torch.stack([s[0] for s in stats]).cpu().unbind(0) if stats else ()  # K x (NUM_ROLES,) long
+        values = torch.stack([torch.stack(s[1:4]) for s in stats]).cpu().unbind(0) if stats else ()  # K x (3, R)
         sublayers = []
-        for i, ((depth, name, param), s) in enumerate(zip(keys, stats)):
-            sublayers.append(SublayerRecord(depth, name, param, counts[i].clone(), *(v.clone() for v in values[i]),
+        for (depth, name, param), s, count, value in zip(keys, stats, counts, values):
+            sublayers.append(SublayerRecord(depth, name, param, count, *value.unbind(0),
                                             position_magnitude=s[4].cpu() if s[4] is not None else None))
         record = BatchRecord(self.site_names, self.site_layers, self.site_points, grad, act,
                              state.roles.cpu(), state.sequence_index.cpu(), state.loss,

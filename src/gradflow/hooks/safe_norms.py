@@ -50,7 +50,7 @@ def safe_norm(x: torch.Tensor, dim: int | tuple[int, ...], native: bool = False)
             return norm
         return torch.linalg.vector_norm(x.double(), dim=dim).float()
     if norm.numel():
-        low, high = (float(v) for v in torch.aminmax(norm))  # NaN fails the test below, as it should
+        low, high = torch.stack(torch.aminmax(norm)).tolist()  # one host read; NaN fails the test below, as it should
         if low >= SAFE_MIN and high != math.inf:
             return norm
     unsafe = ~(norm >= SAFE_MIN) | torch.isinf(norm)
@@ -62,6 +62,21 @@ def safe_norm(x: torch.Tensor, dim: int | tuple[int, ...], native: bool = False)
     if bool(live.any()):
         norm[live] = torch.linalg.vector_norm(x[live].double(), dim=-1).float()
     return norm
+
+
+def role_norms(sums: torch.Tensor, present: list[int]) -> torch.Tensor:
+    """:func:`safe_norm` over the last dimension of per-role float32 sums (NUM_ROLES, ..., D), whose roles not in
+    ``present`` have no rows (their sums are exactly zero, untouched by arithmetic). The same result, from one
+    host read of the norms instead of the element checks an empty role's zero norm would trigger: only the
+    present roles' norms are tested, and any unsafe one sends the call to :func:`safe_norm`."""
+    if _without_syncs(sums):
+        return safe_norm(sums, dim=-1)
+    norm = torch.linalg.vector_norm(sums, dim=-1, dtype=torch.float32)
+    values = norm.tolist()
+    checked = [v for code in present for v in (values[code] if norm.dim() > 1 else [values[code]])]
+    if all(SAFE_MIN <= v < math.inf for v in checked):  # NaN fails, as it should
+        return norm
+    return safe_norm(sums, dim=-1)
 
 
 def _plain_norm(x: torch.Tensor, dim: int | tuple[int, ...], native: bool) -> torch.Tensor:

@@ -7,7 +7,9 @@ replaces the ``forward`` of each Linear sublayer module whose weight gradient co
 alone by :class:`RoleSplitLinear`, whose backward computes ``W`` as two products instead of one: the
 largest role's rows ``G_big = g_big^T x_big`` (its norm is the statistic) and then
 ``W = G_big + g_rest^T x_rest``. The flops are those of the one product; the result is ``W`` up to
-float32 summation order (a split product, as a different thread count gives). When the role with the most
+float32 summation order (a split product, as a different thread count gives); the rows of roles whose
+every term ``g_t x_t^T`` is exactly zero (finite factors: a model's last block past its attention, padding)
+are left out of the products, zeros that change no sum. When the role with the most
 rows after ``big`` has enough of them (masked diffusion's masked half, say), its rows are a third product
 ``G_second``, its norm a statistic too: ``W = (G_big + G_second) + G_rest``, the same flops.
 
@@ -35,6 +37,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from gradflow.hooks.linear_inputs import RestRows
+
 
 @dataclass(frozen=True)
 class DirectSplit:
@@ -46,6 +50,9 @@ class DirectSplit:
     rows of the input (n_big, D_in), gathered once for every module reading that input (None: gathered here).
     ``second``: the last ``second`` rows of ``rest`` (in its order) are one role's, computed as their own
     product ``G_second`` (a three-way split), passed as ``finish(G_big, G_second)`` and then added (0: none).
+    ``rest_live``: the (start, stop) ranges of ``rest``'s other rows (in its order) that enter ``G_rest``; the rows
+    left out are whole roles whose every ``g_t x_t^T`` is exactly zero with finite factors, so ``W`` is the same
+    sum without their zero terms (None: every row, one product).
     """
 
     big: torch.Tensor
@@ -55,6 +62,7 @@ class DirectSplit:
     rest_input: torch.Tensor | None = None
     big_input: Callable[[], torch.Tensor] | None = None
     second: int = 0
+    rest_live: tuple[tuple[int, int], ...] | None = None
 
 
 WeightSplit = Callable[[nn.Parameter], "DirectSplit | None"]
@@ -104,10 +112,57 @@ class RoleSplitLinear(torch.autograd.Function):
                     g_rest, x_rest = g_rest[:cut], x_rest[:cut]
                 else:
                     split.finish(grad_w)
-                if split.rest.numel() > split.second:
+                if split.rest_live is not None:  # only the rows with a contribution (see DirectSplit)
+                    for start, stop in split.rest_live:
+                        grad_w.addmm_(g_rest[start:stop].T, x_rest[start:stop])
+                elif split.rest.numel() > split.second:
                     grad_w.addmm_(g_rest.T, x_rest)
         grad_b = g2.sum(dim=0) if ctx.has_bias and ctx.needs_input_grad[2] else None
         return grad_x, grad_w, grad_b, None, None, None
+
+
+SECOND_SHARE = 0.05
+"""A role's rows are their own product in the weight gradient's backward (the largest role's in a two-way
+split; the second role's in a three-way split) when they reach ``n * (D_out + D_in) >= SECOND_SHARE * D_out *
+D_in``: below it, their Gram products cost less than the split's overhead (the rows gathered, one more product
+launch, one addition of the weight's size). Measured on a 2-core CPU, bert-base shapes (docs/benchmarks.md)."""
+
+
+def second_role(rest: RestRows, n_live: list[float], d_out: int, d_in: int) -> int | None:
+    """The role the weight gradient's backward computes as its own product (see :data:`SECOND_SHARE`): the role
+    with the most rows but ``big`` (the last of ``rest``'s order), when it has a contributing row, else None."""
+    if not rest.starts:
+        return None
+    code = max(rest.starts, key=rest.starts.__getitem__)
+    rows = rest.index.numel() - rest.starts[code]
+    if n_live[code] == 0 or not own_product(rows, d_out, d_in):
+        return None
+    return code
+
+
+def live_ranges(rest: RestRows, counts: tuple[int, ...], second: int | None, n_live: list[float],
+                unsafe: list[bool]) -> tuple[tuple[int, int], ...] | None:
+    """The row ranges of ``rest`` (in its order, ``second``'s rows excluded) whose terms enter ``G_rest``: every
+    role's but those without a contributing row (``n_live``) and without a non-finite or extreme factor
+    (``unsafe``: ``0 * inf`` is NaN), whose terms are exact zeros. None: every row (nothing to leave out)."""
+    ranges: list[tuple[int, int]] = []
+    for code, start in sorted(rest.starts.items(), key=lambda item: item[1]):
+        if code == second or (n_live[code] == 0 and not unsafe[code]):
+            continue
+        stop = start + counts[code]
+        if ranges and ranges[-1][1] == start:  # adjacent roles: one product
+            ranges[-1] = (ranges[-1][0], stop)
+        else:
+            ranges.append((start, stop))
+    kept = sum(stop - start for start, stop in ranges) + (counts[second] if second is not None else 0)
+    return None if kept == rest.index.numel() else tuple(ranges)
+
+
+def own_product(rows: int, d_out: int, d_in: int) -> bool:
+    """Whether a role's ``rows`` are computed as their own product in the weight gradient's backward (no flops
+    beyond autograd's) rather than from their Gram matrices (float32, in :mod:`gradflow.hooks.sublayer_stats`):
+    :data:`SECOND_SHARE`."""
+    return rows * (d_out + d_in) >= SECOND_SHARE * d_out * d_in
 
 
 SPLIT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
@@ -150,4 +205,4 @@ def split_linear_forwards(modules: list[nn.Linear], take_split: WeightSplit, wei
                 module.forward = previous
 
 
-__all__ = ["SPLIT_DTYPES", "DirectSplit", "RoleSplitLinear", "WeightRuns", "WeightSplit", "split_linear_forwards", "splits_weight"]
+__all__ = ["SECOND_SHARE", "SPLIT_DTYPES", "DirectSplit", "RoleSplitLinear", "WeightRuns", "WeightSplit", "live_ranges", "own_product", "second_role", "split_linear_forwards", "splits_weight"]

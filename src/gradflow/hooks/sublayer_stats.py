@@ -8,7 +8,7 @@ contribution of a role r is ``G_r = sum_{t in r} g_t x_t^T``; the contributions 
   when that is cheaper, else from ``G_r`` itself; for the role with the most rows (context, usually)
   under ``loss.backward()``, ``G_r`` is one of the two products the weight gradient is computed from
   (:mod:`gradflow.hooks.split_linear`: ``W = G_big + G_rest``, no product beyond autograd's own), and so
-  is the second-largest role's when it has enough rows (``W = G_big + G_second + G_rest``, :data:`SECOND_SHARE`);
+  is the second-largest role's when it has enough rows (``W = G_big + G_second + G_rest``, :data:`~gradflow.hooks.split_linear.SECOND_SHARE`);
 - ``magnitude_sum``: ``sum_{t in r} ||g_t|| * ||x_t||`` (per-position Frobenius norms, additive);
 - ``n_positions`` and ``n_nonzero`` (positions whose per-position contribution ``g_t x_t^T`` has a
   nonzero element, i.e. ``g_t`` and ``x_t`` both have one).
@@ -35,9 +35,9 @@ from torch import nn
 from gradflow.adapters.base import SublayerSpec
 from gradflow.adapters.norms import splittable, unit_affine
 from gradflow.hooks.batch_state import BatchState, RolePartition
-from gradflow.hooks.linear_inputs import InputRows, RestRows, float32
-from gradflow.hooks.safe_norms import flag_unsafe, gram_float64, safe_norm
-from gradflow.hooks.split_linear import SPLIT_DTYPES, DirectSplit
+from gradflow.hooks.linear_inputs import InputRows, float32
+from gradflow.hooks.safe_norms import flag_unsafe, gram_float64, role_norms, safe_norm
+from gradflow.hooks.split_linear import SPLIT_DTYPES, DirectSplit, live_ranges, own_product, second_role
 from gradflow.roles import ALL_ROLES, NUM_ROLES, Role
 
 LOW_PRECISION = (torch.bfloat16, torch.float16)
@@ -122,7 +122,7 @@ def _linear_stats(state: BatchState, depth: int, mod: nn.Linear, entries: list[S
     limit = torch.finfo(g2.dtype).max / 2 if g2.dtype.is_floating_point else 0.0
     direct = (direct and x2.dtype == g2.dtype == mod.weight.dtype and g2.dtype in SPLIT_DTYPES
               and not state.config.materialize and sum(table[1]) < limit)  # neither product can overflow
-    second = _second_role(rest, table[0], g2.shape[1], x2.shape[1]) if direct else None
+    second = second_role(rest, table[0], g2.shape[1], x2.shape[1]) if direct else None
     pending: list[tuple] = []
     zero = torch.zeros((), dtype=torch.float64, device=g2.device)
     rest_rows: tuple = (None, None)  # the whole output's rest rows of g and x, for the backward's second product
@@ -174,7 +174,7 @@ def _linear_stats(state: BatchState, depth: int, mod: nn.Linear, entries: list[S
         if mod.bias is not None or entry.outside_bias:
             role_sums = _role_sums(g, part, state)
             _store(state, depth, entry.name, "bias", part, sums[:, col + 3], sums[:, col + 4],
-                   safe_norm(role_sums, dim=-1), gn)
+                   role_norms(role_sums, part.present), gn)
             if state.config.materialize:
                 for code in range(NUM_ROLES):
                     if counts[code]:
@@ -186,33 +186,10 @@ def _linear_stats(state: BatchState, depth: int, mod: nn.Linear, entries: list[S
         def big_input() -> torch.Tensor:
             return inputs.big_rows(big)
 
+        unsafe_any = [any(table[col + 2][code] for *_, col in calls) for code in range(NUM_ROLES)]
         state.deferred[id(mod.weight)] = DirectSplit(part.index[big], rest.index, finish, *rest_rows, big_input=big_input,
-                                                     second=0 if second is None else counts[second])
-
-
-SECOND_SHARE = 0.05
-"""A role's rows are their own product in the weight gradient's backward (the largest role's in a two-way
-split; the second role's in a three-way split) when they reach ``n * (D_out + D_in) >= SECOND_SHARE * D_out *
-D_in``: below it, their Gram products cost less than the split's overhead (the rows gathered, one more product
-launch, one addition of the weight's size). Measured on a 2-core CPU, bert-base shapes (docs/benchmarks.md)."""
-
-
-def _second_role(rest: RestRows, n_live: list[float], d_out: int, d_in: int) -> int | None:
-    """The role the weight gradient's backward computes as its own product (see :data:`SECOND_SHARE`): the role
-    with the most rows but ``big`` (the last of ``rest``'s order), when it has a contributing row, else None."""
-    if not rest.starts:
-        return None
-    code = max(rest.starts, key=rest.starts.__getitem__)
-    rows = rest.index.numel() - rest.starts[code]
-    if n_live[code] == 0 or not own_product(rows, d_out, d_in):
-        return None
-    return code
-
-
-def own_product(rows: int, d_out: int, d_in: int) -> bool:
-    """Whether a role's ``rows`` are computed as their own product in the weight gradient's backward (no flops
-    beyond autograd's) rather than from their Gram matrices (float32, beside it): :data:`SECOND_SHARE`."""
-    return rows * (d_out + d_in) >= SECOND_SHARE * d_out * d_in
+                                                     second=0 if second is None else counts[second],
+                                                     rest_live=live_ranges(rest, counts, second, table[0], unsafe_any))
 
 
 def _finish_big_role(state: BatchState, depth: int, part: RolePartition, big: int, x2: torch.Tensor,
@@ -297,7 +274,7 @@ def _norm_stats(state: BatchState, depth: int, mod: nn.Module, entries: list[Sub
     sums = _scatter_columns([column for i in range(k) for column in (mags[:, i] > 0, mags[:, i])], part.codes)
     role_sums = torch.zeros(NUM_ROLES, k * d, dtype=torch.float32, device=g2.device)
     role_sums = role_sums.index_add_(0, part.codes, per_pos.view(n, k * d)).view(NUM_ROLES, k, d)
-    norms = safe_norm(role_sums, dim=-1)  # (NUM_ROLES, k)
+    norms = role_norms(role_sums, part.present)  # (NUM_ROLES, k)
     for i, param in enumerate(params):
         for entry in entries:
             _store(state, depth, entry.name, param, part, sums[:, 2 * i], sums[:, 2 * i + 1], norms[:, i], mags[:, i])
