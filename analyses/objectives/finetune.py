@@ -75,6 +75,17 @@ def check_against_decision(steps: int, seeds: tuple[int, ...], decision_path: Pa
     return lines
 
 
+def whole_seeds(part: str, seeds: list[int] | None, out: Path) -> tuple[int, ...] | None:
+    """The seeds ``plan.json`` lists: the part's own (0-9 at lr 1e-4), those of this command and those of the runs
+    an earlier command listed in ``out/plan.json``, so that running the part seed by seed keeps every run in it
+    (None: the part's fixed seeds, the pilot's)."""
+    if PARTS[part].seeds_fixed:
+        return None
+    path = out / "plan.json"
+    listed = {run["factors"]["seed"] for run in json.loads(path.read_text())["runs"]} if path.is_file() else set()
+    return tuple(sorted(set(PARTS[part].seeds or ()) | set(seeds or ()) | listed)) or None
+
+
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line, with the part's runs planned (``runs``: this command's, ``whole``: every model's)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -99,7 +110,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     args.out = args.out or OUT / args.part
     try:
         args.runs = plan(args.part, args.seeds, args.models, args.steps, args.device, args.autocast, args.data_root)
-        args.whole = plan(args.part, args.seeds, None, args.steps, args.device, args.autocast, args.data_root)
+        args.whole = plan(args.part, whole_seeds(args.part, args.seeds, args.out), None, args.steps, args.device,
+                          args.autocast, args.data_root)
     except ValueError as err:
         parser.error(str(err))
     return args

@@ -92,12 +92,23 @@ def test_seed_regime_needs_s_a_multiple_of_60_and_its_seeds() -> None:
 
 def test_models_filter_runs_part_of_the_plan_and_repairs_only_what_it_runs() -> None:
     args = finetune.parse(["--part", "lr1e-4", "--models", design.MASK40, "--seeds", "0", "1"])
-    assert len(args.runs) == 16 and len(args.whole) == 32
+    assert len(args.runs) == 16 and len(args.whole) == 160  # plan.json lists the whole part, seeds 0-9
     assert {r.factors["model"] for r in args.runs} == {design.MASK40}
     needed = design.repairs_needed(args.runs)
     assert {m for m, _ in needed} <= {design.MASK40}
     assert design.repairs_needed(design.plan("pilot")) == []
     assert design.repairs_needed(design.plan("seed-regime", seeds=[0], steps=600)) == []
+
+
+def test_plan_json_keeps_the_seeds_an_earlier_command_listed(tmp_path: Path) -> None:
+    """Part 4 run in slices of seeds: each command's plan.json lists every seed run so far, not its own only."""
+    first = finetune.parse(["--part", "seed-regime", "--steps", "600", "--seeds", "0", "1", "--out", str(tmp_path)])
+    assert len(first.runs) == len(first.whole) == 24
+    (tmp_path / "plan.json").write_text(json.dumps({"runs": [{"factors": r.factors} for r in first.whole]}))
+    second = finetune.parse(["--part", "seed-regime", "--steps", "600", "--seeds", "2", "--out", str(tmp_path)])
+    assert len(second.runs) == 12 and len(second.whole) == 36
+    assert {r.factors["seed"] for r in second.whole} == {0, 1, 2}
+    assert len(finetune.parse(["--part", "pilot", "--out", str(tmp_path / "p")]).whole) == 4
 
 
 def test_the_repair_record_carries_the_weights_sha256(tmp_path: Path, monkeypatch) -> None:
