@@ -415,3 +415,19 @@ def test_seed_regime_runs_off_the_s_schedule_are_left_out(tmp_path: Path) -> Non
     assert report.off_schedule(regime, 180) == [f"{design.MINI}__brown-pos__full__s1"]
     summaries, stray = report.seed_regime_summaries(tmp_path, 180)
     assert summaries.seed.tolist() == [0] and stray == [f"{design.MINI}__brown-pos__full__s1"]
+
+
+@pytest.mark.slow
+def test_the_committed_part_3_tables_are_recomputed_from_the_committed_runs() -> None:
+    """figures/objectives/finetune's Family A, secondary contrasts and cells are what the committed runs give
+    (mini-en's and the twin's from the powered experiment, the new models' 160 from Part 3)."""
+    from analyses.last_block_finetuning.powered_report import cells
+
+    committed = design.OUT
+    if not (committed / "family_a.csv").is_file():
+        pytest.skip("Part 3's report is not committed")
+    summaries = report.lr1e4_summaries(committed)
+    assert len(summaries) == 160 + 80 + 40  # new models: 160; mini-en: 80 (4 arms); the twin: 40 (full, drop1)
+    same_table(committed / "family_a.csv", contrasts.family_a(summaries))
+    same_table(committed / "secondary.csv", contrasts.secondary(summaries))
+    same_table(committed / "cells_lr1e-4.csv", cells(summaries))
