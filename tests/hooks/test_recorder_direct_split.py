@@ -17,24 +17,34 @@ from gradflow.hooks.split_linear import RoleSplitLinear, split_linear_forwards, 
 from tiny import tiny_batch, tiny_model
 
 
-@pytest.fixture
-def splits(monkeypatch):
-    """How many weight gradients were computed as two products while the test runs."""
-    seen = {"split": 0, "plain": 0}
+def watch_splits(monkeypatch, seen) -> None:
+    """Call ``seen(split)`` with every :class:`DirectSplit` (None: the plain product) the backwards of
+    :class:`RoleSplitLinear` take while the test runs."""
     original = RoleSplitLinear.backward
 
-    def counting(ctx, grad_out):
+    def watching(ctx, grad_out):
         taker = ctx.take_split
 
         def take(weight):
             split = taker(weight)
-            seen["split" if split is not None else "plain"] += 1
+            seen(split)
             return split
 
         ctx.take_split = take
         return original(ctx, grad_out)
 
-    monkeypatch.setattr(RoleSplitLinear, "backward", staticmethod(counting))
+    monkeypatch.setattr(RoleSplitLinear, "backward", staticmethod(watching))
+
+
+@pytest.fixture
+def splits(monkeypatch):
+    """How many weight gradients were computed as two products while the test runs."""
+    seen = {"split": 0, "plain": 0}
+
+    def count(split) -> None:
+        seen["split" if split is not None else "plain"] += 1
+
+    watch_splits(monkeypatch, count)
     return seen
 
 

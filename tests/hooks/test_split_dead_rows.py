@@ -21,7 +21,7 @@ from gradflow.hooks.linear_inputs import RestRows
 from gradflow.hooks.safe_norms import role_norms, safe_norm
 from gradflow.hooks.split_linear import RoleSplitLinear, live_ranges
 from gradflow.roles import NUM_ROLES, Role
-from test_recorder_direct_split import _captured, _grads
+from test_recorder_direct_split import _captured, _grads, watch_splits
 from tiny import tiny_batch, tiny_model
 
 
@@ -29,23 +29,13 @@ from tiny import tiny_batch, tiny_model
 def rest_rows(monkeypatch):
     """Per split the backwards take: (rows of ``rest`` multiplied into ``G_rest``, rows of ``rest`` in all)."""
     seen: list[tuple[int, int]] = []
-    original = RoleSplitLinear.backward
 
-    def counting(ctx, grad_out):
-        taker = ctx.take_split
+    def count(split) -> None:
+        if split is not None:
+            total = split.rest.numel() - split.second
+            seen.append((total if split.rest_live is None else sum(b - a for a, b in split.rest_live), total))
 
-        def take(weight):
-            split = taker(weight)
-            if split is not None:
-                total = split.rest.numel() - split.second
-                used = total if split.rest_live is None else sum(b - a for a, b in split.rest_live)
-                seen.append((used, total))
-            return split
-
-        ctx.take_split = take
-        return original(ctx, grad_out)
-
-    monkeypatch.setattr(RoleSplitLinear, "backward", staticmethod(counting))
+    watch_splits(monkeypatch, count)
     return seen
 
 

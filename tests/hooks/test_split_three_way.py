@@ -17,7 +17,7 @@ from gradflow import GradFlowRecorder, mlm_loss
 from gradflow.hooks import split_linear
 from gradflow.hooks.split_linear import RoleSplitLinear
 from gradflow.roles import Role
-from test_recorder_direct_split import _captured, _grads, _norms
+from test_recorder_direct_split import _captured, _grads, _norms, watch_splits
 from tiny import tiny_batch, tiny_model
 
 DTYPES = {"float32": (torch.float32, 1e-6), "bfloat16": (torch.bfloat16, 1e-2)}
@@ -28,21 +28,12 @@ DTYPES = {"float32": (torch.float32, 1e-6), "bfloat16": (torch.bfloat16, 1e-2)}
 def seconds(monkeypatch):
     """The ``second`` row count of every split the backwards take while the test runs."""
     seen: list[int] = []
-    original = RoleSplitLinear.backward
 
-    def counting(ctx, grad_out):
-        taker = ctx.take_split
+    def count(split) -> None:
+        if split is not None:
+            seen.append(split.second)
 
-        def take(weight):
-            split = taker(weight)
-            if split is not None:
-                seen.append(split.second)
-            return split
-
-        ctx.take_split = take
-        return original(ctx, grad_out)
-
-    monkeypatch.setattr(RoleSplitLinear, "backward", staticmethod(counting))
+    watch_splits(monkeypatch, count)
     return seen
 
 
