@@ -421,6 +421,7 @@ def test_seed_regime_runs_off_the_s_schedule_are_left_out(tmp_path: Path) -> Non
 def test_the_committed_part_3_tables_are_recomputed_from_the_committed_runs() -> None:
     """figures/objectives/finetune's Family A, secondary contrasts and cells are what the committed runs give
     (mini-en's and the twin's from the powered experiment, the new models' 160 from Part 3)."""
+    import pandas as pd
     from analyses.last_block_finetuning.powered_report import cells
 
     committed = design.OUT
@@ -428,6 +429,20 @@ def test_the_committed_part_3_tables_are_recomputed_from_the_committed_runs() ->
         pytest.skip("Part 3's report is not committed")
     summaries = report.lr1e4_summaries(committed)
     assert len(summaries) == 160 + 80 + 40  # new models: 160; mini-en: 80 (4 arms); the twin: 40 (full, drop1)
-    same_table(committed / "family_a.csv", contrasts.family_a(summaries))
+    table = contrasts.family_a(summaries)
+    same_table(committed / "family_a.csv", table)
     same_table(committed / "secondary.csv", contrasts.secondary(summaries))
     same_table(committed / "cells_lr1e-4.csv", cells(summaries))
+    # Family A again from the per-run eval.csv files alone: trapezoid AUCs, paired t-tests, Holm, MDEs by hand
+    runs = committed / "lr1e-4" / "runs"
+    metric = {"brown-pos": "accuracy", "brown-propn": "entity_f1"}
+
+    def committed_auc(model: str, task: str, arm: str, seed: int) -> float:
+        curve = pd.read_csv(runs / f"{model}__{task}__{arm}__s{seed}" / "eval.csv")
+        val = curve[(curve.split == "validation") & (curve.metric == metric[task])].sort_values("step")
+        assert val.step.tolist() == LR_STEPS
+        return auc(LR_STEPS, val.value.tolist())
+
+    expected = {(m, t, a): np.array([committed_auc(m, t, a, s) - committed_auc(m, t, "full", s) for s in range(10)])
+                for m in NEW for t in TASKS for a in ("drop1", "reinit1", "repair1")}
+    check_family(table, expected, 12)
