@@ -19,6 +19,7 @@ model; CUDA: ``max_memory_allocated``). Targets (issue 29): full <= 1.10x, recor
 record-norms <= captum-norms, memory <= 1.10x. Not a test: numbers are printed, never asserted.
 
     python benchmarks/bench_recorder.py [--rounds 5] [--steps 3] [--device cpu|cuda] [--dtype bfloat16|float16] [--layers 12]
+                                        [--objective bert|mask40|span|diffusion] [--shift] [--ops]
 """
 
 from __future__ import annotations
@@ -170,6 +171,32 @@ def memory_one(args, mode: str) -> float:
     return _status_mib("VmHWM") - base
 
 
+def ops_per_step(args) -> dict[str, int]:
+    """Per mode (bare, norms, full), the aten operations one step dispatches (after a warm step): the count of
+    small operations behind the statistics' cost where a step is short (bfloat16), independent of the machine."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Count.n += 1
+            return func(*args, **(kwargs or {}))
+
+    model = build(args.layers, args.device, args.dtype)
+    batch = make_batch(args.batch, args.length, model.config.vocab_size, args.device, args.objective, args.shift)
+    counts = {}
+    for mode in ("bare", "norms", "full"):
+        recorder = GradFlowRecorder(model, RecorderConfig(sublayers=mode == "full")) if mode != "bare" else None
+        with recorder if recorder is not None else contextlib.nullcontext():
+            step(mode, model, batch, {mode: recorder})
+            Count.n = 0
+            with Count():
+                step(mode, model, batch, {mode: recorder})
+        counts[mode] = Count.n
+    return counts
+
+
 def _status_mib(field: str) -> float:
     with open("/proc/self/status") as fh:
         for line in fh:
@@ -192,6 +219,7 @@ def main() -> None:
     p.add_argument("--objective", default="bert", choices=sorted(OBJECTIVES),
                    help="the batch's masking: bert 15%%, mask40, span, diffusion (t ~ U(0.001, 1), 1/t weights)")
     p.add_argument("--shift", action="store_true", help="a shifted objective (logits at p predict p + 1)")
+    p.add_argument("--ops", action="store_true", help="also count the aten operations one step dispatches per mode")
     p.add_argument("--memory-child", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.device.startswith("cuda") and not torch.cuda.is_available():
@@ -214,6 +242,9 @@ def main() -> None:
         print(f"{mode:<14}{med:>10.3f}{med / bare:>8.3f}{min(times[mode]) / bare:>8.3f}{max(times[mode]) / bare:>8.3f}"
               f"{paired:>8.3f}{statistics.median(cpu[mode]) / bare_cpu:>11.3f}")
     print(f"load={os.getloadavg()[0]:.2f} after timing")
+    if args.ops:
+        counts = ops_per_step(args)
+        print("aten operations per step: " + ", ".join(f"{m} {n:,}" for m, n in counts.items()))
     peaks = {}
     for mode in MODES:
         cmd = [sys.executable, __file__, "--memory-child", mode, "--layers", str(args.layers), "--batch",
