@@ -72,9 +72,7 @@ def role_norms(sums: torch.Tensor, present: list[int]) -> torch.Tensor:
     if _without_syncs(sums):
         return safe_norm(sums, dim=-1)
     norm = torch.linalg.vector_norm(sums, dim=-1, dtype=torch.float32)
-    values = norm.tolist()
-    checked = [v for code in present for v in (values[code] if norm.dim() > 1 else [values[code]])]
-    if all(SAFE_MIN <= v < math.inf for v in checked):  # NaN fails, as it should
+    if all(SAFE_MIN <= v < math.inf for v in norm[present].flatten().tolist()):  # NaN fails, as it should
         return norm
     return safe_norm(sums, dim=-1)
 
