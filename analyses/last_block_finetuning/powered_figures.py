@@ -37,9 +37,11 @@ def curve_table(regime_dir: Path) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def draw_curves(table: pd.DataFrame, out: Path, names: dict[str, str] = MODELS) -> None:
-    """Draw ``out/convergence_curves.{pdf,png}``: one row per model of ``names`` (model -> row title) in ``table``,
-    one column per task, each arm's mean validation curve with its 95% band."""
+def draw_curves(table: pd.DataFrame, out: Path, names: dict[str, str] = MODELS, *,
+                tasks: tuple[str, ...] = tuple(METRIC), regime: str = "batch 8, lr 1e-4",
+                name: str = "convergence_curves") -> None:
+    """Draw ``out/<name>.{pdf,png}``: one row per model of ``names`` (model -> row title) in ``table``, one column
+    per task of ``tasks``, each arm's mean validation curve with its 95% band; ``regime`` ends the x label."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -50,10 +52,11 @@ def draw_curves(table: pd.DataFrame, out: Path, names: dict[str, str] = MODELS) 
 
     models = [m for m in names if m in set(table.model)]
     with gradflow_style("double"):
-        fig, axes = plt.subplots(len(models), len(METRIC), figsize=(7.0, 2.3 * len(models)), squeeze=False,
-                                 sharex=True)
+        fig, axes = plt.subplots(len(models), len(tasks), figsize=(3.5 * len(tasks), 2.3 * len(models)),
+                                 squeeze=False, sharex=True)
         for i, model in enumerate(models):
-            for j, (task, (_, label)) in enumerate(METRIC.items()):
+            for j, task in enumerate(tasks):
+                label = METRIC[task][1]
                 ax = axes[i][j]
                 for arm, colour in ARM_COLOURS.items():
                     sub = table[(table.model == model) & (table.task == task) & (table.arm == arm)].sort_values("step")
@@ -66,9 +69,9 @@ def draw_curves(table: pd.DataFrame, out: Path, names: dict[str, str] = MODELS) 
                 ax.set_title(f"{names[model]}: {task}")
                 ax.set_ylabel(f"validation {label}")
                 if i == len(models) - 1:
-                    ax.set_xlabel("fine-tuning step (batch 8, lr 1e-4)")
+                    ax.set_xlabel(f"fine-tuning step ({regime})")
                 ax.legend(frameon=False, fontsize="x-small", loc="lower right")
-        save_figure(fig, out / "convergence_curves")
+        save_figure(fig, out / name)
         plt.close(fig)
 
 

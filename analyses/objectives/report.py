@@ -11,7 +11,8 @@ Reads ``<out>/lr1e-4/runs`` (the new models at lr 1e-4), ``figures/finetune/last
   final test score, seconds);
 - ``family_a.{csv,md}`` (Holm over 12, MDEs) and ``secondary.{csv,md}`` (the model contrasts, no correction);
 - ``run_summaries_seed-regime.csv``, ``cells_seed-regime.{csv,md}``, ``family_b.{csv,md}`` (Holm over 8, MDEs,
-  the lr 1e-4 value of each contrast beside it, and the plan's reading of the seed's claim).
+  the lr 1e-4 value of each contrast beside it, and the plan's reading of the seed's claim);
+- ``curves_{lr1e-4,seed-regime}.{csv,pdf,png}``: each arm's mean validation curve (``analyses.objectives.figures``).
 
 A family whose cells lack a seed is not computed (Holm ranks all its contrasts together): its ``.md`` says so in
 one sentence and its ``.csv`` is removed; a secondary contrast is computed once its own four cells are complete.
@@ -39,6 +40,7 @@ from analyses.last_block_finetuning.powered_report import (
 )
 from analyses.objectives.contrasts import FAMILY_B, at_lr1e4, family_a, family_b, secondary, seeds_claim
 from analyses.objectives.design import CONVERGENCE, EVAL_EVERY_LOW, MINI, NEW_MODELS, OUT, ROOT, TWIN
+from analyses.objectives.figures import write_curves_lr1e4, write_curves_seed_regime
 
 
 def summaries_of(regime_dir: Path) -> pd.DataFrame:
@@ -139,6 +141,7 @@ def write_seed_regime(out: Path, lr_summaries: pd.DataFrame) -> list[str]:
     steps, seeds = int(decision["S"]), tuple(range(int(decision["n"])))
     summaries, stray = seed_regime_summaries(out, steps)
     write_cells(out, summaries, "seed-regime")
+    write_curves_seed_regime(out / "seed-regime", out, steps)
     notes = [f"Left out of Family B, their validation steps are not 60..{steps}: {', '.join(stray)}."] if stray \
         else []
     try:
@@ -168,6 +171,7 @@ def write_report(out: Path = OUT, convergence: Path = CONVERGENCE) -> list[str]:
     out.mkdir(parents=True, exist_ok=True)
     lr = lr1e4_summaries(out, convergence)
     write_cells(out, lr, "lr1e-4")
+    write_curves_lr1e4(out / "lr1e-4", out)
     notes = write_lr1e4(out, lr) + write_seed_regime(out, lr)
     for note in notes:
         print(f"note: {note}")

@@ -370,6 +370,29 @@ def test_family_b_is_eight_paired_tests_over_60_to_s_with_lr1e4_beside(experimen
     assert "The seed's claim" in text and experiment["notes"] == []
 
 
+def test_curve_figures_hold_each_arms_mean_and_t_interval_over_seeds(experiment) -> None:
+    import pandas as pd
+
+    out = experiment["out"]
+    low = pd.read_csv(out / "curves_seed-regime.csv")
+    assert set(low.model) == set(FOUR) and set(low.arm) == {"full", "drop1", "reinit1"} and set(low.n) == {N}
+    assert sorted(set(low.step)) == LOW_STEPS
+    for (model, task, arm), i in [((design.MASK40, "brown-pos", "drop1"), 1), ((design.DIFFUSION, "brown-pos",
+                                                                                  "full"), 2)]:
+        values = np.array([experiment["low"][(model, task, arm, seed)][i] for seed in range(N)])
+        half = stats.t.ppf(0.975, N - 1) * values.std(ddof=1) / math.sqrt(N)
+        row = low[(low.model == model) & (low.arm == arm) & (low.step == LOW_STEPS[i])].iloc[0]
+        assert np.allclose([row["mean"], row.ci_low, row.ci_high],
+                           [values.mean(), values.mean() - half, values.mean() + half], rtol=1e-5)
+    lr = pd.read_csv(out / "curves_lr1e-4.csv")
+    assert set(lr.model) == set(NEW) and set(lr.n) == {10}
+    values = [experiment["lr"][(design.DIFFUSION, "brown-propn", "repair1", seed)][0] for seed in range(10)]
+    row = lr[(lr.model == design.DIFFUSION) & (lr.task == "brown-propn") & (lr.arm == "repair1") & (lr.step == 15)]
+    assert math.isclose(row["mean"].iloc[0], float(np.mean(values)), rel_tol=1e-5)
+    for name in ("curves_seed-regime", "curves_lr1e-4"):
+        assert (out / f"{name}.pdf").stat().st_size > 1000 and (out / f"{name}.png").stat().st_size > 1000
+
+
 def test_incomplete_cells_are_refused_in_one_sentence(experiment, tmp_path: Path) -> None:
     import pandas as pd
 
