@@ -234,12 +234,14 @@ def test_probe_pair_runs_only_the_named_labels(monkeypatch, capsys):
     assert exit_.value.code == 2 and "--labels nope: not a model of the pair mini12-en" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("folder, models", [
-    ("figures/probes/robustness", {"mini-en": "gradflow-mini-en", "twin": "gradflow-mini-en-alltoken"}),
+@pytest.mark.parametrize("folder, models, sizes", [
+    ("figures/probes/robustness", {"mini-en": "gradflow-mini-en", "twin": "gradflow-mini-en-alltoken"}, None),
     ("figures/twelve-blocks/probes/robustness", {"mini12-en": "gradflow-mini12-en",
-                                                 "twin": "gradflow-mini12-en-alltoken"}),
+                                                 "twin": "gradflow-mini12-en-alltoken"}, None),
+    ("figures/objectives/probes", {"mask40": "gradflow-mini-en-mask40", "diffusion": "gradflow-mini-en-diffusion"},
+     ["1500", "4500"]),  # the sizes of make objectives-probes (plan Part 2)
 ])
-def test_the_committed_drop_tables_are_what_the_committed_runs_give(folder, models, tmp_path):
+def test_the_committed_drop_tables_are_what_the_committed_runs_give(folder, models, sizes, tmp_path):
     from analyses.probes import robustness
 
     committed = robustness.ROOT / folder
@@ -249,7 +251,7 @@ def test_the_committed_drop_tables_are_what_the_committed_runs_give(folder, mode
         if run.is_dir():
             (tmp_path / run.name).symlink_to(run, target_is_directory=True)
     robustness.write_tables(str(tmp_path), models, ["brown-pos", "brown-propn"], list(robustness.FAMILIES),
-                            list(robustness.SIZES))
+                            sizes or list(robustness.SIZES))
     fresh, kept = pd.read_csv(tmp_path / "last_layer_drops.csv"), pd.read_csv(committed / "last_layer_drops.csv")
     pd.testing.assert_frame_equal(fresh, kept, rtol=1e-9, check_dtype=False)  # wall_s too: read from each run's meta
     assert (tmp_path / "last_layer_drops.md").read_text() == (committed / "last_layer_drops.md").read_text()
