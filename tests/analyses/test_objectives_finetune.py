@@ -469,3 +469,42 @@ def test_the_committed_part_3_tables_are_recomputed_from_the_committed_runs() ->
     expected = {(m, t, a): np.array([committed_auc(m, t, a, s) - committed_auc(m, t, "full", s) for s in range(10)])
                 for m in NEW for t in TASKS for a in ("drop1", "reinit1", "repair1")}
     check_family(table, expected, 12)
+
+
+@pytest.mark.slow
+def test_the_committed_part_4_tables_are_recomputed_from_the_committed_runs() -> None:
+    """figures/objectives/finetune's seed-regime cells and curves are what the committed Part 4 runs give, and
+    Family B (once every cell has its n seeds) is recomputed from the per-run eval.csv files by hand."""
+    import pandas as pd
+    from analyses.last_block_finetuning.powered_figures import curve_table
+    from analyses.last_block_finetuning.powered_report import cells
+
+    committed = design.OUT
+    decision = report.read_decision(committed)
+    if decision is None or not (committed / "cells_seed-regime.csv").is_file():
+        pytest.skip("Part 4's report is not committed")
+    steps, n = int(decision["S"]), int(decision["n"])
+    summaries, stray = report.seed_regime_summaries(committed, steps)
+    assert stray == [] and len(summaries) == len(list((committed / "seed-regime" / "runs").glob("*/result.json")))
+    same_table(committed / "cells_seed-regime.csv", cells(summaries))
+    curves = curve_table(committed / "seed-regime")
+    same_table(committed / "curves_seed-regime.csv", curves)
+    same_table(committed / "curves_lr1e-4.csv", curve_table(committed / "lr1e-4"))
+    if not (committed / "family_b.csv").is_file():
+        assert "Family B is not computed yet" in (committed / "family_b.md").read_text()
+        return
+    runs, low_steps = committed / "seed-regime" / "runs", list(range(60, steps + 1, 60))
+
+    def committed_auc(model: str, arm: str, seed: int) -> float:
+        curve = pd.read_csv(runs / f"{model}__brown-pos__{arm}__s{seed}" / "eval.csv")
+        val = curve[(curve.split == "validation") & (curve.metric == "accuracy")].sort_values("step")
+        assert val.step.tolist() == low_steps
+        return auc(low_steps, val.value.tolist())
+
+    table = contrasts.family_b(summaries, tuple(range(n)))
+    expected = {(m, "brown-pos", a): np.array([committed_auc(m, a, s) - committed_auc(m, "full", s)
+                                               for s in range(n)])
+                for m in FOUR for a in ("drop1", "reinit1")}
+    check_family(table, expected, contrasts.FAMILY_B)
+    written = pd.read_csv(committed / "family_b.csv")
+    same_table(committed / "family_b.csv", table.assign(at_lr1e4=written.at_lr1e4, steps=steps))
