@@ -26,6 +26,7 @@ from torch import nn
 from gradflow.adapters import ADAPTER_CHOICES, Adapter, UnsupportedArchitectureError, adapter_for, discover_adapter
 from gradflow.errors import ModelLoadError
 from gradflow.models import zoo
+from gradflow.models.buffers import non_persistent_buffers, rebuild_non_persistent_buffers
 from gradflow.models.embedded import (
     DEFAULT_MODEL,
     EMBEDDED_MODELS,
@@ -121,6 +122,8 @@ def load_model(spec: str = DEFAULT_MODEL, device: str = "cpu", dtype: str = "flo
                                                       "one, discovered from its modules: pass --adapter auto.")
         raise ModelLoadError(f"{err}{hint}") from None
     model, info, auto_model = _load_weights(spec, path, config, dtype, trust_remote_code)
+    if type(model).__module__.startswith("transformers_modules"):  # remote code: its buffers (transformers#48892)
+        _rebuild_buffers(model, spec)
     head_missing = [k for k in info.get("missing_keys", []) if not k.startswith(model.base_model_prefix + ".")]
     head_missing = [k for k in head_missing if not k.endswith("decoder.weight")]  # tied to the embeddings
     if head_missing:
@@ -156,6 +159,18 @@ def load_model(spec: str = DEFAULT_MODEL, device: str = "cpu", dtype: str = "flo
             raise ModelLoadError(str(err)) from None
     config_hash = hashlib.sha256(config.to_json_string(use_diff=False).encode()).hexdigest()[:16]
     return LoadedModel(model, tokenizer, spec, path, found, config_hash)
+
+
+def _rebuild_buffers(model: nn.Module, spec: str) -> None:
+    """Recompute a remote-code model's non-persistent buffers (transformers 5 leaves them uninitialised)."""
+    try:
+        rebuild_non_persistent_buffers(model)
+    except Exception as err:  # noqa: BLE001 - the class's own __init__ may raise anything; say what it means
+        names = ", ".join(non_persistent_buffers(model)[:3])
+        raise ModelLoadError(f"{spec!r}: its remote code keeps buffers outside the checkpoint ({names}) and rebuilding "
+                             f"them from its config failed ({type(err).__name__}: {err}); without them its outputs "
+                             "are computed from uninitialised memory under transformers 5 "
+                             "(huggingface/transformers#48892). Report it with the checkpoint's name.") from None
 
 
 def _checkpoint_code(path: str) -> list[str]:
