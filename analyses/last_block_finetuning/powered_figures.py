@@ -37,6 +37,18 @@ def curve_table(regime_dir: Path) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def plot_arms(ax, table: pd.DataFrame, **style) -> None:
+    """On ``ax``: each arm of ``table`` (one model and task of :func:`curve_table`) as its mean curve, in the arm's
+    colour and line style (``style``: more line keywords), with its 95% band clipped to [0, 1]."""
+    for arm, colour in ARM_COLOURS.items():
+        sub = table[table.arm == arm].sort_values("step")
+        if sub.empty:
+            continue
+        ax.plot(sub.step, sub["mean"], color=colour, ls=ARM_STYLES[arm], label=f"{arm} (n={int(sub.n.min())})",
+                **style)
+        ax.fill_between(sub.step, sub.ci_low.clip(0, 1), sub.ci_high.clip(0, 1), color=colour, alpha=0.15, lw=0)
+
+
 def draw_curves(table: pd.DataFrame, out: Path, names: dict[str, str] = MODELS, *,
                 tasks: tuple[str, ...] = tuple(METRIC), regime: str = "batch 8, lr 1e-4",
                 name: str = "convergence_curves") -> None:
@@ -58,14 +70,7 @@ def draw_curves(table: pd.DataFrame, out: Path, names: dict[str, str] = MODELS, 
             for j, task in enumerate(tasks):
                 label = METRIC[task][1]
                 ax = axes[i][j]
-                for arm, colour in ARM_COLOURS.items():
-                    sub = table[(table.model == model) & (table.task == task) & (table.arm == arm)].sort_values("step")
-                    if sub.empty:
-                        continue
-                    ax.plot(sub.step, sub["mean"], color=colour, ls=ARM_STYLES[arm], marker="o", ms=2.5,
-                            label=f"{arm} (n={int(sub.n.min())})")
-                    ax.fill_between(sub.step, sub.ci_low.clip(0, 1), sub.ci_high.clip(0, 1), color=colour, alpha=0.15,
-                                    lw=0)
+                plot_arms(ax, table[(table.model == model) & (table.task == task)], marker="o", ms=2.5)
                 ax.set_title(f"{names[model]}: {task}")
                 ax.set_ylabel(f"validation {label}")
                 if i == len(models) - 1:

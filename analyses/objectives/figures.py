@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from analyses.last_block_finetuning.powered_figures import ARM_COLOURS, ARM_STYLES, METRIC, curve_table, draw_curves
+from analyses.last_block_finetuning.powered_figures import METRIC, curve_table, draw_curves, plot_arms
 from analyses.objectives.design import ALL_MODELS, DIFFUSION, LOW_LR, MASK40, MINI, TWIN
 
 NAMES = {MINI: "mini-en (BERT 15%)", TWIN: "all-token twin", MASK40: "mask40 (BERT 40%)",
@@ -57,14 +57,7 @@ def draw_panels(table: pd.DataFrame, stem: Path, steps: int) -> None:
     with gradflow_style("double"):
         fig, axes = plt.subplots(2, 2, figsize=(7.0, 4.6), sharex=True, sharey=True)
         for ax, model in zip(axes.flat, ALL_MODELS):
-            for arm, colour in ARM_COLOURS.items():
-                sub = table[(table.model == model) & (table.arm == arm)].sort_values("step")
-                if sub.empty:
-                    continue
-                ax.plot(sub.step, sub["mean"], color=colour, ls=ARM_STYLES[arm], lw=1.2,
-                        label=f"{arm} (n={int(sub.n.min())})")
-                ax.fill_between(sub.step, sub.ci_low.clip(0, 1), sub.ci_high.clip(0, 1), color=colour, alpha=0.15,
-                                lw=0)
+            plot_arms(ax, table[table.model == model], lw=1.2)
             ax.set_title(NAMES[model])
             ax.set_xlim(0, steps)
             ax.legend(frameon=False, fontsize="x-small", loc="lower right")
