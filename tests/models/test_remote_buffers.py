@@ -54,3 +54,22 @@ def test_parameters_on_meta_takes_no_weight_memory_and_restores_register_paramet
         module = Rotary()
     assert module.proj.weight.is_meta and module.proj.weight.requires_grad and not module.inv_freq.is_meta
     assert nn.Module.register_parameter is original and not nn.Linear(2, 2).weight.is_meta
+
+
+class Unbuildable(Toy):
+    def __init__(self, config: object = None) -> None:
+        super().__init__(config)
+        if config is not None:
+            raise RuntimeError("needs flash-attn")
+
+
+def test_a_class_that_cannot_be_rebuilt_is_refused_in_one_sentence() -> None:
+    import pytest
+
+    from gradflow.errors import ModelLoadError
+    from gradflow.models.loading import _rebuild_buffers
+
+    model = Unbuildable()
+    model.config = {"hidden": 4}
+    with pytest.raises(ModelLoadError, match=r"'toy': .*\(rotary.inv_freq\).*RuntimeError: needs flash-attn.*#48892"):
+        _rebuild_buffers(model, "toy")
