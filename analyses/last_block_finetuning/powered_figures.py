@@ -24,9 +24,11 @@ ARM_STYLES = {"full": "-", "drop1": "--", "reinit1": ":", "repair1": "-.", "repa
 MODELS = {"gradflow-mini-en": "gradflow-mini-en", "gradflow-mini-en-alltoken": "all-token twin"}
 
 
-def curve_table(regime_dir: Path) -> pd.DataFrame:
-    """Per model, task, arm and step: the validation score's mean and 95% t-interval over seeds."""
-    curves, _ = collect(regime_dir)
+def curve_table(regime_dir: Path, curves: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Per model, task, arm and step: the validation score's mean and 95% t-interval over seeds.
+
+    ``curves``: ``collect(regime_dir)[0]`` when the caller has read the runs already."""
+    curves = curves if curves is not None else collect(regime_dir)[0]
     rows = []
     for (model, task, arm, step), sub in curves.groupby(["model", "task", "arm", "step"]):
         values = sub[(sub.split == "validation") & (sub.metric == METRIC[task][0])].value.to_numpy()

@@ -36,9 +36,11 @@ MINI, TWIN = "gradflow-mini-en", "gradflow-mini-en-alltoken"
 FAMILY = 14
 
 
-def run_summaries(regime_dir: Path) -> pd.DataFrame:
-    """One row per finished run: factors, AUC of the validation curve, final validation and test scores."""
-    curves, finals = collect(regime_dir)
+def run_summaries(regime_dir: Path, collected: tuple[pd.DataFrame, pd.DataFrame] | None = None) -> pd.DataFrame:
+    """One row per finished run: factors, AUC of the validation curve, final validation and test scores.
+
+    ``collected``: ``collect(regime_dir)``'s (curves, finals) when the caller has read them already."""
+    curves, finals = collected if collected is not None else collect(regime_dir)
     rows = []
     for run_id, curve in curves.groupby("run_id"):
         task = curve["task"].iloc[0]

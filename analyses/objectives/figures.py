@@ -22,22 +22,25 @@ NAMES = {MINI: "mini-en (BERT 15%)", TWIN: "all-token twin", MASK40: "mask40 (BE
 SEED_REGIME_TASK = "brown-pos"
 
 
-def write_curves_lr1e4(regime_dir: Path, out: Path) -> pd.DataFrame | None:
-    """``out/curves_lr1e-4.{csv,pdf,png}`` from the new models' runs under ``regime_dir`` (None without runs)."""
-    if not any((regime_dir / "runs").glob("*/result.json")):
+def write_curves_lr1e4(regime_dir: Path, out: Path, curves: pd.DataFrame | None = None) -> pd.DataFrame | None:
+    """``out/curves_lr1e-4.{csv,pdf,png}`` from the new models' runs under ``regime_dir`` (None without runs);
+    ``curves``: their ``collect`` curves when the caller has read them already."""
+    if curves is None and not any((regime_dir / "runs").glob("*/result.json")):
         return None
-    table = curve_table(regime_dir)
+    table = curve_table(regime_dir, curves)
     table.to_csv(out / "curves_lr1e-4.csv", index=False, float_format="%.6g")
     draw_curves(table, out, {m: NAMES[m] for m in (MASK40, DIFFUSION)}, name="curves_lr1e-4")
     return table
 
 
-def write_curves_seed_regime(regime_dir: Path, out: Path, steps: int) -> pd.DataFrame | None:
+def write_curves_seed_regime(regime_dir: Path, out: Path, steps: int,
+                             curves: pd.DataFrame | None = None) -> pd.DataFrame | None:
     """``out/curves_seed-regime.{csv,pdf,png}``: the four models' brown-pos curves at lr 1e-5 (2 x 2 panels, shared
-    axes; each legend gives the seeds in); None without runs."""
-    if not any((regime_dir / "runs").glob("*/result.json")):
+    axes; each legend gives the seeds in); None without runs. ``curves``: the runs' ``collect`` curves when the
+    caller has read them already."""
+    if curves is None and not any((regime_dir / "runs").glob("*/result.json")):
         return None
-    table = curve_table(regime_dir)
+    table = curve_table(regime_dir, curves)
     table.to_csv(out / "curves_seed-regime.csv", index=False, float_format="%.6g")
     draw_panels(table, out / "curves_seed-regime", steps)
     return table

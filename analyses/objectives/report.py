@@ -43,25 +43,39 @@ from analyses.objectives.design import CONVERGENCE, EVAL_EVERY_LOW, MINI, NEW_MO
 from analyses.objectives.figures import write_curves_lr1e4, write_curves_seed_regime
 
 
-def summaries_of(regime_dir: Path) -> pd.DataFrame:
-    """``run_summaries`` of the finished runs under ``regime_dir/runs`` (empty when there are none)."""
-    if not any((regime_dir / "runs").glob("*/result.json")):
+Collected = tuple[pd.DataFrame, pd.DataFrame]  # grid.collect's (curves, finals) of one regime's runs
+
+
+def read_runs(regime_dir: Path) -> Collected | None:
+    """``collect(regime_dir)``: every finished run under ``regime_dir/runs`` read once; None when there is none."""
+    return collect(regime_dir) if any((regime_dir / "runs").glob("*/result.json")) else None
+
+
+def summaries_of(regime_dir: Path, collected: Collected | None = None) -> pd.DataFrame:
+    """``run_summaries`` of the finished runs under ``regime_dir/runs`` (empty when there are none); ``collected``:
+    the runs when the caller has read them already."""
+    collected = collected if collected is not None else read_runs(regime_dir)
+    if collected is None:
         return pd.DataFrame(columns=["model", "arm", "task", "seed", "run_id", "auc", "test"])
-    return run_summaries(regime_dir)
+    return run_summaries(regime_dir, collected)
 
 
-def lr1e4_summaries(out: Path, convergence: Path = CONVERGENCE) -> pd.DataFrame:
-    """The four models' lr 1e-4 runs: mini-en's and the twin's committed ones, the new models' from ``out``."""
-    old, new = summaries_of(convergence), summaries_of(out / "lr1e-4")
+def lr1e4_summaries(out: Path, convergence: Path = CONVERGENCE, new_runs: Collected | None = None) -> pd.DataFrame:
+    """The four models' lr 1e-4 runs: mini-en's and the twin's committed ones, the new models' from ``out``
+    (``new_runs``: those runs when the caller has read them already)."""
+    old, new = summaries_of(convergence), summaries_of(out / "lr1e-4", new_runs)
     parts = [p for p in (old[old.model.isin((MINI, TWIN))], new[new.model.isin(NEW_MODELS)]) if not p.empty]
     return pd.concat(parts, ignore_index=True) if parts else new
 
 
-def off_schedule(regime_dir: Path, steps: int) -> list[str]:
-    """The finished runs under ``regime_dir`` whose validation steps are not 60, 120, ..., ``steps``."""
-    if not any((regime_dir / "runs").glob("*/result.json")):
-        return []
-    curves, _ = collect(regime_dir)
+def off_schedule(regime_dir: Path, steps: int, curves: pd.DataFrame | None = None) -> list[str]:
+    """The finished runs under ``regime_dir`` whose validation steps are not 60, 120, ..., ``steps`` (``curves``:
+    their ``collect`` curves when the caller has read them already)."""
+    if curves is None:
+        collected = read_runs(regime_dir)
+        if collected is None:
+            return []
+        curves = collected[0]
     expected = list(range(EVAL_EVERY_LOW, steps + 1, EVAL_EVERY_LOW))
     val = curves[(curves.split == "validation") & (curves.metric == curves.task.map(METRIC))]
     found = val.groupby("run_id")["step"].apply(lambda s: sorted(s.tolist()))
@@ -122,11 +136,15 @@ def read_decision(out: Path) -> dict | None:
     return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
 
 
-def seed_regime_summaries(out: Path, steps: int) -> tuple[pd.DataFrame, list[str]]:
-    """(run summaries of ``out/seed-regime`` on S = ``steps``'s schedule, the run ids left out as off it)."""
+def seed_regime_summaries(out: Path, steps: int, collected: Collected | None = None) -> tuple[pd.DataFrame, list[str]]:
+    """(run summaries of ``out/seed-regime`` on S = ``steps``'s schedule, the run ids left out as off it);
+    ``collected``: those runs when the caller has read them already."""
     regime = out / "seed-regime"
-    stray = off_schedule(regime, steps)
-    summaries = summaries_of(regime)
+    collected = collected if collected is not None else read_runs(regime)
+    if collected is None:
+        return summaries_of(regime, None), []
+    stray = off_schedule(regime, steps, collected[0])
+    summaries = summaries_of(regime, collected)
     return (summaries[~summaries.run_id.isin(stray)] if not summaries.empty else summaries), stray
 
 
@@ -139,9 +157,11 @@ def write_seed_regime(out: Path, lr_summaries: pd.DataFrame) -> list[str]:
         refuse(out, "family_b", sentence)
         return [sentence]
     steps, seeds = int(decision["S"]), tuple(range(int(decision["n"])))
-    summaries, stray = seed_regime_summaries(out, steps)
+    runs = read_runs(out / "seed-regime")
+    summaries, stray = seed_regime_summaries(out, steps, runs)
     write_cells(out, summaries, "seed-regime")
-    write_curves_seed_regime(out / "seed-regime", out, steps)
+    if runs is not None:
+        write_curves_seed_regime(out / "seed-regime", out, steps, runs[0])
     notes = [f"Left out of Family B, their validation steps are not 60..{steps}: {', '.join(stray)}."] if stray \
         else []
     try:
@@ -169,9 +189,11 @@ def write_seed_regime(out: Path, lr_summaries: pd.DataFrame) -> list[str]:
 def write_report(out: Path = OUT, convergence: Path = CONVERGENCE) -> list[str]:
     """Every table of Parts 3 and 4 into ``out``; returns (and prints) the sentences of what was not computed."""
     out.mkdir(parents=True, exist_ok=True)
-    lr = lr1e4_summaries(out, convergence)
+    new_runs = read_runs(out / "lr1e-4")
+    lr = lr1e4_summaries(out, convergence, new_runs)
     write_cells(out, lr, "lr1e-4")
-    write_curves_lr1e4(out / "lr1e-4", out)
+    if new_runs is not None:
+        write_curves_lr1e4(out / "lr1e-4", out, new_runs[0])
     notes = write_lr1e4(out, lr) + write_seed_regime(out, lr)
     for note in notes:
         print(f"note: {note}")
