@@ -1,0 +1,214 @@
+"""Issue 52 per objective: every measure of ``figures/objectives/plan.md`` for each of the four 6-block models in
+one table, each number with its 95% CI, read from the committed tables of Parts 1-4.
+
+    python -m analyses.objectives.overview  # -> figures/objectives/overview.{csv,md}
+
+Rows are measures, columns the four models (mini-en, the twin, mask40, the diffusion member):
+
+- Part 1 (``figures/objectives/{measures,pressure}``): the last block's sublayers with exactly zero context signal
+  under the model's own objective (its report), ``gradflow check``'s skippable share, the context / loss
+  gradient-norm ratio at every depth (bootstrap CI over sequences), the last block's counterfactual pressure;
+- Part 2 (``figures/probes/robustness`` for mini-en and the twin, ``figures/objectives/probes`` for the others):
+  the robustness rule's verdict and the last-layer drop at 4,500 sentences, logistic and MLP, both Brown tasks;
+- Parts 3-4 (``figures/objectives/finetune/run_summaries_*.csv``): each arm minus ``full`` in validation AUC,
+  paired by seed (t interval), at lr 1e-4 (both tasks, seeds 0-9) and lr 1e-5 (brown-pos, the pilot's n seeds),
+  with the Holm-adjusted p of the family that tests it (the 6-block experiment's for mini-en, Family A for the new
+  models, Family B at lr 1e-5; the twin's lr 1e-4 contrast is in no family: uncorrected p).
+
+The lr 1e-5 rows wait for Family B (``family_b.csv``): before all its runs are in they say so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from analyses.last_block_finetuning.powered_report import METRIC, paired_differences
+from analyses.objectives import measures
+from analyses.objectives.design import ALL_MODELS, LR1E4_SEEDS, ROOT
+from analyses.probes.robustness import verdict
+from gradflow.analysis.experiment_stats import paired_test
+
+LABELS = dict(zip(ALL_MODELS, ("mini-en", "twin", "mask40", "diffusion")))  # model -> the measures' label
+HEADINGS = {"mini-en": "mini-en (BERT 15%)", "twin": "twin (all-token)", "mask40": "mask40 (BERT 40%)",
+            "diffusion": "diffusion (unigram stage, deviation 1)"}
+MEASURES, PRESSURE = ROOT / "figures/objectives/measures", ROOT / "figures/objectives/pressure"
+PROBES = {"mini-en": ROOT / "figures/probes/robustness", "twin": ROOT / "figures/probes/robustness",
+          "mask40": ROOT / "figures/objectives/probes", "diffusion": ROOT / "figures/objectives/probes"}
+FINETUNE = ROOT / "figures/objectives/finetune"
+POWERED = ROOT / "figures/finetune/last-block-finetuning/contrasts.csv"  # mini-en's lr 1e-4 contrasts (Holm, m = 14)
+OUT = ROOT / "figures/objectives"
+PRESSURE_SUBLAYERS = ("attn.q", "ffn.in")
+PROBE_FAMILIES, PROBE_SIZE = ["logistic", "mlp"], "4500"
+ARMS = {"lr 1e-4": ("drop1", "reinit1", "repair1"), "lr 1e-5": ("drop1", "reinit1")}
+
+
+@dataclass(frozen=True)
+class Row:
+    """One measure of one model: a number with its 95% CI, or a text, and the Holm-adjusted p where one exists."""
+
+    part: str
+    measure: str
+    model: str
+    mean: float = math.nan
+    ci_low: float = math.nan
+    ci_high: float = math.nan
+    text: str = ""
+    p_holm: float = math.nan
+    digits: int = 3
+
+
+def zero_rows(measures_dir: Path = MEASURES) -> list[Row]:
+    """The last block's exact-zero set under each own objective (as many sublayers as ``mean``) and check's share."""
+    rows = []
+    for run in measures.COMPARES["own"]:
+        zero = measures.last_block_zero(measures_dir, run)
+        rows.append(Row("1", "last block: sublayers exactly zero from context (own objective)", run.label,
+                        mean=len(zero), text=", ".join(zero) or "none"))
+    for label in LABELS.values():
+        share = measures.check_result(measures_dir, label)["flops"]["share"]
+        rows.append(Row("1", "`gradflow check`: skippable share (%), own masking, loss at the selected positions", label, mean=100 * share,
+                        digits=2))
+    return rows
+
+
+def ratio_rows(measures_dir: Path = MEASURES) -> list[Row]:
+    """The context / loss gradient-norm ratio at every depth under each own objective, with its bootstrap CI."""
+    rows = []
+    for layer in measures.LAYERS:
+        for run in measures.COMPARES["own"]:
+            t = pd.read_csv(measures_dir / "reports" / run.name / "tables" / "role_ratios.csv")
+            r = t[(t.role == "context") & (t.reference == "loss") & (t.layer == layer)].iloc[0]
+            rows.append(Row("1", f"context / loss ratio, layer {layer}", run.label, r.ratio, r.ci_low, r.ci_high))
+    return rows
+
+
+def pressure_rows(pressure_dir: Path = PRESSURE) -> list[Row]:
+    """The last block's counterfactual context pressure (all-positions loss) of ``PRESSURE_SUBLAYERS``."""
+    frame = pd.read_csv(pressure_dir / "pressure.csv")
+    last = frame[frame.last_block.astype(bool)].set_index(["sublayer", "model"])
+    return [Row("1", f"last block's pressure, {sub}", label, *last.loc[(sub, label), ["pressure", "ci_low", "ci_high"]])
+            for sub in PRESSURE_SUBLAYERS for label in LABELS.values()]
+
+
+def probe_rows(probes: dict[str, Path] = PROBES) -> list[Row]:
+    """Per task: the robustness rule's verdict and the last-layer drop at 4,500 sentences per probe family."""
+    rows = []
+    for task in METRIC:
+        for label, folder in probes.items():
+            frame = pd.read_csv(folder / "last_layer_drops.csv", dtype={"train_size": str})
+            mine = frame[(frame.model == label) & (frame.task == task)]
+            rows.append(Row("2", f"probe {task}: verdict", label,
+                            text=verdict(mine, PROBE_FAMILIES, sorted(mine.train_size.unique(), key=int))))
+            for family in PROBE_FAMILIES:
+                r = mine[(mine.family == family) & (mine.train_size == PROBE_SIZE)].iloc[0]
+                rows.append(Row("2", f"probe {task}: last - best earlier layer, {family} 4,500", label,
+                                r.last_layer_drop, r.ci_low, r.ci_high, digits=4))
+    return rows
+
+
+def holm_p(tables: list[pd.DataFrame], contrast: str, task: str) -> float:
+    """The Holm-adjusted p of ``contrast`` on ``task`` in the first of ``tables`` that has it (nan: none has)."""
+    for table in tables:
+        hit = table[(table.contrast == contrast) & (table.task == task)]
+        if len(hit):
+            return float(hit.p_holm.iloc[0])
+    return math.nan
+
+
+def contrast_row(summaries: pd.DataFrame, lr: str, model: str, task: str, arm: str, seeds: tuple[int, ...],
+                 families: list[pd.DataFrame]) -> Row:
+    """``arm - full`` in AUC for one model and task, paired over ``seeds``; 'not run' when an arm has no runs."""
+    part, label, measure = "3" if lr == "lr 1e-4" else "4", LABELS[model], f"{lr}, {task}: {arm} - full (AUC)"
+    d = paired_differences(summaries[summaries.seed.isin(seeds)], model, task, arm, "auc")
+    if d.empty:
+        return Row(part, measure, label, text="not run")
+    t = paired_test(d.to_numpy())
+    contrast = f"{model.replace('gradflow-', '')} {arm} - full"  # the families' name of it
+    return Row(part, measure, label, t.mean, t.ci_low, t.ci_high, p_holm=holm_p(families, contrast, task), digits=4)
+
+
+def finetune_rows(finetune: Path = FINETUNE, powered: Path = POWERED) -> list[Row]:
+    """Each arm - full at lr 1e-4 (both tasks) and, once Family B is computed, at lr 1e-5 (brown-pos)."""
+    lr4 = pd.read_csv(finetune / "run_summaries_lr1e-4.csv")
+    mini = pd.read_csv(powered)
+    families = [mini[mini.regime == "convergence"], pd.read_csv(finetune / "family_a.csv")]
+    rows = [contrast_row(lr4, "lr 1e-4", model, task, arm, LR1E4_SEEDS, families)
+            for task in METRIC for arm in ARMS["lr 1e-4"] for model in ALL_MODELS]
+    family_b = finetune / "family_b.csv"
+    for arm in ARMS["lr 1e-5"]:
+        measure = f"lr 1e-5, brown-pos: {arm} - full (AUC)"
+        if not family_b.is_file():
+            rows += [Row("4", measure, LABELS[m], text="not yet (Family B incomplete)") for m in ALL_MODELS]
+            continue
+        seeds = tuple(json.loads((finetune / "pilot" / "decision.json").read_text(encoding="utf-8"))["seeds"])
+        low = pd.read_csv(finetune / "run_summaries_seed-regime.csv")
+        rows += [contrast_row(low, "lr 1e-5", m, "brown-pos", arm, seeds, [pd.read_csv(family_b)])
+                 for m in ALL_MODELS]
+    return rows
+
+
+def overview(measures_dir: Path = MEASURES, pressure_dir: Path = PRESSURE, probes: dict[str, Path] = PROBES,
+             finetune: Path = FINETUNE, powered: Path = POWERED) -> pd.DataFrame:
+    """Every row of the overview, long format: part, measure, model, mean, ci_low, ci_high, text, p_holm."""
+    rows = (zero_rows(measures_dir) + ratio_rows(measures_dir) + pressure_rows(pressure_dir) + probe_rows(probes)
+            + finetune_rows(finetune, powered))
+    return pd.DataFrame([asdict(r) for r in rows])
+
+
+def cell(r) -> str:
+    """A number ``mean [low, high]`` (bold when its family's Holm p < 0.05), or the row's text."""
+    if r.measure.startswith("last block:"):
+        return f"{int(r.mean)}: {r.text}" if r.mean else "none"
+    if r.text:
+        return r.text
+    if r.mean == 0 and r.ci_low == 0 and r.ci_high == 0:
+        return "0 (exact)"
+    signed = "+" if r.part != "1" else ""
+    value = f"{r.mean:{signed}.{r.digits}f}"
+    if math.isnan(r.ci_low):
+        return value
+    value = f"**{value}**" if r.p_holm < 0.05 else value
+    return f"{value} [{r.ci_low:{signed}.{r.digits}f}, {r.ci_high:{signed}.{r.digits}f}]"
+
+
+def markdown(table: pd.DataFrame) -> str:
+    """One row per measure, one column per model."""
+    labels = list(LABELS.values())
+    lines = ["| part | measure | " + " | ".join(HEADINGS[m] for m in labels) + " |", "|---|---|" + "---|" * len(labels)]
+    for (part, measure), sub in table.groupby(["part", "measure"], sort=False):
+        by = {r.model: cell(r) for r in sub.itertuples()}
+        lines.append(f"| {part} | {measure} | " + " | ".join(by.get(m, "-") for m in labels) + " |")
+    note = ("Bold: Holm-adjusted p < 0.05 in the family that tests the contrast (mini-en at lr 1e-4: the 6-block "
+            "experiment's, m = 14; mask40 and diffusion: Family A, m = 12; lr 1e-5: Family B, m = 8); the twin's lr "
+            "1e-4 contrast is in no family. Every interval is a 95% CI: bootstrap over sequences (Part 1), over test "
+            "sentences (Part 2), paired t over fine-tuning seeds (Parts 3-4). Written by "
+            "`python -m analyses.objectives.overview` from the committed tables of Parts 1-4.")
+    return "\n".join(lines) + "\n\n" + note + "\n"
+
+
+def write_overview(out: Path = OUT, **sources) -> pd.DataFrame:
+    """``out/overview.{csv,md}``; returns the table."""
+    table = overview(**sources)
+    table.to_csv(out / "overview.csv", index=False, float_format="%.10g")
+    (out / "overview.md").write_text(markdown(table), encoding="utf-8")
+    return table
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=OUT, help="where overview.{csv,md} go (default %(default)s)")
+    args = parser.parse_args(argv)
+    write_overview(args.out)
+    print((args.out / "overview.md").read_text(encoding="utf-8"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
