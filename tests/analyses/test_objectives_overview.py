@@ -98,3 +98,10 @@ def test_a_contrast_is_bold_only_when_its_family_rejects_it():
     assert cell(Row("1", "context / loss ratio, layer 6", "mask40", 0.0, 0.0, 0.0)) == "0 (exact)"
     assert cell(Row("1", "context / loss ratio, layer 6", "twin", 0.02, 0.019, 0.021)) == "0.020 [0.019, 0.021]"
     assert cell(Row("4", "lr 1e-5, brown-pos: drop1 - full (AUC)", "twin", text="not run")) == "not run"
+
+
+def test_the_results_page_carries_the_committed_overview_verbatim():
+    if not (COMMITTED / "overview.md").is_file():
+        pytest.skip("figures/objectives/overview.md is not committed yet")
+    page = (overview.ROOT / "docs/results/objectives.md").read_text()
+    assert (COMMITTED / "overview.md").read_text().rstrip("\n") in page
