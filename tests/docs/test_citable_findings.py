@@ -140,7 +140,7 @@ def contrasts(path: str, *rows: tuple[str, str]):
 
 
 SIX, TWELVE = "finetune/last-block-finetuning/contrasts.csv", "twelve-blocks/finetune/contrasts.csv"
-OBJECTIVES = "objectives/finetune/family_a.csv"
+OBJECTIVES, SEED_REGIME = "objectives/finetune/family_a.csv", "objectives/finetune/family_b.csv"
 EXPECTED: dict[int, Callable[[], tuple[list[float], list[float]]]] = {
     1: exact_zero,
     2: context_ratio,
@@ -157,10 +157,11 @@ EXPECTED: dict[int, Callable[[], tuple[list[float], list[float]]]] = {
     13: contrasts(TWELVE, ("mini12-en reinit1 - full", "brown-pos"), ("mini12-en reinit1 - full", "brown-propn")),
     14: robustness("twelve-blocks/probes/robustness/last_layer_drops.csv", "mini12-en"),
     15: contrasts(OBJECTIVES, ("mini-en-mask40 drop1 - full", "brown-pos"), ("mini-en-mask40 drop1 - full", "brown-propn")),
+    16: contrasts(SEED_REGIME, ("mini-en drop1 - full", "brown-pos")),
 }
 # the design of each row: what the plans say (figures/finetune/last-block-finetuning/plan.md, figures/twelve-blocks/plan.md)
 DESIGN = {1: "exact", 2: "descriptive", 3: "descriptive", 4: "descriptive", 5: "exploratory", 6: "pre-registered",
-          7: "exploratory", **{n: "pre-registered" for n in range(8, 16)}}
+          7: "exploratory", **{n: "pre-registered" for n in range(8, 17)}}
 
 
 # ---------------------------------------------------------------------- the tests
@@ -205,7 +206,8 @@ CONTRASTS = {8: (SIX, [("mini-en repair1 - full", "brown-pos"), ("mini-en repair
              11: (TWELVE, [("mini12-en drop1 - full", "brown-pos")]),
              12: (TWELVE, [("mini12-en repair1 - full", "brown-pos")]),
              13: (TWELVE, [("mini12-en reinit1 - full", "brown-pos"), ("mini12-en reinit1 - full", "brown-propn")]),
-             15: (OBJECTIVES, [("mini-en-mask40 drop1 - full", "brown-pos"), ("mini-en-mask40 drop1 - full", "brown-propn")])}
+             15: (OBJECTIVES, [("mini-en-mask40 drop1 - full", "brown-pos"), ("mini-en-mask40 drop1 - full", "brown-propn")]),
+             16: (SEED_REGIME, [("mini-en drop1 - full", "brown-pos")])}
 
 
 def test_design_column():
