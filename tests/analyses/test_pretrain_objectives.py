@@ -162,3 +162,29 @@ def test_pretrain_py_trains_the_objective_and_logs_its_own_metrics(objective: st
     assert float(rows[-1]["valid_loss"]) > 0  # BERT 15% validation, as mini-en's log
     with pytest.raises(SystemExit):
         pretrain.main(["--out", str(out), "--loss", objective, "--sparse"])
+
+
+@pytest.mark.parametrize("variant, unchanged_share, random_share", [
+    ("allmask15", 0.0, 0.0), ("mlm15", 0.1, 0.1), ("maskkept15", 0.1, 0.0), ("maskrandom15", 0.0, 0.1)])
+def test_the_diagnostic_corruptions_are_mini_ens_selection_with_their_documented_actions(
+        variant: str, unchanged_share: float, random_share: float) -> None:
+    """diagnose_diffusion's BERT-15% variants select exactly mini-en's positions and labels; of the selected ones,
+    each masks, keeps or randomises the documented shares (allmask15 masks all, maskkept15 keeps mini-en's kept
+    10%, maskrandom15 keeps its random 10%)."""
+    from analyses.pretraining import diagnose_diffusion
+
+    ids = windows(b=64, t=64)
+    reference = objectives.corrupt_bert(ids, TOK, torch.Generator().manual_seed(3), 0.15)
+    got = diagnose_diffusion.corruption(variant)("mlm", ids, TOK, torch.Generator().manual_seed(3))
+    assert torch.equal(got.selected, reference.selected) and torch.equal(got.labels, reference.labels)
+    sel = got.selected
+    masked = sel & (got.inputs == TOK.mask_token_id)
+    unchanged = sel & (got.inputs == ids)
+    randomised = sel & ~masked & ~unchanged
+    assert torch.equal(got.inputs[~sel], ids[~sel])
+    ref_unchanged = sel & (reference.inputs == ids)
+    ref_random = sel & (reference.inputs != TOK.mask_token_id) & ~ref_unchanged
+    assert torch.equal(unchanged, ref_unchanged if unchanged_share else torch.zeros_like(sel))
+    assert torch.equal(randomised, ref_random if random_share else torch.zeros_like(sel))
+    n = int(sel.sum())
+    assert n > 400 and abs(int(masked.sum()) / n - (1 - unchanged_share - random_share)) < 0.05
