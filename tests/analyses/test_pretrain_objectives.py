@@ -188,3 +188,18 @@ def test_the_diagnostic_corruptions_are_mini_ens_selection_with_their_documented
     assert torch.equal(randomised, ref_random if random_share else torch.zeros_like(sel))
     n = int(sel.sum())
     assert n > 400 and abs(int(masked.sum()) / n - (1 - unchanged_share - random_share)) < 0.05
+
+
+def test_the_unweighted_diagnostic_is_the_diffusion_corruption_with_t_one_while_it_trains(monkeypatch) -> None:
+    """diagnose_diffusion's ``unweighted`` is the diffusion corruption with every ratio 1, also once run() has put it
+    in objectives.corrupt's place (it once called itself there, without end)."""
+    from analyses.pretraining import diagnose_diffusion
+
+    ids = windows()
+    reference = objectives.corrupt("diffusion", ids, TOK, torch.Generator().manual_seed(3),
+                                   torch.Generator().manual_seed(4))
+    unweighted = diagnose_diffusion.corruption("unweighted")
+    monkeypatch.setattr(objectives, "corrupt", unweighted)
+    got = objectives.corrupt("diffusion", ids, TOK, torch.Generator().manual_seed(3), torch.Generator().manual_seed(4))
+    assert torch.equal(got.inputs, reference.inputs) and torch.equal(got.labels, reference.labels)
+    assert torch.equal(got.ratio, torch.ones(ids.shape[0])) and not torch.equal(reference.ratio, got.ratio)
