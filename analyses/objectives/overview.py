@@ -21,7 +21,6 @@ The lr 1e-5 rows wait for Family B (``family_b.csv``): before all its runs are i
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from dataclasses import asdict, dataclass
@@ -31,7 +30,9 @@ import pandas as pd
 
 from analyses.last_block_finetuning.powered_report import METRIC, paired_differences
 from analyses.objectives import measures
+from analyses.objectives.measures import relative
 from analyses.objectives.design import ALL_MODELS, LR1E4_SEEDS, ROOT
+from analyses.objectives.report import read_decision
 from analyses.probes.robustness import verdict
 from gradflow.analysis.experiment_stats import paired_test
 
@@ -80,10 +81,12 @@ def zero_rows(measures_dir: Path = MEASURES) -> list[Row]:
 
 def ratio_rows(measures_dir: Path = MEASURES) -> list[Row]:
     """The context / loss gradient-norm ratio at every depth under each own objective, with its bootstrap CI."""
+    own = measures.COMPARES["own"]
+    tables = {run.name: pd.read_csv(measures_dir / "reports" / run.name / "tables" / "role_ratios.csv") for run in own}
     rows = []
     for layer in measures.LAYERS:
-        for run in measures.COMPARES["own"]:
-            t = pd.read_csv(measures_dir / "reports" / run.name / "tables" / "role_ratios.csv")
+        for run in own:
+            t = tables[run.name]
             r = t[(t.role == "context") & (t.reference == "loss") & (t.layer == layer)].iloc[0]
             rows.append(Row("1", f"context / loss ratio, layer {layer}", run.label, r.ratio, r.ci_low, r.ci_high))
     return rows
@@ -99,10 +102,12 @@ def pressure_rows(pressure_dir: Path = PRESSURE) -> list[Row]:
 
 def probe_rows(probes: dict[str, Path] = PROBES) -> list[Row]:
     """Per task: the robustness rule's verdict and the last-layer drop at 4,500 sentences per probe family."""
+    frames = {folder: pd.read_csv(folder / "last_layer_drops.csv", dtype={"train_size": str})
+              for folder in set(probes.values())}
     rows = []
     for task in METRIC:
         for label, folder in probes.items():
-            frame = pd.read_csv(folder / "last_layer_drops.csv", dtype={"train_size": str})
+            frame = frames[folder]
             mine = frame[(frame.model == label) & (frame.task == task)]
             rows.append(Row("2", f"probe {task}: verdict", label,
                             text=verdict(mine, PROBE_FAMILIES, sorted(mine.train_size.unique(), key=int))))
@@ -141,22 +146,30 @@ def finetune_rows(finetune: Path = FINETUNE, powered: Path = POWERED) -> list[Ro
     families = [mini[mini.regime == "convergence"], pd.read_csv(finetune / "family_a.csv")]
     rows = [contrast_row(lr4, "lr 1e-4", model, task, arm, LR1E4_SEEDS, families)
             for task in METRIC for arm in ARMS["lr 1e-4"] for model in ALL_MODELS]
-    family_b = finetune / "family_b.csv"
-    for arm in ARMS["lr 1e-5"]:
-        measure = f"lr 1e-5, brown-pos: {arm} - full (AUC)"
-        if not family_b.is_file():
-            rows += [Row("4", measure, LABELS[m], text="not yet (Family B incomplete)") for m in ALL_MODELS]
-            continue
-        seeds = tuple(json.loads((finetune / "pilot" / "decision.json").read_text(encoding="utf-8"))["seeds"])
-        low = pd.read_csv(finetune / "run_summaries_seed-regime.csv")
-        rows += [contrast_row(low, "lr 1e-5", m, "brown-pos", arm, seeds, [pd.read_csv(family_b)])
-                 for m in ALL_MODELS]
+    measures_b = [f"lr 1e-5, brown-pos: {arm} - full (AUC)" for arm in ARMS["lr 1e-5"]]
+    if not (finetune / "family_b.csv").is_file():
+        return rows + [Row("4", m, LABELS[model], text="not yet (Family B incomplete)")
+                       for m in measures_b for model in ALL_MODELS]
+    seeds = tuple(range(int(read_decision(finetune)["n"])))  # Family B's seeds, as the report pairs them
+    low, family_b = pd.read_csv(finetune / "run_summaries_seed-regime.csv"), pd.read_csv(finetune / "family_b.csv")
+    rows += [contrast_row(low, "lr 1e-5", m, "brown-pos", arm, seeds, [family_b])
+             for arm in ARMS["lr 1e-5"] for m in ALL_MODELS]
     return rows
 
 
 def overview(measures_dir: Path = MEASURES, pressure_dir: Path = PRESSURE, probes: dict[str, Path] = PROBES,
              finetune: Path = FINETUNE, powered: Path = POWERED) -> pd.DataFrame:
-    """Every row of the overview, long format: part, measure, model, mean, ci_low, ci_high, text, p_holm."""
+    """Every row of the overview, long format: part, measure, model, mean, ci_low, ci_high, text, p_holm.
+    SystemExit naming what is missing (and the target that writes it) when a source table is not there."""
+    needed = {pressure_dir / "pressure.csv": "objectives-pressure",
+              finetune / "run_summaries_lr1e-4.csv": "objectives-finetune-report",
+              finetune / "family_a.csv": "objectives-finetune-report", powered: "powered-report",
+              **{folder / "last_layer_drops.csv": "objectives-probes / probes-robustness" for folder in probes.values()},
+              **{measures_dir / "reports" / run.name / "tables" / "role_ratios.csv": "objectives-measures"
+                 for run in measures.COMPARES["own"]}}
+    missing = [f"{relative(path)} (make -C analyses {target})" for path, target in needed.items() if not path.is_file()]
+    if missing:
+        raise SystemExit(f"the overview needs tables that are not there: {'; '.join(missing)}")
     rows = (zero_rows(measures_dir) + ratio_rows(measures_dir) + pressure_rows(pressure_dir) + probe_rows(probes)
             + finetune_rows(finetune, powered))
     return pd.DataFrame([asdict(r) for r in rows])

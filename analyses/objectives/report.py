@@ -44,6 +44,7 @@ from analyses.objectives.figures import write_curves_lr1e4, write_curves_seed_re
 
 
 Collected = tuple[pd.DataFrame, pd.DataFrame]  # grid.collect's (curves, finals) of one regime's runs
+NO_RUNS = ["model", "arm", "task", "seed", "run_id", "auc", "test"]  # the columns of a regime with no finished run
 
 
 def read_runs(regime_dir: Path) -> Collected | None:
@@ -56,7 +57,7 @@ def summaries_of(regime_dir: Path, collected: Collected | None = None) -> pd.Dat
     the runs when the caller has read them already."""
     collected = collected if collected is not None else read_runs(regime_dir)
     if collected is None:
-        return pd.DataFrame(columns=["model", "arm", "task", "seed", "run_id", "auc", "test"])
+        return pd.DataFrame(columns=NO_RUNS)
     return run_summaries(regime_dir, collected)
 
 
@@ -142,7 +143,7 @@ def seed_regime_summaries(out: Path, steps: int, collected: Collected | None = N
     regime = out / "seed-regime"
     collected = collected if collected is not None else read_runs(regime)
     if collected is None:
-        return summaries_of(regime, None), []
+        return pd.DataFrame(columns=NO_RUNS), []
     stray = off_schedule(regime, steps, collected[0])
     summaries = summaries_of(regime, collected)
     return (summaries[~summaries.run_id.isin(stray)] if not summaries.empty else summaries), stray

@@ -105,3 +105,8 @@ def test_the_results_page_carries_the_committed_overview_verbatim():
         pytest.skip("figures/objectives/overview.md is not committed yet")
     page = (overview.ROOT / "docs/results/objectives.md").read_text()
     assert (COMMITTED / "overview.md").read_text().rstrip("\n") in page
+
+
+def test_a_missing_source_table_is_named_with_the_target_that_writes_it(tmp_path):
+    with pytest.raises(SystemExit, match=r"not there: .*pressure\.csv \(make -C analyses objectives-pressure\)"):
+        overview.overview(pressure_dir=tmp_path)

@@ -11,28 +11,17 @@ device (no weight memory).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
 
 import torch
 from torch import nn
 
 
-@contextlib.contextmanager
-def parameters_on_meta() -> Iterator[None]:
-    """Inside the block every parameter a module registers is moved to the meta device as it is registered;
-    buffers are computed as usual. The original ``register_parameter`` comes back in ``finally``."""
-    original = nn.Module.register_parameter
+def parameters_on_meta() -> contextlib.AbstractContextManager:
+    """Inside the block every parameter a module registers lives on the meta device; buffers are computed as usual
+    (accelerate's ``init_empty_weights(include_buffers=False)``, which restores ``register_parameter`` on exit)."""
+    from accelerate import init_empty_weights
 
-    def register(module: nn.Module, name: str, param: nn.Parameter | None) -> None:
-        original(module, name, param)
-        if param is not None:
-            module._parameters[name] = nn.Parameter(param.to("meta"), requires_grad=param.requires_grad)
-
-    nn.Module.register_parameter = register
-    try:
-        yield
-    finally:
-        nn.Module.register_parameter = original
+    return init_empty_weights(include_buffers=False)
 
 
 def non_persistent_buffers(model: nn.Module) -> list[str]:
