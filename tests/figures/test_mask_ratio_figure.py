@@ -20,7 +20,8 @@ from figure_layout import assert_clean_layout  # noqa: E402
 from gradflow import schema  # noqa: E402
 from gradflow.cli.main import main  # noqa: E402
 from gradflow.figures import report  # noqa: E402
-from gradflow.figures.mask_ratio import LATEX_INTERVAL_BINS, layer_colors, mask_ratio_lines  # noqa: E402
+from gradflow.figures.mask_ratio import layer_colors, mask_ratio_lines  # noqa: E402
+from gradflow.figures.mask_ratio_text import LATEX_INTERVAL_BINS  # noqa: E402
 from gradflow.figures.style import gradflow_style  # noqa: E402
 from gradflow.formatting import fixed_column  # noqa: E402
 from synthetic_runs import write_run  # noqa: E402

@@ -33,14 +33,8 @@ from gradflow.analysis import (
 from gradflow.analysis.atlas import last_block_sharing, shared_context_shares
 from gradflow.figures import canvas
 from gradflow.figures.comparison import comparison_last_block, comparison_profiles, comparison_ratios
-from gradflow.figures.mask_ratio import (
-    MASK_RATIO_FIGURE,
-    MASK_RATIO_TABLE,
-    mask_ratio_latex,
-    mask_ratio_lines,
-    mask_ratio_section,
-    mask_ratio_tables,
-)
+from gradflow.figures.mask_ratio import MASK_RATIO_FIGURE, MASK_RATIO_TABLE, mask_ratio_lines, mask_ratio_tables
+from gradflow.figures.mask_ratio_text import mask_ratio_latex, mask_ratio_section
 from gradflow.figures.pressure import PRESSURE_FIGURE, pressure_bars, pressure_csv, pressure_section, pressure_tables
 from gradflow.figures.profiles import depth_profile, distribution_ranges, ratio_heatmap
 from gradflow.figures.report_tables import (
