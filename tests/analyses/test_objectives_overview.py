@@ -1,5 +1,7 @@
 """analyses.objectives.overview: issue 52's per-objective table is rewritten from the committed tables of Parts 1-4,
-and each of its numbers is the one its own table gives (exact-zero sets, probe verdicts, the families' contrasts)."""
+and each of its numbers is the one its own table gives (exact-zero sets, probe verdicts, the families' contrasts).
+Issue 59: a model that did not leave the unigram stage (by the committed pretraining curves, not by its name) has
+every cell marked and no bold contrast; a model that learned keeps its bold."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import pandas as pd
 import pytest
 
 from analyses.objectives import measures, overview
-from analyses.objectives.overview import Row, cell
+from analyses.objectives.overview import UNLEARNED, Row, cell
 
 COMMITTED = overview.OUT
 MODEL = {label: model for model, label in overview.LABELS.items()}
@@ -34,7 +36,7 @@ def test_the_committed_overview_is_rewritten_from_the_committed_tables(tmp_path)
     assert list(fresh.columns) == list(kept.columns) and len(fresh) == len(kept)
     for column in ("mean", "ci_low", "ci_high", "p_holm"):
         assert np.allclose(fresh[column], kept[column], rtol=1e-9, atol=0, equal_nan=True), column
-    for column in ("part", "measure", "model", "text"):
+    for column in ("part", "measure", "model", "text", "learned"):
         assert fresh[column].fillna("").tolist() == kept[column].fillna("").tolist(), column
 
 
@@ -110,3 +112,85 @@ def test_the_results_page_carries_the_committed_overview_verbatim():
 def test_a_missing_source_table_is_named_with_the_target_that_writes_it(tmp_path):
     with pytest.raises(SystemExit, match=r"not there: .*pressure\.csv \(make -C analyses objectives-pressure\)"):
         overview.overview(pressure_dir=tmp_path)
+
+
+# ---------------------------------------------------------------------- issue 59: a model that did not learn
+DIAGNOSTICS = overview.ROOT / "figures/objectives/diagnostics"
+
+
+def test_only_the_diffusion_member_did_not_leave_the_unigram_stage():
+    stage = overview.stages()
+    assert {label: s.learned for label, s in stage.items()} == {"mini-en": True, "twin": True, "mask40": True,
+                                                                "diffusion": False}
+    assert math.isclose(stage["diffusion"].last_top1, 0.0540083, abs_tol=1e-7) and stage["diffusion"].last_step == 3059
+    table = pd.read_csv(COMMITTED / "overview.csv")
+    assert table.groupby("model").learned.agg(lambda v: set(v)).to_dict() == {
+        "mini-en": {True}, "twin": {True}, "mask40": {True}, "diffusion": {False}}
+
+
+def test_the_rule_sorts_the_committed_diagnostics_as_the_results_page_does():
+    """Plan deviation 1's 450-step runs: the all-[MASK] corruptions stay at the unigram stage, the two with kept
+    tokens leave it; ``LEFT_UNIGRAM_TOP1`` puts every committed run on the side the page states."""
+    runs = [pd.read_json(path, typ="series") for path in sorted(DIAGNOSTICS.glob("*.json"))]
+    assert len(runs) == 12
+    for run in runs:
+        left = run.valid_top1 > overview.LEFT_UNIGRAM_TOP1
+        assert left == (run.variant in ("mlm15", "maskkept15")), (run.variant, run.seed, run.valid_top1)
+
+
+def test_a_significant_contrast_is_bold_only_for_a_model_that_learned():
+    row = Row("3", "lr 1e-4, brown-pos: drop1 - full (AUC)", "diffusion", 0.2058, 0.1619, 0.2497, p_holm=2.6e-05,
+              digits=4)
+    assert cell(row, learned=True) == "**+0.2058** [+0.1619, +0.2497]"
+    assert cell(row, learned=False) == f"+0.2058{UNLEARNED} [+0.1619, +0.2497]"
+    assert cell(Row("2", "probe brown-pos: verdict", "diffusion", text="drop"), learned=False) == f"drop{UNLEARNED}"
+    assert cell(Row("1", "context / loss ratio, layer 6", "diffusion", 0.0, 0.0, 0.0), False) == f"0{UNLEARNED} (exact)"
+
+
+def test_the_committed_table_marks_every_diffusion_cell_and_bolds_none():
+    lines = (COMMITTED / "overview.md").read_text().splitlines()
+    heading, rows = lines[0].split(" | "), [line.split(" | ") for line in lines[2:] if line.startswith("| ")]
+    assert heading[-1].rstrip(" |").endswith(UNLEARNED) and not any(UNLEARNED in h for h in heading[:-1])
+    table = pd.read_csv(COMMITTED / "overview.csv")
+    significant = table[table.p_holm < 0.05]
+    assert set(significant.model) == {"mini-en", "twin", "mask40", "diffusion"}  # each has a contrast to bold or not
+    assert len(significant[significant.model == "diffusion"]) == 4
+    for cells in rows:
+        diffusion = cells[-1].rstrip(" |")
+        assert UNLEARNED in diffusion and "**" not in diffusion, cells
+        assert not any(UNLEARNED in c for c in cells[:-1]), cells
+    bold = sum(c.count("**") // 2 for cells in rows for c in cells[2:-1])
+    assert bold == len(significant[significant.model != "diffusion"])  # every learned model's significant contrast
+    footnote = next(line for line in lines if line.startswith(UNLEARNED))
+    assert "gradflow-mini-en-diffusion did not leave the unigram stage" in footnote
+    assert "0.060 at its first evaluation (step 450) and 0.054 at its last (step 3,059), not above 0.10" in footnote
+
+
+def test_the_mark_follows_the_curves_not_the_name(tmp_path):
+    """Swap the last top-1 of mask40 and the diffusion member in a copy of the curves: mask40's column is marked and
+    loses its bold, the diffusion member's significant contrasts become bold."""
+    curves = pd.read_csv(overview.CURVES)
+    last = curves.dropna(subset=["valid_top1"]).groupby("model").step.idxmax()
+    a, b = last["gradflow-mini-en-mask40"], last["gradflow-mini-en-diffusion"]
+    curves.loc[[a, b], "valid_top1"] = curves.loc[[b, a], "valid_top1"].to_numpy()
+    curves.to_csv(tmp_path / "curves.csv", index=False)
+    overview.write_overview(tmp_path, curves=tmp_path / "curves.csv")
+    lines = (tmp_path / "overview.md").read_text().splitlines()
+    drop1 = next(line for line in lines if line.startswith("| 3 | lr 1e-4, brown-pos: drop1")).split(" | ")
+    assert drop1[4] == f"-0.0101{UNLEARNED} [-0.0125, -0.0077]" and drop1[5].startswith("**+0.2058** [")
+    assert "gradflow-mini-en-mask40 did not leave the unigram stage" in (tmp_path / "overview.md").read_text()
+
+
+def test_the_masked_diffusion_guide_states_the_member_s_stage_from_the_curves():
+    """Where a diffusion user lands: the member's stage, its top-1 as the committed curves give it, and a link to
+    the results page, before the guide's first section."""
+    guide = (overview.ROOT / "docs/guides/masked-diffusion.md").read_text()
+    top = guide[: guide.index("\n## ")]
+    stage = overview.stages()
+    diffusion, mini = stage["diffusion"], stage["mini-en"]
+    assert not diffusion.learned and "did not leave the unigram stage" in top
+    assert (f"{diffusion.last_top1:.3f} after {diffusion.last_step:,} steps, {diffusion.first_top1:.3f} at its first "
+            f"evaluation (step {diffusion.first_step:,})") in " ".join(top.split())
+    assert f"against {mini.last_top1:.3f} for `gradflow-mini-en`" in " ".join(top.split())
+    assert "(../results/objectives.md#the-models-and-their-training-budget)" in top and "issue 60" in top
+    assert "is the subject of issue 52" not in guide
