@@ -37,6 +37,14 @@ BAD = [
     (RECORD + ["--mask-split", "0.8,0.2"], "--mask-split", "three comma-separated", "0.8,0.2"),
     (RECORD + ["--mask-split", "1.2,-0.1,-0.1"], "--mask-split", "non-negative", "1.2,-0.1,-0.1"),
     (RECORD + ["--mask-split", "a,b,c"], "--mask-split", "fractions", "a,b,c"),
+    (RECORD + ["--mask-split", "0.8,0.3,-0.1"], "--mask-split", "non-negative", "-0.1 (the 3rd value) is not >= 0"),
+    (RECORD + ["--mask-split", "0.8,0.1,0.2"], "--mask-split", "summing to 1", "'0.8,0.1,0.2': they sum to 1.1"),
+    (RECORD + ["--mask-split", "0.8,0.2"], "--mask-split", "three comma-separated", "'0.8,0.2': it has 2 values"),
+    (RECORD + ["--mask-ratios", "0.1,0,0.9"], "--mask-ratios", "in (0, 1]", "0 (the 2nd value) is not in (0, 1]"),
+    (RECORD + ["--mask-ratios", "0.5,1.5"], "--mask-ratios", "in (0, 1]", "1.5 (the 2nd value) is not in (0, 1]"),
+    (RECORD + ["--mask-ratios", "0.5,,0.9"], "--mask-ratios", "numbers", "'' (the 2nd value) is not a number"),
+    (RECORD + ["--mask-ratios", "half"], "--mask-ratios", "numbers", "'half' (the 1st value) is not a number"),
+    (RECORD + ["--mask-ratio", "0"], "--mask-ratio", "in (0, 1]", "got 0"),
     (["demo", "--out", "OUT", "--limit", "0"], "--limit", ">= 1", "got 0"),
     (DIAGNOSE + ["--batch-size", "0"], "--batch-size", ">= 1", "got 0"),
     (DIAGNOSE + ["--max-length", "-5"], "--max-length", ">= 1", "got -5"),
@@ -58,7 +66,8 @@ BAD = [
     (FINETUNE + ["--reinit-last", "-2"], "--reinit-last", ">= 0", "got -2"),
     (FINETUNE + ["--train-limit", "0"], "--train-limit", ">= 1", "got 0"),
     (FINETUNE + ["--eval-limit", "0"], "--eval-limit", ">= 1", "got 0"),
-    (FINETUNE + ["--class-weights", "1,-2"], "--class-weights", "non-negative numbers", "1,-2"),
+    (FINETUNE + ["--class-weights", "1,-2"], "--class-weights", "non-negative numbers", "-2 (the 2nd value) is not >= 0"),
+    (FINETUNE + ["--class-weights", "1,2,3,4,5,6,7,8,9,10,x"], "--class-weights", "numbers", "'x' (the 11th value)"),
     (FINETUNE + ["--class-weights", "heavy"], "--class-weights", "balanced", "heavy"),
 ]
 
@@ -86,6 +95,14 @@ def test_mask_rate_message_says_what_the_option_means(capsys, tmp_path):
     line = _one_line_error(capsys, ["record", "--out", str(tmp_path / "o"), "--mask-rate", "1.5"])
     assert line == ("gradflow: error: --mask-rate must be in (0, 1] (bert and span: the fraction of maskable "
                     "tokens selected for the loss), got 1.5")
+
+
+def test_a_bad_value_in_a_list_option_is_named_with_its_place_and_the_range(capsys, tmp_path):
+    """Issue 59: ``--mask-ratios 0.1,0,0.9`` did not say which value was wrong."""
+    line = _one_line_error(capsys, ["record", "--out", str(tmp_path / "o"), "--objective", "diffusion",
+                                    "--mask-ratios", "0.1,0,0.9"])
+    assert line == ("gradflow: error: --mask-ratios must be comma-separated numbers in (0, 1] (masking ratios t), "
+                    "got '0.1,0,0.9': 0 (the 2nd value) is not in (0, 1]")
 
 
 def test_help_lists_every_command(capsys):

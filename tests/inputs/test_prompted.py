@@ -102,3 +102,50 @@ def test_record_cli_sft_run_and_its_refusals(tmp_path, capsys, tiny_mlm_dir):
     assert err.endswith("line 2: no string \"response\" field; each line must be a JSON object with string "
                         "\"prompt\" and \"response\" fields (choose the names with --prompt-field and "
                         "--response-field).") and "\n" not in err
+
+
+# ------------------------------------------------------------------------ a prompt/response file without --prompt-field
+LONG = "word " * 14_000  # over LONG_LINE_BYTES: the record is scanned as it streams in, not parsed whole
+
+
+@pytest.mark.parametrize("record, hint", [
+    ({"prompt": "a", "response": "b"}, "its string fields are \"prompt\", \"response\": if it is a prompt/response "
+     "corpus for supervised fine-tuning, record it with --prompt-field prompt --response-field response"),
+    ({"id": 7, "Instruction": "a", "input": "b", "output": "c"}, "--prompt-field Instruction --response-field output"),
+    ({"answer": "a", "question": "b"}, "--prompt-field question --response-field answer"),
+    ({"answer": "a", "context": "b"}, "--prompt-field context --response-field answer"),
+    ({"q text": "a", "reply": "b"}, "--prompt-field 'q text' --response-field reply"),
+    ({"a": "x", "b": "y", "c": "z"}, "its string fields are \"a\", \"b\", \"c\": a plain .jsonl corpus reads each "
+     "line's text from a string \"text\" field, and a prompt/response corpus is recorded with --prompt-field NAME "
+     "--response-field NAME"),
+    ({"body": "a", "n": 3}, "its only string field is \"body\": a plain .jsonl corpus reads each line's text from a "
+     "string \"text\" field (rename the field)."),
+    ({"text": 3}, "no string \"text\" field. Each line of a .jsonl corpus must be an object with a \"text\" field."),
+], ids=["prompt and response", "instruction, input and output", "question after its answer",
+        "two fields, one an answer", "a name to quote", "three unnamed fields", "one string field", "no string field"])
+@pytest.mark.parametrize("long", [False, True], ids=["a short record", "a long record"])
+def test_a_record_without_text_names_what_it_has(tmp_path, record, hint, long):
+    if long:  # the longest string field grows past LONG_LINE_BYTES
+        key = max((k for k, v in record.items() if isinstance(v, str)), key=lambda k: len(record[k]), default=None)
+        record = {**record, key: LONG} if key else {**record, "padding": [LONG]}
+    path = _corpus(tmp_path, [record])
+    with pytest.raises(CorpusError) as err:
+        list(read_documents(path))
+    message = str(err.value)
+    assert message.startswith(f"{path}, line 1: no string \"text\" field") and hint in message and "\n" not in message
+
+
+def test_a_prompt_response_file_without_prompt_field_is_refused_with_the_flags_that_record_it(tmp_path, capsys,
+                                                                                                 tiny_mlm_dir):
+    path = _corpus(tmp_path, [{"prompt": p, "response": r} for p, r in PAIRS])
+    argv = ["record", "--model", str(tiny_mlm_dir), "--texts", str(path), "--quiet", "--max-length", "64"]
+    assert main([*argv, "--out", str(tmp_path / "plain")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "Traceback" not in err
+    assert err == (f"gradflow: error: {path}, line 1: no string \"text\" field; its string fields are \"prompt\", "
+                   "\"response\": if it is a prompt/response corpus for supervised fine-tuning, record it with "
+                   "--prompt-field prompt --response-field response (gradflow record; the prompt is never masked), "
+                   "else a plain .jsonl corpus reads each line's text from a string \"text\" field.")
+    flags = err.split("record it with ")[1].split(" (gradflow record")[0].split()
+    assert main([*argv, *flags, "--out", str(tmp_path / "sft")]) == 0  # the flags it names record the file
+    assert json.loads((tmp_path / "sft" / "meta.json").read_text())["counts"]["windows"] == len(PAIRS)

@@ -5,6 +5,7 @@ one sentence without --trust-remote-code, runs not at all then, and loads throug
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import pytest
@@ -12,9 +13,10 @@ import torch
 from transformers import BertConfig, BertForPreTraining
 
 from conftest import build_tiny_mlm_dir
+from gradflow.cli.main import main
 from gradflow.errors import ModelLoadError
 from gradflow.models import load_model
-from models.remote_code.tiny_remote import build_dream_tiny, build_llada_tiny
+from models.remote_code.tiny_remote import build_dream_tiny, build_llada_tiny, build_unknown_type_tiny
 
 
 def test_unused_heads_in_the_checkpoint_print_nothing(tmp_path, capfd):
@@ -90,3 +92,61 @@ def test_auto_map_of_a_type_transformers_knows_needs_no_flag(tmp_path):
     (path / "config.json").write_text(json.dumps({**config, "auto_map": {
         "AutoModelForMaskedLM": "modeling_absent.AbsentForMaskedLM"}}))
     assert type(load_model(str(path)).model).__name__ == "BertForMaskedLM"
+
+
+# ------------------------------------------------------- an unknown remote-code type: every flag in one refusal (issue 59)
+@pytest.fixture(scope="module")
+def unknown_type_dir(tmp_path_factory):
+    return build_unknown_type_tiny(tmp_path_factory.mktemp("unknown") / "tinydiff_remote")
+
+
+def test_the_remote_code_refusal_names_what_the_files_tell_without_running_code(unknown_type_dir, tmp_path,
+                                                                                 monkeypatch):
+    log = tmp_path / "ran.log"
+    monkeypatch.setenv("GRADFLOW_TEST_REMOTE_CODE_LOG", str(log))
+    with pytest.raises(ModelLoadError) as err:
+        load_model(str(unknown_type_dir), max_length=128)
+    assert str(err.value) == (
+        f"{str(unknown_type_dir)!r} ships its own model code (configuration_dream.py, modeling_dream.py), which "
+        "gradflow runs only with --trust-remote-code (trust_remote_code=True): review that code, then pass the flag; "
+        "its files also say that model_type 'tinydiff' has no gradflow adapter (the generic one, discovered from its "
+        "modules, is --adapter auto) and that it accepts 64 positions, fewer than --max-length 128: after the review, "
+        "run it again with --trust-remote-code --adapter auto --max-length 64.")
+    for kept, absent in [({"max_length": 64}, "--max-length"), ({}, "--max-length"),
+                         ({"adapter": "auto", "max_length": 128}, "--adapter auto")]:
+        with pytest.raises(ModelLoadError) as err:
+            load_model(str(unknown_type_dir), **kept)
+        assert absent not in str(err.value).split("review that code")[1]  # a window that fits, or a flag given
+    assert not log.exists()  # reading config.json and tokenizer_config.json ran none of its code
+    with pytest.raises(ModelLoadError) as err:
+        load_model(str(unknown_type_dir), trust_remote_code=True, max_length=128)
+    assert str(err.value).endswith("A model without an adapter may be recorded with the generic one, discovered "
+                                   "from its modules: pass --adapter auto; its files also say that it accepts 64 "
+                                   "positions, fewer than --max-length 128: run it again with --trust-remote-code "
+                                   "--adapter auto --max-length 64.")
+
+
+NEXT = re.compile(r"run it again with (--[^:;]*)\.$|pass (--max-length \d+) or less\.$")
+
+
+@pytest.mark.parametrize("given", [
+    pytest.param([], id="no flag"),
+    pytest.param(["--trust-remote-code"], id="trusting its code"),
+    pytest.param(["--trust-remote-code", "--adapter", "auto"], id="trusting its code with the generic adapter",
+                 marks=pytest.mark.slow),  # 1.6 s: the refusal comes after loading
+])
+def test_an_unknown_remote_code_type_records_at_the_second_run(unknown_type_dir, tiny_corpus, tmp_path, capsys, given):
+    """Issue 59: such a checkpoint took four runs, one refusal each; now the first refusal, wherever one starts,
+    names every flag still missing, and the command with them records."""
+    argv = ["record", "--model", str(unknown_type_dir), "--texts", str(tiny_corpus), "--limit", "2", "--quiet"]
+    assert main([*argv, *given, "--out", str(tmp_path / "first")]) == 2
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("gradflow: error:")]
+    assert len(errors) == 1 and "Traceback" not in err
+    found = NEXT.search(errors[0])
+    assert found, errors[0]
+    flags = (found.group(1) or found.group(2)).split()
+    assert set(flags) >= {"--max-length", "64"} and (given or {"--trust-remote-code", "--adapter", "auto"} <= set(flags))
+    again = [*given, *flags] if found.group(2) else flags
+    assert main([*argv, *again, "--out", str(tmp_path / "second")]) == 0
+    assert json.loads((tmp_path / "second" / "meta.json").read_text())["counts"]["windows"] == 2

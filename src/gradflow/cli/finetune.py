@@ -21,8 +21,8 @@ from gradflow.cli.options import (
     add_number,
     add_seed,
     describe,
+    number_list,
 )
-from gradflow.errors import UsageError
 from gradflow.inputs.tasks import BUILTIN_TASKS
 from gradflow.interventions.finetune.data import CLASS_WEIGHT_SCHEMES
 from gradflow.interventions.finetune.train import FinetuneConfig
@@ -84,13 +84,7 @@ def class_weights(text: str) -> str | tuple[float, ...]:
     if text in CLASS_WEIGHT_SCHEMES:
         return text
     expected = f"{' or '.join(CLASS_WEIGHT_SCHEMES)} or comma-separated non-negative numbers, one per label"
-    try:
-        weights = tuple(float(x) for x in text.split(","))
-    except ValueError:
-        raise UsageError(f"--class-weights must be {expected}, got {text!r}") from None
-    if any(w not in NON_NEGATIVE for w in weights):
-        raise UsageError(f"--class-weights must be {expected}, got {text!r}")
-    return weights
+    return number_list("--class-weights", expected, text, NON_NEGATIVE)
 
 
 def run(args: argparse.Namespace, argv: Sequence[str]) -> int:

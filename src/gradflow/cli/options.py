@@ -318,29 +318,43 @@ def add_objective(parser: argparse.ArgumentParser) -> None:
                              "the token at p + 1, so p carries that token's loss")
 
 
+def _ordinal(n: int) -> str:
+    """1st, 2nd, 3rd, 4th, ..., 11th, 12th, 13th, ..., 21st."""
+    suffix = "th" if n % 100 in (11, 12, 13) else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
+def number_list(flag: str, expected: str, text: str, bound: Bound) -> tuple[float, ...]:
+    """Comma-separated numbers, each in ``bound``; the error (``flag`` must be ``expected``, got ``text``) names the
+    first value that is not a number or not in ``bound``, and its place in the list."""
+    values = []
+    for place, item in enumerate(text.split(","), 1):
+        ordinal = f"the {_ordinal(place)} value"
+        try:
+            value = float(item)
+        except ValueError:
+            raise UsageError(f"{flag} must be {expected}, got {text!r}: {item.strip()!r} ({ordinal}) is not a "
+                             "number") from None
+        if value not in bound:
+            raise UsageError(f"{flag} must be {expected}, got {text!r}: {item.strip()} ({ordinal}) is not {bound}")
+        values.append(value)
+    return tuple(values)
+
+
 def mask_split(text: str) -> tuple[float, float, float]:
     """``--mask-split``: three non-negative fractions (mask, random, kept) summing to 1."""
     expected = "three comma-separated non-negative fractions (mask,random,kept) summing to 1"
-    try:
-        parts = tuple(float(x) for x in text.split(","))
-    except ValueError:
-        raise UsageError(f"--mask-split must be {expected}, got {text!r}") from None
-    if len(parts) != 3 or any(p not in NON_NEGATIVE for p in parts) or abs(sum(parts) - 1) > 1e-6:
-        raise UsageError(f"--mask-split must be {expected}, got {text!r}")
+    parts = number_list("--mask-split", expected, text, NON_NEGATIVE)
+    if len(parts) != 3:
+        raise UsageError(f"--mask-split must be {expected}, got {text!r}: it has {len(parts)} value{'s' * (len(parts) != 1)}")
+    if abs(sum(parts) - 1) > 1e-6:
+        raise UsageError(f"--mask-split must be {expected}, got {text!r}: they sum to {sum(parts):.6g}")
     return parts  # type: ignore[return-value]
 
 
 def ratio_grid(text: str) -> tuple[float, ...]:
     """``--mask-ratios``: comma-separated ratios, each in (0, 1]."""
-    try:
-        values = tuple(float(x) for x in text.split(","))
-    except ValueError:
-        raise UsageError(f"--mask-ratios must be comma-separated numbers in (0, 1] (masking ratios t), "
-                         f"got {text!r}") from None
-    bad = [v for v in values if v not in FRACTION]
-    if bad:
-        raise UsageError(f"--mask-ratios must be comma-separated numbers in (0, 1] (masking ratios t), got {text!r}")
-    return values
+    return number_list("--mask-ratios", "comma-separated numbers in (0, 1] (masking ratios t)", text, FRACTION)
 
 
 def objective_from_args(args: argparse.Namespace):

@@ -27,7 +27,7 @@ from typing import TypeVar
 
 from gradflow.errors import CorpusError
 from gradflow.inputs import streaming
-from gradflow.inputs.jsonl_text import record_text
+from gradflow.inputs.jsonl_text import no_text_field, record_text
 from gradflow.inputs.prompted import PromptFields, prompted_encoding, prompted_records
 from gradflow.inputs.streaming import LongLine, file_chunks, piece_windows, read_lines, streamable, text_pieces
 
@@ -117,8 +117,8 @@ def _text_documents(lines: Iterable[tuple[int, str | LongLine]], source: str,
                 raise CorpusError(f"{source}, line {number}: not valid JSON ({getattr(err, 'msg', err)}). Each "
                                   "line of a .jsonl corpus must be an object with a \"text\" field.") from None
             if not isinstance(record, dict) or not isinstance(record.get("text"), str):
-                raise CorpusError(f"{source}, line {number}: no string \"text\" field. Each line of a .jsonl "
-                                  "corpus must be an object with a \"text\" field.")
+                strings = [k for k, v in record.items() if isinstance(v, str)] if isinstance(record, dict) else []
+                raise no_text_field(f"{source}, line {number}", strings)
             text = record["text"]
             if not text.strip():
                 continue

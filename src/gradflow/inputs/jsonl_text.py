@@ -10,7 +10,9 @@ record's top-level ``"text"`` field in chunks whose concatenation is ``json.load
   so an escape cut by a read boundary is completed from the next piece before it is decoded;
 - every other value (strings, numbers, literals, nested arrays and objects, at any depth) is checked
   and skipped without being held; a record that ``json.loads`` refuses is refused (a
-  :class:`~gradflow.errors.CorpusError` naming the line), and so is one with no string ``"text"``.
+  :class:`~gradflow.errors.CorpusError` naming the line), and so is one with no string ``"text"``
+  (:func:`no_text_field`: when the record's string fields look like a prompt/response pair, the error names the
+  ``--prompt-field``/``--response-field`` flags that record it as one).
 
 One difference from ``json.loads``: a record whose string ``"text"`` is followed by another
 ``"text"`` key is refused (``json.loads`` keeps the last one; the first has been streamed by then).
@@ -22,7 +24,8 @@ reads the next line.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator
+import shlex
+from collections.abc import Iterable, Iterator, Sequence
 from json.decoder import scanstring
 
 from gradflow.errors import CorpusError
@@ -44,9 +47,56 @@ def _format_error(where: str, what: str) -> CorpusError:
                        "with a \"text\" field.")
 
 
-def _no_text(where: str) -> CorpusError:
-    return CorpusError(f"{where}: no string \"text\" field. Each line of a .jsonl corpus must be an object "
-                       "with a \"text\" field.")
+PROMPT_NAMES = ("prompt", "instruction", "question", "query", "input", "source")
+"""Field names of prompt/response corpora that hold the prompt (the error of a record without ``"text"`` says so)."""
+RESPONSE_NAMES = ("response", "output", "answer", "completion", "target", "chosen")
+"""Field names of prompt/response corpora that hold the response."""
+SHOWN_FIELDS = 6
+"""The most string fields the error names."""
+
+
+def prompt_response_pair(string_fields: Sequence[str]) -> tuple[str, str] | None:
+    """(prompt field, response field) of a record whose string fields look like a prompt/response pair, or None.
+
+    The first of :data:`PROMPT_NAMES` and of :data:`RESPONSE_NAMES` the record has (any case); failing that, a
+    record of exactly two string fields is a pair: the one named like a prompt or a response takes that part, else
+    the first is the prompt.
+    """
+    lower = {name.lower(): name for name in reversed(string_fields)}  # the first spelling of each name wins
+    prompt = next((lower[n] for n in PROMPT_NAMES if n in lower), None)
+    response = next((lower[n] for n in RESPONSE_NAMES if n in lower), None)
+    if prompt is not None and response is not None:
+        return prompt, response
+    if len(string_fields) != 2:
+        return None
+    first, second = string_fields
+    return (second, first) if response == first or prompt == second else (first, second)
+
+
+def no_text_field(where: str, string_fields: Sequence[str] = ()) -> CorpusError:
+    """The error of a ``.jsonl`` record (``where``: file and line) with no string ``"text"`` field.
+
+    ``string_fields``: the record's top-level fields with string values, in order. When they look like a
+    prompt/response pair (:func:`prompt_response_pair`) the error says so and names the flags that record the file
+    as a prompt/response corpus; otherwise it names the string fields there are.
+    """
+    head = f"{where}: no string \"text\" field"
+    plain = "a plain .jsonl corpus reads each line's text from a string \"text\" field"
+    quoted = ", ".join(f'"{name}"' for name in string_fields[:SHOWN_FIELDS])
+    if len(string_fields) > SHOWN_FIELDS:
+        quoted += f" and {len(string_fields) - SHOWN_FIELDS} more"
+    pair = prompt_response_pair(string_fields)
+    if pair is not None:
+        prompt, response = (shlex.quote(name) for name in pair)
+        return CorpusError(f"{head}; its string fields are {quoted}: if it is a prompt/response corpus for "
+                           f"supervised fine-tuning, record it with --prompt-field {prompt} --response-field "
+                           f"{response} (gradflow record; the prompt is never masked), else {plain}.")
+    if len(string_fields) > 1:
+        return CorpusError(f"{head}; its string fields are {quoted}: {plain}, and a prompt/response corpus is "
+                           "recorded with --prompt-field NAME --response-field NAME (gradflow record).")
+    if string_fields:
+        return CorpusError(f"{head}; its only string field is {quoted}: {plain} (rename the field).")
+    return CorpusError(f"{head}. Each line of a .jsonl corpus must be an object with a \"text\" field.")
 
 
 def _ends_in_high_surrogate(s: str, start: int, end: int) -> bool:
@@ -175,9 +225,10 @@ def record_text(pieces: Iterable[str], where: str) -> Iterator[str]:
     scan = _Scanner(pieces, where)
     if scan.peek() != "{":  # a value that is not an object (checked first, as json.loads does) has no text
         scan.skip_value()
-        raise _no_text(where) if scan.peek() == "" else _format_error(where, "more after the end of the value")
+        raise no_text_field(where) if scan.peek() == "" else _format_error(where, "more after the end of the value")
     scan.pos += 1
     found = False
+    strings: list[str] = []  # the other top-level fields with string values, for the error without "text"
     if scan.peek() == "}":
         scan.pos += 1
     else:
@@ -190,13 +241,15 @@ def record_text(pieces: Iterable[str], where: str) -> Iterator[str]:
                 found = True
                 yield from scan.string()
             else:
+                if scan.peek() == '"' and name not in strings:
+                    strings.append(name)
                 scan.skip_value()
             if scan.take(",}") == "}":
                 break
     if scan.peek() != "":
         raise _format_error(where, "more after the end of the object")
     if not found:
-        raise _no_text(where)
+        raise no_text_field(where, strings)
 
 
-__all__ = ["ESCAPE_CHARS", "record_text"]
+__all__ = ["ESCAPE_CHARS", "PROMPT_NAMES", "RESPONSE_NAMES", "no_text_field", "prompt_response_pair", "record_text"]

@@ -23,7 +23,15 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from gradflow.adapters import ADAPTER_CHOICES, Adapter, UnsupportedArchitectureError, adapter_for, discover_adapter
+from gradflow.adapters import (
+    ADAPTER_CHOICES,
+    Adapter,
+    UnsupportedArchitectureError,
+    adapter_for,
+    discover_adapter,
+    registered_family,
+)
+from gradflow.adapters.refusals import refusal
 from gradflow.errors import ModelLoadError
 from gradflow.models import zoo
 from gradflow.models.buffers import non_persistent_buffers, rebuild_non_persistent_buffers
@@ -51,17 +59,24 @@ class LoadedModel:
 
     def max_positions(self) -> int:
         """Longest input (tokens, special tokens included) the model accepts."""
-        limit = getattr(self.tokenizer, "model_max_length", None)
-        config_limit = getattr(self.model.config, "max_position_embeddings", None)
-        if limit is not None and limit < 1_000_000:
-            return int(min(limit, config_limit)) if config_limit else int(limit)
-        return int(config_limit) if config_limit else 512
+        return position_limit(getattr(self.tokenizer, "model_max_length", None),
+                              getattr(self.model.config, "max_position_embeddings", None))
 
     def tokenizer_info(self) -> dict:
         """Name, vocabulary size and a hash of the vocabulary (for comparing runs per token)."""
         vocab = self.tokenizer.get_vocab()
         digest = hashlib.sha256(json.dumps(sorted(vocab.items()), ensure_ascii=False).encode()).hexdigest()[:16]
         return {"name_or_path": self.path, "vocab_size": len(self.tokenizer), "hash": digest}
+
+
+def position_limit(tokenizer_limit: object, config_limit: object) -> int:
+    """The longest input a model accepts: the tokenizer's ``model_max_length`` (unless unset: 10^6 or more) and the
+    config's ``max_position_embeddings``, the smaller of the two given; 512 when neither is."""
+    tokenizer_limit = tokenizer_limit if isinstance(tokenizer_limit, (int, float)) else None
+    config_limit = config_limit if isinstance(config_limit, (int, float)) else None
+    if tokenizer_limit is not None and tokenizer_limit < 1_000_000:
+        return int(min(tokenizer_limit, config_limit)) if config_limit else int(tokenizer_limit)
+    return int(config_limit) if config_limit else 512
 
 
 def resolve_model_path(spec: str) -> tuple[str, bool]:
@@ -83,11 +98,16 @@ def resolve_model_path(spec: str) -> tuple[str, bool]:
 
 
 def load_model(spec: str = DEFAULT_MODEL, device: str = "cpu", dtype: str = "float32",
-               trust_remote_code: bool = False, adapter: str = "registered") -> LoadedModel:
+               trust_remote_code: bool = False, adapter: str = "registered",
+               max_length: int | None = None) -> LoadedModel:
     """Load a ForMaskedLM model and its tokenizer; eval mode, on ``device``, in ``dtype``.
 
     ``adapter``: ``"registered"`` (the adapter of ``config.model_type``; refused without one) or
     ``"auto"`` (opt-in: the generic adapter discovered from the loaded model, with a notice on stderr).
+    ``max_length``: the window the caller will use (``--max-length``), or None. A local checkpoint refused for
+    its own code or for want of an adapter is refused with every flag its ``config.json`` and
+    ``tokenizer_config.json``, read as JSON, say the next run needs: ``--adapter auto`` for a ``model_type``
+    without an adapter, ``--max-length N`` when it accepts fewer positions than ``max_length``.
     """
     from transformers import AutoConfig, AutoTokenizer
     from transformers.utils import logging as hf_logging
@@ -101,8 +121,12 @@ def load_model(spec: str = DEFAULT_MODEL, device: str = "cpu", dtype: str = "flo
     path, local = resolve_model_path(spec)
     code = _checkpoint_code(path) if local else []
     if code and not trust_remote_code:
+        reasons, flags = _also_needed(path, adapter, max_length) if local else ([], [])
+        more = f"; its files also say that {' and that '.join(reasons)}" if reasons else ""
+        if flags:
+            more += f": after the review, run it again with {' '.join(['--trust-remote-code', *flags])}"
         raise ModelLoadError(f"{spec!r} ships its own model code ({', '.join(code)}), which gradflow runs only with "
-                             "--trust-remote-code (trust_remote_code=True): review that code, then pass the flag.")
+                             f"--trust-remote-code (trust_remote_code=True): review that code, then pass the flag{more}.")
     try:
         config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
     except OSError as err:
@@ -118,8 +142,15 @@ def load_model(spec: str = DEFAULT_MODEL, device: str = "cpu", dtype: str = "flo
     try:
         found = adapter_for(config) if adapter == "registered" else None
     except UnsupportedArchitectureError as err:
-        hint = "" if "does not hold" in str(err) else (" A model without an adapter may be recorded with the generic "
-                                                      "one, discovered from its modules: pass --adapter auto.")
+        hint = ""
+        if "does not hold" not in str(err):
+            reasons, flags = _also_needed(path, "auto", max_length) if local else ([], [])
+            hint = (" A model without an adapter may be recorded with the generic one, discovered from its modules: "
+                    "pass --adapter auto.")
+            if reasons:
+                given = ["--trust-remote-code"] if code else []
+                hint = (f"{hint[:-1]}; its files also say that {' and that '.join(reasons)}: run it again with "
+                        f"{' '.join([*given, '--adapter auto', *flags])}.")
         raise ModelLoadError(f"{err}{hint}") from None
     model, info, auto_model = _load_weights(spec, path, config, dtype, trust_remote_code)
     if type(model).__module__.startswith("transformers_modules"):  # remote code: its buffers (transformers#48892)
@@ -187,6 +218,39 @@ def _checkpoint_code(path: str) -> list[str]:
         return []
     refs = [r for v in auto_map.values() for r in (v if isinstance(v, (list, tuple)) else [v]) if isinstance(r, str)]
     return sorted({ref.split("--")[-1].rsplit(".", 1)[0] + ".py" for ref in refs})
+
+
+def _also_needed(path: str, adapter: str, max_length: int | None) -> tuple[list[str], list[str]]:
+    """(reasons, flags): what else a local checkpoint needs beyond the flag being asked for, read from its
+    ``config.json`` and ``tokenizer_config.json`` as JSON (none of its code runs): ``--adapter auto`` when its
+    ``model_type`` has no adapter (and ``adapter`` is not ``"auto"`` already), ``--max-length N`` when the positions
+    its files give (:func:`position_limit`, only when they give one) are fewer than ``max_length``."""
+    def read(name: str) -> dict:
+        try:
+            raw = json.loads((Path(path) / name).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return {}
+        return raw if isinstance(raw, dict) else {}
+
+    config, tokenizer = read("config.json"), read("tokenizer_config.json")
+    reasons, flags = [], []
+    kind = config.get("model_type")
+    if adapter != "auto" and isinstance(kind, str) and registered_family(kind) is None:
+        refused = refusal(kind)
+        if refused is not None and refused.startswith("does not hold"):
+            reasons.append(f"gradflow refuses model_type {kind!r} even then (see docs/mlm-coverage.md)")
+            return reasons, []
+        reasons.append(f"model_type {kind!r} has no gradflow adapter (the generic one, discovered from its modules, "
+                       "is --adapter auto)")
+        flags.append("--adapter auto")
+    given = [v for v in (tokenizer.get("model_max_length"), config.get("max_position_embeddings"))
+             if isinstance(v, int) and not isinstance(v, bool) and 0 < v < 1_000_000]
+    if max_length is not None and given:
+        limit = position_limit(tokenizer.get("model_max_length"), config.get("max_position_embeddings"))
+        if limit < max_length:
+            reasons.append(f"it accepts {limit} positions, fewer than --max-length {max_length}")
+            flags.append(f"--max-length {limit}")
+    return reasons, flags
 
 
 def _known_to_transformers(kind: object, mapping) -> bool:

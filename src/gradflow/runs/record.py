@@ -156,7 +156,8 @@ def _record_corpus(config: RecordConfig, loaded: LoadedModel | None, start: floa
         prepare_output_dir(out, config.overwrite)
     if world > 1:
         torch.distributed.barrier()
-    loaded = loaded or load_model(config.model, device, config.dtype, config.trust_remote_code, config.adapter)
+    loaded = loaded or load_model(config.model, device, config.dtype, config.trust_remote_code, config.adapter,
+                                  max_length=config.max_length)
     policy = config.policy()
     try:
         corpus = open_job(loaded, texts, policy, config.max_length, config.batch_size, limit=config.limit,

@@ -9,7 +9,8 @@ the shared sample lines:
 - LLaDA: special tokens ``<|endoftext|>``, ``<|startoftext|>`` and the mask ``<|mdm_mask|>`` appended last (as
   126336 sits near the end of LLaDA's vocabulary); the tokenizer declares no mask token (as some LLaDA tokenizer
   configs), ``config.json`` has ``mask_token_id``;
-- Dream: ``<|endoftext|>`` (pad, eos), ``<|beginoftext|>`` (bos) and ``<|mask|>``, declared as the mask token.
+- Dream: ``<|endoftext|>`` (pad, eos), ``<|beginoftext|>`` (bos) and ``<|mask|>``, declared as the mask token;
+- a model type gradflow has no adapter for (:func:`build_unknown_type_tiny`): Dream's code under another ``model_type``.
 
 Building one runs the checkpoint's code (``trust_remote_code=True``): it is how the weights are made.
 """
@@ -95,3 +96,18 @@ def build_dream_tiny(path: Path, seed: int = 0) -> Path:
               "pad_token_id": tokenizer.pad_token_id, "bos_token_id": tokenizer.bos_token_id,
               "eos_token_id": tokenizer.eos_token_id}
     return _save(path, "dream", config, tokenizer, seed)
+
+
+def build_unknown_type_tiny(path: Path, model_type: str = "tinydiff", seed: int = 0) -> Path:
+    """A Dream-shaped remote-code checkpoint whose ``model_type`` has no gradflow adapter (its config class and its
+    ``config.json`` both say ``model_type``): recorded with ``--adapter auto`` only; 64 positions (the tokenizer's
+    ``model_max_length`` and the config's ``max_position_embeddings``), fewer than ``--max-length``'s default 128."""
+    base = build_dream_tiny(path.with_name(f"{path.name}-dream"), seed)
+    shutil.copytree(base, path)
+    code = path / "configuration_dream.py"
+    text = code.read_text(encoding="utf-8")
+    assert 'model_type = "Dream"' in text
+    code.write_text(text.replace('model_type = "Dream"', f'model_type = "{model_type}"'), encoding="utf-8")
+    config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    (path / "config.json").write_text(json.dumps({**config, "model_type": model_type}, indent=2), encoding="utf-8")
+    return path
