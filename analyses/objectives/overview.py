@@ -266,8 +266,9 @@ def markdown(table: pd.DataFrame, stage: dict[str, Stage]) -> str:
 
 
 def write_overview(out: Path = OUT, **sources) -> pd.DataFrame:
-    """``out/overview.{csv,md}``; returns the table."""
+    """``out/overview.{csv,md}`` (``out`` created if missing: ``make ... OUT=new/folder``); returns the table."""
     table = overview(**sources)
+    out.mkdir(parents=True, exist_ok=True)
     table.to_csv(out / "overview.csv", index=False, float_format="%.10g")
     stage = stages(sources.get("curves", CURVES))
     (out / "overview.md").write_text(markdown(table, stage), encoding="utf-8")

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import math
 import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pandas as pd
@@ -194,3 +196,20 @@ def test_the_masked_diffusion_guide_states_the_member_s_stage_from_the_curves():
     assert f"against {mini.last_top1:.3f} for `gradflow-mini-en`" in " ".join(top.split())
     assert "(../results/objectives.md#the-models-and-their-training-budget)" in top and "issue 60" in top
     assert "is the subject of issue 52" not in guide
+
+
+def test_the_script_creates_its_output_folder(tmp_path, capsys):
+    """Issue 59: ``--out new/folder`` ended in pandas' 'Cannot save file into a non-existent directory'."""
+    out = tmp_path / "new" / "folder"
+    assert overview.main(["--out", str(out)]) == 0
+    assert (out / "overview.md").read_text() in capsys.readouterr().out and (out / "overview.csv").is_file()
+
+
+@pytest.mark.slow  # make and a fresh interpreter: 10 s on 2 shared cores
+@pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+def test_make_objectives_overview_creates_out(tmp_path):
+    out = tmp_path / "new" / "folder"
+    proc = subprocess.run(["make", "-s", "-C", str(overview.ROOT / "analyses"), "objectives-overview", f"OUT={out}",
+                           f"PY={sys.executable}"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert (out / "overview.csv").is_file() and (out / "overview.md").is_file()
