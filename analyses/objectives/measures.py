@@ -33,6 +33,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from analyses.objectives.stage import CURVES, Stage, footnotes, mark, stages
 from gradflow.formatting import fixed_column, masking_label
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -191,11 +192,26 @@ def defects(out: Path) -> list[str]:
     return found
 
 
-def model_cell(label: str) -> str:
-    return f"{label} (predicts unigram frequencies: plan deviation 1)" if label == "diffusion" else label
+Stages = dict[str, Stage]  # model name -> its stage (analyses.objectives.stage.stages)
 
 
-def ratio_lines(out: Path) -> list[str]:
+def learned(label: str, stage: Stages) -> bool:
+    """Whether the model ``label`` left the unigram stage by ``stage`` (a model without a curve is not marked)."""
+    return stage[MODELS[label]].learned if MODELS[label] in stage else True
+
+
+def model_cell(label: str, stage: Stages) -> str:
+    """``label`` as a row or column label: marked, and why, when the model did not leave the unigram stage."""
+    return label if learned(label, stage) else f"{mark(label, False)} (predicts unigram frequencies: plan deviation 1)"
+
+
+def note_lines(labels, stage: Stages) -> list[str]:
+    """A blank line and the footnote of each of ``labels`` that did not learn (nothing when all did)."""
+    notes = footnotes([MODELS[label] for label in labels], stage=stage)
+    return ["", *notes] if notes else []
+
+
+def ratio_lines(out: Path, stage: Stages) -> list[str]:
     """Measure 1: the context/loss ratio at every depth with its CI, one row per run (the grid run aside)."""
     runs = [r for r in RUNS if r.name != GRID_RUN]
     cells: dict[int, list[str]] = {}
@@ -210,24 +226,26 @@ def ratio_lines(out: Path) -> list[str]:
              "|---|---|---|" + "---|" * len(LAYERS)]
     for i, run in enumerate(runs):
         place = "own and yardstick" if run.own and run.yardstick else "own" if run.own else "yardstick"
-        lines.append(f"| {model_cell(run.label)} | {objective(run_meta(out, run))} | {place} | "
+        lines.append(f"| {model_cell(run.label, stage)} | {objective(run_meta(out, run))} | {place} | "
                      + " | ".join(cells[k][i] for k in LAYERS) + " |")
-    return lines
+    return lines + note_lines([run.label for run in runs], stage)
 
 
-def grid_lines(out: Path) -> list[str]:
+def grid_lines(out: Path, stage: Stages) -> list[str]:
     """Measure 1, the diffusion model by t: the ratio at every depth per t of the grid (its report's table)."""
     t = pd.read_csv(out / "reports" / GRID_RUN / "tables" / "mask_ratio_profile.csv")
     mids = sorted(t["t_mid"].unique())
     cells = {k: fixed_column(*(list(t[t["layer"] == k].set_index("t_mid").reindex(mids)[c])
                                for c in ("ratio", "ci_low", "ci_high"))) for k in LAYERS}
     n = t[t["layer"] == 0].set_index("t_mid")["n_sequences"]
-    lines = ["| t | sequences | " + " | ".join(f"layer {k}" for k in LAYERS) + " |", "|---|---|" + "---|" * len(LAYERS)]
+    label = next(r.label for r in RUNS if r.name == GRID_RUN)
+    lines = [f"| t ({mark(label, learned(label, stage))}) | sequences | " + " | ".join(f"layer {k}" for k in LAYERS)
+             + " |", "|---|---|" + "---|" * len(LAYERS)]
     lines += [f"| {m:g} | {int(n[m])} | " + " | ".join(cells[k][i] for k in LAYERS) + " |" for i, m in enumerate(mids)]
-    return lines
+    return lines + note_lines([label], stage)
 
 
-def zero_lines(out: Path) -> list[str]:
+def zero_lines(out: Path, stage: Stages) -> list[str]:
     """Measure 2: the last block's exact-zero sublayers of every run, then check's set and skippable share."""
     lines = ["| model | objective | last block: sublayers with exactly zero context signal (report) | theory |",
              "|---|---|---|---|"]
@@ -235,8 +253,9 @@ def zero_lines(out: Path) -> list[str]:
         meta = run_meta(out, run)
         theory = "none (every position carries the loss)" if meta["loss"] == "all-positions" else \
             ", ".join(meta["after_mixing_sublayers"])
-        lines.append(f"| {model_cell(run.label)} | {objective(meta)} | {', '.join(last_block_zero(out, run)) or 'none'}"
-                     f" | {theory} |")
+        lines.append(f"| {model_cell(run.label, stage)} | {objective(meta)} | "
+                     f"{', '.join(last_block_zero(out, run)) or 'none'} | {theory} |")
+    lines += note_lines([run.label for run in RUNS], stage)
     windows = check_result(out, "mini-en")["batch"]["sequences"]
     lines += ["", (f"| model | checked objective (`gradflow check`, {windows} windows) | last block flagged | disagreements | "
               "skippable share | with the last block's attention rows |"), "|---|---|---|---|---|---|"]
@@ -245,13 +264,13 @@ def zero_lines(out: Path) -> list[str]:
         masking = masking_label(result["batch"].get("masking", {"policy": "bert", "rate": 0.15}))
         agreements = result["theory"]["agreements"]
         wrong = sum(d["expected_zero"] != d["measured_zero"] for d in agreements)
-        lines.append(f"| {model_cell(label)} | {masking} | {', '.join(check_zero(result)) or 'none'} | {wrong} of "
-                     f"{len(agreements)} | {100 * result['flops']['share']:.2f}% | "
+        lines.append(f"| {model_cell(label, stage)} | {masking} | {', '.join(check_zero(result)) or 'none'} | "
+                     f"{wrong} of {len(agreements)} | {100 * result['flops']['share']:.2f}% | "
                      f"{100 * result['flops']['share_with_attention']:.2f}% |")
-    return lines
+    return lines + note_lines(MODELS, stage)
 
 
-def pressure_lines(pressure: Path) -> list[str]:
+def pressure_lines(pressure: Path, stage: Stages) -> list[str]:
     """Measure 3: the last block's counterfactual pressure [95% CI] and its ratio to the earlier blocks, per model."""
     path = pressure / "pressure.csv"
     if not path.is_file():
@@ -263,9 +282,10 @@ def pressure_lines(pressure: Path) -> list[str]:
     for title, (v, lo, hi) in (("pressure", ("pressure", "ci_low", "ci_high")),
                                ("vs earlier blocks", ("vs_earlier", "vs_earlier_ci_low", "vs_earlier_ci_high"))):
         columns = [fixed_column(*(last[label].reindex(subs)[c] for c in (v, lo, hi))) for label in MODELS]
-        lines += [f"| last-block sublayer ({title}) | " + " | ".join(model_cell(m) for m in MODELS) + " |",
+        lines += [f"| last-block sublayer ({title}) | " + " | ".join(model_cell(m, stage) for m in MODELS) + " |",
                   "|---|" + "---|" * len(MODELS)]
-        lines += [f"| {sub} | " + " | ".join(c[k] for c in columns) + " |" for k, sub in enumerate(subs)] + [""]
+        lines += [f"| {sub} | " + " | ".join(c[k] for c in columns) + " |" for k, sub in enumerate(subs)]
+        lines += note_lines(MODELS, stage) + [""]
     return lines[:-1]
 
 
@@ -279,8 +299,10 @@ def time_lines(out: Path) -> list[str]:
     return lines + [f"| all | {total[0]:.1f} | {total[1]:.1f} |"]
 
 
-def summary_text(out: Path, pressure: Path) -> str:
-    """summary.md from the files in ``out`` and ``pressure`` (what the test recomputes)."""
+def summary_text(out: Path, pressure: Path, curves: Path = CURVES) -> str:
+    """summary.md from the files in ``out`` and ``pressure`` (what the test recomputes); a model that did not leave
+    the unigram stage by ``curves`` (``analyses.objectives.stage``) is marked in every table's labels."""
+    stage = stages(curves)
     first = run_meta(out, RUNS[0])
     lines = ["# Four objectives at six blocks: where the training signal goes (plan Part 1)", "",
              ("Written by `python -m analyses.objectives.measures` from the files beside it (runs on the committed "
@@ -292,16 +314,16 @@ def summary_text(out: Path, pressure: Path) -> str:
              ("Layer 0 is the embeddings output, layer k the output of block k (`reports/<run>/tables/role_ratios.csv`:"
              " context over the pooled loss positions, bootstrap over sequences). Own objective: the model's training "
              "objective; yardstick: BERT 15% (80/10/10) at the selected positions."), ""]
-    lines += ratio_lines(out)
+    lines += ratio_lines(out, stage)
     lines += ["", (f"The diffusion model by t (`--mask-ratios {GRID}`, sequence i at the (i mod 10)-th t; "
               f"`reports/{GRID_RUN}/tables/mask_ratio_profile.csv`; t = 1 masks every token, so it has no context "
               f"positions and no row). The diffusion model {UNIGRAM}."), ""]
-    lines += grid_lines(out)
+    lines += grid_lines(out, stage)
     lines += ["", "## 2. Exact-zero sublayers of the last block; skippable compute", "",
               ("Per run, from its report (`reports/<run>/tables/last_block.csv`, the weight's context share exactly 0); "
               "theory: the sublayers after attention mixing (`meta.json`'s `after_mixing_sublayers`) for a loss at the "
               "selected positions, none for the all-positions loss."), ""]
-    lines += zero_lines(out)
+    lines += zero_lines(out, stage)
     lines += ["", ("`gradflow check` (`check/<model>.{txt,json}`) has no loss option: the twin is checked under BERT "
               "15% at the selected positions (its corruption, mini-en's loss), where the theorem holds for any model; "
               "its own all-positions set is the report's row above."), "",
@@ -309,7 +331,7 @@ def summary_text(out: Path, pressure: Path) -> str:
               ("BERT 15% corruption, the loss at every non-special position (`gradflow.analysis.pressure`: a context "
               "position's weight-gradient signal over a loss position's; vs earlier blocks: over the mean of blocks "
               f"1-{first['num_layers'] - 1}). The diffusion model {UNIGRAM}."), ""]
-    lines += pressure_lines(pressure)
+    lines += pressure_lines(pressure, stage)
     lines += ["", "## Commands and times (`meta.json`)", ""] + time_lines(out)
     return "\n".join(lines) + "\n"
 

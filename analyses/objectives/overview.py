@@ -17,7 +17,8 @@ Rows are measures, columns the four models (mini-en, the twin, mask40, the diffu
 
 The lr 1e-5 rows wait for Family B (``family_b.csv``): before all its runs are in they say so.
 
-Whether a model learned is a measurement, not its name (issue 59): a model whose last validation top-1 at BERT 15%
+Whether a model learned is a measurement, not its name (issue 59; the rule is ``analyses.objectives.stage``'s, which
+the other tables of the results page use too): a model whose last validation top-1 at BERT 15%
 (``figures/objectives/pretraining_curves.csv``) is not above ``LEFT_UNIGRAM_TOP1`` did not leave the unigram stage.
 Its column is marked ``†`` in every cell, with a footnote giving its top-1, and none of its contrasts is bold; the
 csv's ``learned`` column says the same per row.
@@ -35,21 +36,17 @@ import pandas as pd
 
 from analyses.last_block_finetuning.powered_report import METRIC, paired_differences
 from analyses.objectives import measures
+from analyses.objectives import stage as stage_rule
 from analyses.objectives.measures import relative
 from analyses.objectives.design import ALL_MODELS, LR1E4_SEEDS, ROOT
 from analyses.objectives.report import read_decision
+from analyses.objectives.stage import CURVES, LEFT_UNIGRAM_TOP1, UNLEARNED, Stage
 from analyses.probes.robustness import verdict
 from gradflow.analysis.experiment_stats import paired_test
 
 LABELS = dict(zip(ALL_MODELS, ("mini-en", "twin", "mask40", "diffusion")))  # model -> the measures' label
 HEADINGS = {"mini-en": "mini-en (BERT 15%)", "twin": "twin (all-token)", "mask40": "mask40 (BERT 40%)",
             "diffusion": "diffusion (masked diffusion)"}
-CURVES = ROOT / "figures/objectives/pretraining_curves.csv"  # each member's held-out top-1 by step (objectives-ship)
-# The rule for "learned": the last validation top-1 at BERT 15% passes 0.10. At the unigram stage (predicting token
-# frequencies, plan deviation 1) this recipe scores 0.054-0.074 (the diffusion member's curve, the diagnostics of
-# figures/objectives/diagnostics and the plan); every run that learned was at 0.19 or more by step 450.
-LEFT_UNIGRAM_TOP1 = 0.10
-UNLEARNED = "†"  # marks every cell of a model that did not leave the unigram stage
 MEASURES, PRESSURE = ROOT / "figures/objectives/measures", ROOT / "figures/objectives/pressure"
 PROBES = {"mini-en": ROOT / "figures/probes/robustness", "twin": ROOT / "figures/probes/robustness",
           "mask40": ROOT / "figures/objectives/probes", "diffusion": ROOT / "figures/objectives/probes"}
@@ -61,31 +58,10 @@ PROBE_FAMILIES, PROBE_SIZE = ["logistic", "mlp"], "4500"
 ARMS = {"lr 1e-4": ("drop1", "reinit1", "repair1"), "lr 1e-5": ("drop1", "reinit1")}
 
 
-@dataclass(frozen=True)
-class Stage:
-    """A model's validation top-1 at BERT 15% at its first and last evaluation, and whether it learned by the rule."""
-
-    model: str
-    first_step: int
-    first_top1: float
-    last_step: int
-    last_top1: float
-
-    @property
-    def learned(self) -> bool:
-        """It left the unigram stage: its last top-1 passes ``LEFT_UNIGRAM_TOP1``."""
-        return self.last_top1 > LEFT_UNIGRAM_TOP1
-
-
 def stages(curves: Path = CURVES) -> dict[str, Stage]:
-    """Each model's :class:`Stage` from the committed pretraining curves, by the measures' label."""
-    frame = pd.read_csv(curves).dropna(subset=["valid_top1"]).sort_values(["model", "step"])
-    out = {}
-    for model, label in LABELS.items():
-        ev = frame[frame.model == model]
-        out[label] = Stage(model, int(ev.step.iloc[0]), float(ev.valid_top1.iloc[0]), int(ev.step.iloc[-1]),
-                           float(ev.valid_top1.iloc[-1]))
-    return out
+    """Each model's :class:`Stage` (``analyses.objectives.stage``: the rule) by the measures' label."""
+    by_model = stage_rule.stages(curves)
+    return {label: by_model[model] for model, label in LABELS.items()}
 
 
 @dataclass(frozen=True)

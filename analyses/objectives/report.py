@@ -14,6 +14,11 @@ Reads ``<out>/lr1e-4/runs`` (the new models at lr 1e-4), ``figures/finetune/last
   the lr 1e-4 value of each contrast beside it, and the plan's reading of the seed's claim);
 - ``curves_{lr1e-4,seed-regime}.{csv,pdf,png}``: each arm's mean validation curve (``analyses.objectives.figures``).
 
+A model that did not leave the unigram stage (``analyses.objectives.stage``: its last validation top-1 in
+``figures/objectives/pretraining_curves.csv``, ``--curves``) has its name marked ``†`` in the label of each of its
+rows in every ``.md`` table, none of them bold, and one footnote line under the table; the ``.csv`` files are not
+marked.
+
 A family whose cells lack a seed is not computed (Holm ranks all its contrasts together): its ``.md`` says so in
 one sentence and its ``.csv`` is removed; a secondary contrast is computed once its own four cells are complete.
 Runs of the seed regime whose validation steps are not 60, 120, ..., S are left out and named.
@@ -38,13 +43,28 @@ from analyses.last_block_finetuning.powered_report import (
     run_summaries,
     write_markdown,
 )
-from analyses.objectives.contrasts import FAMILY_B, at_lr1e4, family_a, family_b, secondary, seeds_claim
+from analyses.objectives.contrasts import FAMILY_B, at_lr1e4, family_a, family_b, secondary, seeds_claim, short
 from analyses.objectives.design import CONVERGENCE, EVAL_EVERY_LOW, MINI, NEW_MODELS, OUT, ROOT, TWIN
 from analyses.objectives.figures import write_curves_lr1e4, write_curves_seed_regime
+from analyses.objectives.stage import CURVES, Stage, footnotes, mark, stages
 
 
 Collected = tuple[pd.DataFrame, pd.DataFrame]  # grid.collect's (curves, finals) of one regime's runs
 NO_RUNS = ["model", "arm", "task", "seed", "run_id", "auc", "test"]  # the columns of a regime with no finished run
+Stages = dict[str, Stage]  # model name -> its stage (analyses.objectives.stage.stages)
+
+
+def name(model: str, stage: Stages) -> str:
+    """``model``'s short name as a row label, marked when it did not leave the unigram stage."""
+    return mark(short(model), stage[model].learned if model in stage else True)
+
+
+def add_footnotes(path: Path, models, stage: Stages) -> None:
+    """One line under the table of ``path`` for each of ``models`` that did not learn (none when all did)."""
+    notes = footnotes(models, stage=stage)
+    if notes:
+        with path.open("a", encoding="utf-8") as handle:
+            handle.write("\n" + "\n".join(notes) + "\n")
 
 
 def read_runs(regime_dir: Path) -> Collected | None:
@@ -95,18 +115,24 @@ def mde(r: tuple) -> str:
     return "-" if math.isnan(r.mde_alpha05) else f"{r.mde_alpha05:.4f} / {r.mde_bonferroni:.4f}"
 
 
-def write_cells(out: Path, summaries: pd.DataFrame, label: str) -> None:
-    """``run_summaries_<label>.csv`` and ``cells_<label>.{csv,md}``."""
+def write_cells(out: Path, summaries: pd.DataFrame, label: str, stage: Stages | None = None) -> None:
+    """``run_summaries_<label>.csv`` and ``cells_<label>.{csv,md}`` (``stage`` marks the ``.md``'s model labels;
+    default: the committed curves')."""
+    stage = stages() if stage is None else stage
     summaries.to_csv(out / f"run_summaries_{label}.csv", index=False, float_format="%.6g")
     if summaries.empty:
         return
     table = cells(summaries)
     table.to_csv(out / f"cells_{label}.csv", index=False, float_format="%.6g")
-    (out / f"cells_{label}.md").write_text(cells_markdown(table), encoding="utf-8")
+    labelled = table.assign(model=[name(m, stage) for m in table.model])
+    (out / f"cells_{label}.md").write_text(cells_markdown(labelled), encoding="utf-8")
+    add_footnotes(out / f"cells_{label}.md", table.model, stage)
 
 
-def write_lr1e4(out: Path, summaries: pd.DataFrame) -> list[str]:
-    """Family A and the secondary contrasts into ``out``; returns the sentences of what was not computed."""
+def write_lr1e4(out: Path, summaries: pd.DataFrame, stage: Stages | None = None) -> list[str]:
+    """Family A and the secondary contrasts into ``out`` (``stage`` marks the ``.md`` labels); returns the sentences
+    of what was not computed."""
+    stage = stages() if stage is None else stage
     notes = []
     try:
         table = family_a(summaries)
@@ -117,16 +143,19 @@ def write_lr1e4(out: Path, summaries: pd.DataFrame) -> list[str]:
         table.to_csv(out / "family_a.csv", index=False, float_format="%.6g")
         write_markdown(out / "family_a.md", ["contrast", "task", "mean difference in AUC [95% CI]", "n", "p",
                                               "p (Holm, m = 12)", "MDE at 80% power (alpha .05 / .05/12)"],
-                       [[r.contrast, r.task, interval(r), r.n_pairs, f"{r.p:.3g}", f"{r.p_holm:.3g}", mde(r)]
-                        for r in table.itertuples()])
+                       [[f"{name(r.model, stage)} {r.arm} - full", r.task, interval(r), r.n_pairs, f"{r.p:.3g}",
+                         f"{r.p_holm:.3g}", mde(r)] for r in table.itertuples()])
+        add_footnotes(out / "family_a.md", table.model, stage)
     table = secondary(summaries)
     table.to_csv(out / "secondary.csv", index=False, float_format="%.6g")
-    rows = [[r.contrast, r.task, interval(r) if r.computed else r.note, r.n_pairs,
+    rows = [[f"({name(r.model, stage)} drop1 - full) - ({name(MINI, stage)} drop1 - full)", r.task,
+             interval(r) if r.computed else r.note, r.n_pairs,
              f"{r.p:.3g}" if r.computed else "-",
              "-" if not r.computed or math.isnan(r.mde_alpha05) else f"{r.mde_alpha05:.4f}"]
             for r in table.itertuples()]
     write_markdown(out / "secondary.md", ["model contrast (secondary, no correction)", "task",
                                            "mean difference in AUC [95% CI]", "n", "p", "MDE (alpha .05)"], rows)
+    add_footnotes(out / "secondary.md", [*table.model, MINI], stage)
     notes += [f"{r.contrast}, {r.task}: {r.note}." for r in table.itertuples() if not r.computed]
     return notes
 
@@ -149,8 +178,10 @@ def seed_regime_summaries(out: Path, steps: int, collected: Collected | None = N
     return (summaries[~summaries.run_id.isin(stray)] if not summaries.empty else summaries), stray
 
 
-def write_seed_regime(out: Path, lr_summaries: pd.DataFrame) -> list[str]:
-    """Family B (and the seed regime's cells) into ``out``; returns the sentences of what was not computed."""
+def write_seed_regime(out: Path, lr_summaries: pd.DataFrame, stage: Stages | None = None) -> list[str]:
+    """Family B (and the seed regime's cells) into ``out`` (``stage`` marks the ``.md`` labels); returns the
+    sentences of what was not computed."""
+    stage = stages() if stage is None else stage
     decision = read_decision(out)
     if decision is None:
         sentence = ("Family B is not computed yet: the pilot's decision (S and n, "
@@ -160,7 +191,7 @@ def write_seed_regime(out: Path, lr_summaries: pd.DataFrame) -> list[str]:
     steps, seeds = int(decision["S"]), tuple(range(int(decision["n"])))
     runs = read_runs(out / "seed-regime")
     summaries, stray = seed_regime_summaries(out, steps, runs)
-    write_cells(out, summaries, "seed-regime")
+    write_cells(out, summaries, "seed-regime", stage)
     if runs is not None:
         write_curves_seed_regime(out / "seed-regime", out, steps, runs[0])
     notes = [f"Left out of Family B, their validation steps are not 60..{steps}: {', '.join(stray)}."] if stray \
@@ -178,8 +209,9 @@ def write_seed_regime(out: Path, lr_summaries: pd.DataFrame) -> list[str]:
                                          f"p (Holm, m = {FAMILY_B})",
                                          f"MDE at 80% power (alpha .05 / .05/{FAMILY_B})",
                                          "the same contrast at lr 1e-4 (AUC 15..120)"],
-                   [[r.contrast, interval(r), r.n_pairs, f"{r.p:.3g}", f"{r.p_holm:.3g}", mde(r), r.at_lr1e4]
-                    for r in table.itertuples()])
+                   [[f"{name(r.model, stage)} {r.arm} - full", interval(r), r.n_pairs, f"{r.p:.3g}",
+                     f"{r.p_holm:.3g}", mde(r), r.at_lr1e4] for r in table.itertuples()])
+    add_footnotes(out / "family_b.md", table.model, stage)
     claim = seeds_claim(table)
     with (out / "family_b.md").open("a", encoding="utf-8") as handle:
         handle.write("\n" + claim + "\n")
@@ -187,15 +219,17 @@ def write_seed_regime(out: Path, lr_summaries: pd.DataFrame) -> list[str]:
     return notes
 
 
-def write_report(out: Path = OUT, convergence: Path = CONVERGENCE) -> list[str]:
-    """Every table of Parts 3 and 4 into ``out``; returns (and prints) the sentences of what was not computed."""
+def write_report(out: Path = OUT, convergence: Path = CONVERGENCE, curves: Path = CURVES) -> list[str]:
+    """Every table of Parts 3 and 4 into ``out``, a model that did not learn by ``curves`` marked in the ``.md``
+    labels; returns (and prints) the sentences of what was not computed."""
+    stage = stages(curves)
     out.mkdir(parents=True, exist_ok=True)
     new_runs = read_runs(out / "lr1e-4")
     lr = lr1e4_summaries(out, convergence, new_runs)
-    write_cells(out, lr, "lr1e-4")
+    write_cells(out, lr, "lr1e-4", stage)
     if new_runs is not None:
         write_curves_lr1e4(out / "lr1e-4", out, new_runs[0])
-    notes = write_lr1e4(out, lr) + write_seed_regime(out, lr)
+    notes = write_lr1e4(out, lr, stage) + write_seed_regime(out, lr, stage)
     for note in notes:
         print(f"note: {note}")
     return notes
@@ -207,8 +241,10 @@ def main(argv: list[str] | None = None) -> int:
                         f"{OUT.relative_to(ROOT)})")
     parser.add_argument("--convergence", type=Path, default=CONVERGENCE,
                         help="mini-en's and the twin's committed lr 1e-4 runs (default %(default)s)")
+    parser.add_argument("--curves", type=Path, default=CURVES,
+                        help="the pretraining curves that say which model learned (default %(default)s)")
     args = parser.parse_args(argv)
-    write_report(args.out, args.convergence)
+    write_report(args.out, args.convergence, args.curves)
     return 0
 
 

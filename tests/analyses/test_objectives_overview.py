@@ -6,6 +6,7 @@ every cell marked and no bold contrast; a model that learned keeps its bold."""
 from __future__ import annotations
 
 import math
+import re
 import shutil
 import subprocess
 import sys
@@ -15,6 +16,8 @@ import pandas as pd
 import pytest
 
 from analyses.objectives import measures, overview
+from analyses.objectives import stage as stage_rule
+from analyses.objectives.contrasts import short
 from analyses.objectives.overview import UNLEARNED, Row, cell
 
 COMMITTED = overview.OUT
@@ -213,3 +216,62 @@ def test_make_objectives_overview_creates_out(tmp_path):
                            f"PY={sys.executable}"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert (out / "overview.csv").is_file() and (out / "overview.md").is_file()
+
+
+PAGE = overview.ROOT / "docs/results/objectives.md"
+
+
+def unmarked(text: str) -> tuple[list[str], int]:
+    """(what is wrong, how many tables name a model that did not learn) in the Markdown tables of ``text``: every
+    cell that names such a model (by the curves: its name, short name or label; not the objective "masked
+    diffusion") carries ``UNLEARNED``, none of its rows or columns is bold, and the first line under the table is a
+    footnote of that model (:func:`stage.footnote`, or the overview's own note)."""
+    by_label, learned_now = overview.stages(), [s for s in overview.stages().values() if s.learned]
+    names = {s.model: re.compile(rf"(?<!masked )(?<![\w-])({re.escape(s.model)}|{re.escape(short(s.model))}|"
+                                 rf"{re.escape(label)})(?![\w-])")
+             for label, s in by_label.items() if not s.learned}
+    lines, problems, tables, i = text.splitlines(), [], 0, 0
+    while i < len(lines):
+        if not lines[i].startswith("|"):
+            i += 1
+            continue
+        start = i
+        while i < len(lines) and lines[i].startswith("|"):
+            i += 1
+        rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in lines[start:i]]
+        header, body = rows[0], rows[2:]
+        named = [m for m, pattern in names.items() if any(pattern.search(c) for row in rows for c in row)]
+        if not named:
+            continue
+        tables += 1
+        where = f"the table at line {start + 1} ({' | '.join(header)[:60]})"
+        for row in rows:
+            for c in row:
+                if any(names[m].search(c) for m in named) and UNLEARNED not in c:
+                    problems.append(f"{where}: '{c}' is not marked {UNLEARNED}")
+        columns = [k for k, c in enumerate(header) if any(names[m].search(c) for m in named)]
+        for row in body:
+            about = any(names[m].search(c) for m in named for c in row)
+            if any("**" in c for c in (row if about else [row[k] for k in columns if k < len(row)])):
+                problems.append(f"{where}: a row or column of a model that did not learn is bold: {row}")
+        under = next((line for line in lines[i:] if line.strip()), "")
+        notes = {stage_rule.footnote(s) for s in by_label.values() if s.model in named}
+        notes |= {overview.unlearned_note(s, learned_now) for s in by_label.values() if s.model in named}
+        if under not in notes:
+            problems.append(f"{where}: the line under it is not the footnote of {', '.join(named)}: {under[:80]!r}")
+    return problems, tables
+
+
+def test_every_table_of_the_results_page_marks_a_model_that_did_not_learn():
+    """Issue 59, point 6: copied out of any table of the results page (Family A, B, the secondary contrasts, the
+    probes, Part 1's ratios and pressure, the models and the pilot, not the overview alone), a row or column about a
+    model that did not leave the unigram stage (the committed curves decide which) carries † in its label, is not
+    bold, and has a footnote under the table pointing to the overview's note."""
+    page = PAGE.read_text(encoding="utf-8")
+    problems, tables = unmarked(page)
+    assert problems == [] and tables >= 9, (tables, problems)
+    # the check bites: one label unmarked, or its footnote gone, is found
+    assert unmarked(page.replace("| diffusion† `drop1` | POS |", "| diffusion `drop1` | POS |", 1))[0]
+    assert unmarked(page.replace("| diffusion† | POS |", "| **diffusion**† | POS |", 1))[0]
+    note = stage_rule.footnote(stage_rule.stages()["gradflow-mini-en-diffusion"])
+    assert page.count(note) == tables - 1 and unmarked(page.replace("\n" + note + "\n", "\n", 1))[0]
