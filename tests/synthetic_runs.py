@@ -6,6 +6,11 @@ pooled loss-position mean is ``scale[role] / scale[loss]``. Loss roles (masked, 
 have scale 1, so the true context / loss ratio at layer ``l`` is ``context_ratios[l]``. Under the
 MLM loss the context channels of the last block (its ``mid`` and ``out`` sites) get exactly zero.
 
+``mask_ratios`` (one t per sequence) makes a masked-diffusion run: a fraction t of each sequence's inner
+tokens drawn as masked (none random or kept; none at all for a small t on a short sequence, and then its
+gradient is all zeros), ``mask_ratios.parquet`` written, and meta.json's masking that of
+``--objective diffusion`` (``t_drawn``: t drawn per sequence, else a grid).
+
 Sublayer shares are set directly: context gets ``context_share`` of every sublayer, except the
 after-mixing sublayers of the last block (``attn.q``, ``attn.out``, ``attn.norm``, ``ffn.*``), where
 it gets exactly 0 with coverage 0. The rest is split between the other roles by position count.
@@ -34,8 +39,10 @@ def default_context_ratios(num_layers: int) -> np.ndarray:
     return ratios
 
 
-def sample_roles(n_sequences: int, seq_len: int, rng: np.random.Generator) -> np.ndarray:
-    """(S, T) role codes (indices into TOKEN_ROLES): specials at both ends, some pad, 15% selected."""
+def sample_roles(n_sequences: int, seq_len: int, rng: np.random.Generator,
+                 mask_ratios: Sequence[float] | None = None) -> np.ndarray:
+    """(S, T) role codes (indices into TOKEN_ROLES): specials at both ends, some pad, 15% selected (with
+    ``mask_ratios``: a fraction t of each sequence's inner tokens, all masked, possibly none)."""
     roles = np.full((n_sequences, seq_len), 3, dtype=np.int8)
     for s in range(n_sequences):
         n_pad = int(rng.integers(0, 4))
@@ -43,6 +50,9 @@ def sample_roles(n_sequences: int, seq_len: int, rng: np.random.Generator) -> np
         roles[s, end:] = 5
         roles[s, 0] = roles[s, end - 1] = 4
         inner = np.arange(1, end - 1)
+        if mask_ratios is not None:
+            roles[s, inner[rng.random(inner.size) < mask_ratios[s]]] = 0
+            continue
         chosen = inner[rng.random(inner.size) < 0.15]
         if chosen.size == 0:
             chosen = inner[:1]
@@ -61,10 +71,11 @@ def _sites(num_layers: int) -> list[tuple[str, int, str]]:
 
 
 def _position_frame(num_layers: int, n_sequences: int, seq_len: int, context_ratios: np.ndarray, noise: float,
-                    loss: str, rng: np.random.Generator) -> pd.DataFrame:
+                    loss: str, rng: np.random.Generator,
+                    mask_ratios: Sequence[float] | None = None) -> pd.DataFrame:
     """One row per (sequence, position, site): role, grad_norm, act_norm."""
-    roles = sample_roles(n_sequences, seq_len, rng)
-    seq_effect = rng.lognormal(0.0, 0.3, size=(n_sequences, 1))
+    roles = sample_roles(n_sequences, seq_len, rng, mask_ratios)
+    seq_effect = rng.lognormal(0.0, 0.3, size=(n_sequences, 1)) * (roles == 0).any(axis=1, keepdims=True)
     frames = []
     for site, layer, point in _sites(num_layers):
         scale = np.array([ROLE_SCALES.get(r, 0.0) for r in TOKEN_ROLES])
@@ -148,17 +159,26 @@ def make_meta(num_layers: int, loss: str = "mlm", complete: bool = True, tokeniz
 def make_run_tables(num_layers: int = 4, n_sequences: int = 40, seq_len: int = 24, seed: int = 0,
                     context_ratios: Sequence[float] | None = None, context_share: float = 0.6, noise: float = 0.5,
                     loss: str = "mlm", complete: bool = True, tokenizer_hash: str = "tok-a",
-                    relpos: bool = False) -> dict[str, Any]:
-    """The four run tables as {"channels", "sublayers", "sequences": DataFrame, "meta": dict}."""
+                    relpos: bool = False, mask_ratios: Sequence[float] | None = None,
+                    t_drawn: bool = True) -> dict[str, Any]:
+    """The four run tables as {"channels", "sublayers", "sequences": DataFrame, "meta": dict} (with
+    ``mask_ratios``, one per sequence: also "mask_ratios", a masked-diffusion run's)."""
     rng = np.random.default_rng(seed)
     ratios = default_context_ratios(num_layers) if context_ratios is None else np.asarray(context_ratios, float)
-    pos = _position_frame(num_layers, n_sequences, seq_len, ratios, noise, loss, rng)
+    pos = _position_frame(num_layers, n_sequences, seq_len, ratios, noise, loss, rng, mask_ratios)
     first = pos[pos["site"] == "embeddings.out"]
     role_counts = {r: int((first["role"] == r).sum()) for r in TOKEN_ROLES}
     counts = {"sequences": n_sequences, "positions": int(len(first)), "roles": role_counts}
-    return {"channels": _channels(pos), "sequences": _sequences(pos),
-            "sublayers": _sublayers(num_layers, role_counts, context_share, loss, relpos, n_batches=5),
-            "meta": make_meta(num_layers, loss, complete, tokenizer_hash, seed=seed, counts=counts)}
+    tables = {"channels": _channels(pos), "sequences": _sequences(pos),
+              "sublayers": _sublayers(num_layers, role_counts, context_share, loss, relpos, n_batches=5),
+              "meta": make_meta(num_layers, loss, complete, tokenizer_hash, seed=seed, counts=counts)}
+    if mask_ratios is not None:
+        grid = [] if t_drawn else sorted(set(map(float, mask_ratios)))
+        tables["meta"]["masking"] = {"policy": "diffusion", "t": "uniform" if t_drawn else "grid", "eps": 1e-3,
+                                     "ratio": None, "ratios": grid, "weights": "1/t", "seed": seed, "shift": False}
+        tables["mask_ratios"] = pd.DataFrame({"sequence_index": np.arange(n_sequences),
+                                              "mask_ratio": np.asarray(mask_ratios, dtype=np.float64)})
+    return tables
 
 
 def write_tables(path: str | Path, tables: dict[str, Any]) -> Path:
@@ -169,6 +189,8 @@ def write_tables(path: str | Path, tables: dict[str, Any]) -> Path:
     tables["sublayers"].to_csv(root / "sublayers.csv", index=False)
     tables["sequences"].to_parquet(root / "sequences.parquet", index=False)
     (root / "meta.json").write_text(json.dumps(tables["meta"], indent=2), encoding="utf-8")
+    if "mask_ratios" in tables:
+        tables["mask_ratios"].to_parquet(root / "mask_ratios.parquet", index=False)
     return root
 
 

@@ -85,19 +85,32 @@ def test_the_last_block_is_an_exact_zero_at_every_t(table):
     assert (last["ci_low"] == 0.0).all() and (last["ci_high"] == 0.0).all() and (last["loss_mean"] > 0).all()
     earlier = table[table["layer"] < LAYERS]
     assert not earlier["exact_zero"].any() and (earlier["ratio"] > 0).all() and (earlier["ci_low"] > 0).all()
-    assert (table["n_sequences"] == 8).all()
+    assert (table.loc[table["t_mid"] < 0.8, "n_sequences"] == 8).all()
+
+
+def test_a_bin_counts_the_sequences_with_context_and_loss_positions(diffusion_run, table):
+    """t = 0.8 masks every token of the shortest sequences: no context position, so they are left out of the bin
+    (mask_ratio_selection counts them)."""
+    ratios = pd.read_parquet(diffusion_run / MASK_RATIOS_FILE)
+    for t, group in table.groupby("t_mid"):
+        _, c_n, _, l_n = _per_sequence(diffusion_run, ratios.loc[ratios["mask_ratio"] == t, "sequence_index"], 0)
+        assert (group["n_sequences"] == ((c_n > 0) & (l_n > 0)).sum()).all()
+    assert (table.loc[table["t_mid"] == 0.8, "n_sequences"] < 8).all()  # the premise: some were left out
 
 
 def test_edges_pool_several_ratios_into_one_bin(diffusion_run):
-    """bins=[0, 0.5, 1]: t = 0.2 alone, then t = 0.5 and 0.8 pooled by positions over their 16 sequences."""
+    """bins=[0, 0.5, 1]: t = 0.2 alone, then t = 0.5 and 0.8 pooled by positions over their 16 sequences but those
+    without a context position (every token masked: left out)."""
     table = ratio_by_mask_ratio(load_run(diffusion_run), bins=[0.0, 0.5, 1.0], n_resamples=50)
     assert table[["t_low", "t_high"]].drop_duplicates().values.tolist() == [[0.0, 0.5], [0.5, 1.0]]
     ratios = pd.read_parquet(diffusion_run / MASK_RATIOS_FILE)
     members = ratios.loc[ratios["mask_ratio"] >= 0.5, "sequence_index"]
     c_sum, c_n, l_sum, l_n = _per_sequence(diffusion_run, members, layer=0)
+    both = (c_n > 0) & (l_n > 0)
+    c_sum, c_n, l_sum, l_n = c_sum[both], c_n[both], l_sum[both], l_n[both]
     row = table[(table["layer"] == 0) & (table["t_low"] == 0.5)].iloc[0]
     assert row["ratio"] == pytest.approx((c_sum.sum() / c_n.sum()) / (l_sum.sum() / l_n.sum()), rel=1e-12)
-    assert (row["n_sequences"], row["t_mid"]) == (16, 0.75)
+    assert (row["n_sequences"], row["t_mid"]) == (both.sum(), 0.75) and 8 < both.sum() < 16
 
 
 def test_a_bin_without_context_has_no_rows(diffusion_run, tmp_path):

@@ -21,7 +21,6 @@ from gradflow import schema  # noqa: E402
 from gradflow.cli.main import main  # noqa: E402
 from gradflow.figures import report  # noqa: E402
 from gradflow.figures.mask_ratio import layer_colors, mask_ratio_lines  # noqa: E402
-from gradflow.figures.mask_ratio_text import LATEX_INTERVAL_BINS  # noqa: E402
 from gradflow.figures.style import gradflow_style  # noqa: E402
 from gradflow.formatting import fixed_column  # noqa: E402
 from synthetic_runs import write_run  # noqa: E402
@@ -162,16 +161,20 @@ def test_report_of_a_run_without_mask_ratios_is_unchanged(tmp_path):
 
 
 @pytest.mark.slow
-def test_many_bins_give_the_latex_table_without_intervals(diffusion_run, tmp_path):
-    """Five bins do not fit a page with their intervals: the LaTeX table carries the estimates alone."""
+def test_many_bins_give_the_latex_table_in_panels_with_intervals(diffusion_run, tmp_path):
+    """Eight bins do not fit a page in one row: the LaTeX table is split into panels, every ratio with its interval
+    (issue 59 point 4: it carried the estimates alone)."""
     run_dir = tmp_path / "run"
     shutil.copytree(diffusion_run, run_dir)
     ratios = pd.read_parquet(run_dir / "mask_ratios.parquet")
     ratios.assign(mask_ratio=[0.1, 0.3, 0.5, 0.7, 0.9, 0.2, 0.4, 0.6] * 2).to_parquet(run_dir / "mask_ratios.parquet")
     report.write_report(run_dir, tmp_path / "out", formats=("png",), **FAST)
     tex = (tmp_path / "out" / "latex" / "mask_ratio.tex").read_text()
-    assert "t = 0.9" in tex and "[" not in tex.split(r"\midrule")[1] and "mask\\_ratio\\_profile.csv" in tex
-    assert LATEX_INTERVAL_BINS["page"] < 8
+    assert "t = 0.9" in tex and "mask\\_ratio\\_profile.csv" not in tex
+    headers = [line for line in tex.splitlines() if line.startswith("layer & ")]
+    assert len(headers) == 2 and sum(line.count("t = ") for line in headers) == 8  # two panels, eight bins
+    rows = [line for line in tex.splitlines() if line[:1].isdigit()]
+    assert len(rows) == 3 * 2 and all(line.count("[") == line.count("&") for line in rows)  # layers 0-2, each panel
 
 
 @pytest.mark.slow

@@ -6,10 +6,12 @@ is context. :func:`ratio_by_mask_ratio` groups the sequences by t and gives, at 
 the embeddings output, layer 0), the ratio of the pooled context gradient-norm mean to the pooled loss
 one, as :func:`gradflow.analysis.role_ratios` does for a whole run.
 
-Bins of t (``bins=None``): each distinct t is its own bin when the run has at most
-:data:`MAX_GRID_VALUES` of them (a fixed ratio, or the grid of ``--mask-ratios``); otherwise
-:data:`DEFAULT_BINS` equal-width bins of [0, 1]: [0, 0.2), [0.2, 0.4), ..., [0.8, 1]. Under t ~ U(eps, 1)
-each holds about a fifth of the sequences, and fixed edges keep runs comparable. ``bins`` may also be a
+Bins of t (``bins=None``), decided by meta.json (:func:`mask_ratio_drawn`): a run whose t came from a
+grid (``--mask-ratios``) or was fixed has one bin per value; a run whose t was drawn per sequence has
+:data:`DEFAULT_BINS` equal-width bins of [0, 1]: [0, 0.2), [0.2, 0.4), ..., [0.8, 1], however few its
+sequences. Under t ~ U(eps, 1) each holds about a fifth of the sequences, and fixed edges keep runs
+comparable. An older run whose meta.json does not say is binned by its values when it has at most
+:data:`MAX_GRID_VALUES` of them, else in the equal-width bins. ``bins`` may also be a
 number of equal-width bins of [0, 1], or the edges themselves ([e_k, e_k+1), the last bin closed;
 sequences outside every bin are left out).
 
@@ -23,8 +25,9 @@ is position-wise): ``exact_zero`` marks a bin whose context norms sum to exactly
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import replace
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -33,24 +36,37 @@ from gradflow.analysis.profiles import bootstrap_profile, ratio_replicates
 from gradflow.analysis.run_data import Run
 from gradflow.analysis.stats import percentile_interval
 from gradflow.errors import RunError
+from gradflow.roles import LOSS_ROLES
 from gradflow.schema import ANALYSIS_COLUMNS, LOSS, MASK_RATIOS_FILE, conform
 
 MAX_GRID_VALUES = 12
-"""A run with at most this many distinct masking ratios is binned by its values (one bin per t)."""
+"""A run whose meta.json does not say where t came from is binned by its values (one bin per t) when it has at most
+this many distinct masking ratios."""
 DEFAULT_BINS = 5
-"""Equal-width bins of [0, 1] for a run whose t were drawn (more than :data:`MAX_GRID_VALUES` values)."""
+"""Equal-width bins of [0, 1] for a run whose t was drawn per sequence."""
+LEFT_OUT_REASONS: dict[str, str] = {
+    "outside": "t outside every bin",
+    "no_loss": "no loss position",
+    "no_context": "no context position",
+}
+"""Why :func:`ratio_by_mask_ratio` leaves a sequence out, in the order they are checked: its t is in no bin (given
+edges), it has no loss position (no token masked: a small t on a short sequence or response; its gradient is all
+zeros, which would pull its bin's context mean down), it has no context position (every token masked, as at t = 1)."""
 POINT = "out"
 """The recording point of the table: block outputs (and the embeddings output, layer 0)."""
 
 Bins = int | Sequence[float] | None
 
 
-def mask_ratio_bins(ratios: np.ndarray, bins: Bins = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def mask_ratio_bins(ratios: np.ndarray, bins: Bins = None,
+                    drawn: bool | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(bin index of each ratio, -1 outside every bin; each bin's low edge; its high edge) for ``bins`` as
-    :func:`ratio_by_mask_ratio` takes it. A grid's bins are its values (low = high = t)."""
+    :func:`ratio_by_mask_ratio` takes it. With ``bins=None``: ``drawn`` False (t from a grid, or fixed) gives a bin
+    per value (low = high = t), True (t drawn per sequence) :data:`DEFAULT_BINS` equal-width bins, None (not known)
+    a bin per value when there are at most :data:`MAX_GRID_VALUES` of them."""
     ratios = np.asarray(ratios, dtype=np.float64)
     values = np.unique(ratios)
-    if bins is None and values.size <= MAX_GRID_VALUES:
+    if bins is None and (not drawn if drawn is not None else values.size <= MAX_GRID_VALUES):
         return np.searchsorted(values, ratios), values, values
     if bins is None or isinstance(bins, (int, np.integer)):
         count = DEFAULT_BINS if bins is None else int(bins)
@@ -67,6 +83,74 @@ def mask_ratio_bins(ratios: np.ndarray, bins: Bins = None) -> tuple[np.ndarray, 
     return index, edges[:-1], edges[1:]
 
 
+def mask_ratio_drawn(meta: Mapping[str, Any]) -> bool | None:
+    """Whether meta.json says the run's t was drawn per sequence (True), came from a grid or was fixed (False), or
+    does not say (None: an older run, or not a masked-diffusion run). Reads ``meta["masking"]``: ``t``
+    (``uniform``, ``grid``, ``fixed``), else ``ratios`` (the grid; empty or null when drawn) and ``ratio``."""
+    masking = meta.get("masking")
+    if not isinstance(masking, Mapping) or masking.get("policy") != "diffusion":
+        return None
+    if masking.get("t") in ("uniform", "grid", "fixed"):
+        return masking["t"] == "uniform"
+    if "ratios" not in masking:
+        return None
+    return not masking.get("ratios") and masking.get("ratio") is None
+
+
+@dataclass(frozen=True)
+class MaskRatioSelection:
+    """How :func:`ratio_by_mask_ratio` bins a run's sequences by t, and which it leaves out and why."""
+
+    lows: tuple[float, ...]
+    highs: tuple[float, ...]
+    """Each bin's edges (a grid's bin: low = high = t)."""
+    scheme: str
+    """``values`` (a bin per value of t), ``equal`` (equal-width bins of [0, 1]) or ``edges`` (edges given)."""
+    drawn: bool | None
+    """:func:`mask_ratio_drawn` of the run's meta.json."""
+    members: tuple[tuple[int, ...], ...]
+    """Each bin's sequences (``sequence_index``), those left out excepted."""
+    n_sequences: int
+    """The run's sequences (each has its t in ``mask_ratios.parquet``)."""
+    left_out: tuple[tuple[str, int], ...]
+    """(reason of :data:`LEFT_OUT_REASONS`, sequences), in that order, for every reason that left one out."""
+
+    @property
+    def n_left_out(self) -> int:
+        """Sequences left out of the table, for any reason."""
+        return sum(n for _, n in self.left_out)
+
+
+def mask_ratio_selection(run: Run, bins: Bins = None) -> MaskRatioSelection:
+    """The bins of t of :func:`ratio_by_mask_ratio` and each bin's sequences: every sequence with a loss and a context
+    position at the block outputs whose t falls in a bin; the others are counted by reason (:data:`LEFT_OUT_REASONS`).
+
+    Raises :class:`RunError` when the run has no ``mask_ratios.parquet``."""
+    if run.mask_ratios is None:
+        raise RunError(f"Run directory {str(run.path)!r} has no {MASK_RATIOS_FILE}: the gradient flow by masking "
+                       "ratio needs a masked-diffusion run. Record one with `gradflow record --objective diffusion` "
+                       "(t drawn per sequence, or a grid: --mask-ratios 0.1,0.5,0.9).")
+    drawn = mask_ratio_drawn(run.meta)
+    ids = run.mask_ratios["sequence_index"].to_numpy()
+    index, lows, highs = mask_ratio_bins(run.mask_ratios["mask_ratio"].to_numpy(), bins, drawn)
+    at = run.sequences[(run.sequences["point"].astype(str) == POINT) & (run.sequences["n_positions"] > 0)]
+    roles = at["role"].astype(str)
+    reasons = {"outside": index < 0,
+               "no_loss": ~np.isin(ids, at.loc[roles.isin(LOSS_ROLES), "sequence_index"].unique()),
+               "no_context": ~np.isin(ids, at.loc[roles == "context", "sequence_index"].unique())}
+    left_out, dropped = [], np.zeros(ids.size, dtype=bool)
+    for reason in LEFT_OUT_REASONS:
+        new = reasons[reason] & ~dropped
+        if new.any():
+            left_out.append((reason, int(new.sum())))
+        dropped |= new
+    scheme = ("values" if bins is None and np.array_equal(lows, highs) else
+              "equal" if bins is None or isinstance(bins, (int, np.integer)) else "edges")
+    return MaskRatioSelection(tuple(float(x) for x in lows), tuple(float(x) for x in highs), scheme, drawn,
+                              tuple(tuple(int(i) for i in ids[(index == k) & ~dropped]) for k in range(len(lows))),
+                              int(ids.size), tuple(left_out))
+
+
 def ratio_by_mask_ratio(run: Run, bins: Bins = None, n_resamples: int = 2000, confidence: float = 0.95,
                         seed: int | None = 0) -> pd.DataFrame:
     """Per (layer, bin of t): the context / loss gradient-norm ratio at the block outputs, with its CI.
@@ -78,19 +162,14 @@ def ratio_by_mask_ratio(run: Run, bins: Bins = None, n_resamples: int = 2000, co
     ``n_loss`` (positions) and ``exact_zero`` (the bin's context norms sum to exactly 0). Rows by layer,
     then t; a bin without context or loss positions at a layer has no row. Bins: see the module.
 
-    Raises :class:`RunError` when the run has no ``mask_ratios.parquet`` (not recorded under
-    ``--objective diffusion``).
+    Sequences without a loss or a context position, or outside every bin, are left out
+    (:func:`mask_ratio_selection` says which and why). Raises :class:`RunError` when the run has no
+    ``mask_ratios.parquet`` (not recorded under ``--objective diffusion``).
     """
-    if run.mask_ratios is None:
-        raise RunError(f"Run directory {str(run.path)!r} has no {MASK_RATIOS_FILE}: the gradient flow by masking "
-                       "ratio needs a masked-diffusion run. Record one with `gradflow record --objective diffusion` "
-                       "(t drawn per sequence, or a grid: --mask-ratios 0.1,0.5,0.9).")
-    ratios = run.mask_ratios
-    index, lows, highs = mask_ratio_bins(ratios["mask_ratio"].to_numpy(), bins)
+    selection = mask_ratio_selection(run, bins)
     sequences = run.sequences[run.sequences["point"].astype(str) == POINT]
     rows = []
-    for k, (low, high) in enumerate(zip(lows, highs)):
-        members = ratios["sequence_index"].to_numpy()[index == k]
+    for low, high, members in zip(selection.lows, selection.highs, selection.members):
         part = sequences[sequences["sequence_index"].isin(members)]
         if part.empty:
             continue
@@ -125,4 +204,5 @@ def _bin_rows(part: Run, low: float, high: float, n_resamples: int, confidence: 
     return rows
 
 
-__all__ = ["DEFAULT_BINS", "MAX_GRID_VALUES", "mask_ratio_bins", "ratio_by_mask_ratio"]
+__all__ = ["DEFAULT_BINS", "LEFT_OUT_REASONS", "MAX_GRID_VALUES", "MaskRatioSelection", "mask_ratio_bins",
+           "mask_ratio_drawn", "mask_ratio_selection", "ratio_by_mask_ratio"]

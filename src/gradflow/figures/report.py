@@ -31,6 +31,7 @@ from gradflow.analysis import (
     sublayer_shares,
 )
 from gradflow.analysis.atlas import last_block_sharing, shared_context_shares
+from gradflow.analysis.mask_ratio import mask_ratio_selection
 from gradflow.figures import canvas
 from gradflow.figures.comparison import comparison_last_block, comparison_profiles, comparison_ratios
 from gradflow.figures.mask_ratio import MASK_RATIO_FIGURE, MASK_RATIO_TABLE, mask_ratio_lines, mask_ratio_tables
@@ -43,7 +44,10 @@ from gradflow.figures.report_tables import (
     comparison_ratio_table,
     deficit_table,
     layer_table,
+    only_loss_role,
     provenance_table,
+    run_tag,
+    runs_tag,
     write_latex,
 )
 from gradflow.figures.style import DEFAULT_WIDTH, gradflow_style
@@ -139,23 +143,26 @@ def write_report(run_dir: str | Path, out_dir: str | Path, formats: Sequence[str
     tables = {"role_profile": profile, "role_ratios": ratios, "layer_tests": tests, "sublayer_shares": shares,
               "last_block": deficit, "channel_quantiles": quantiles, **pressure_csv(pressure), **by_t}
     written += _write_tables(out / "tables", tables, REPORT_TABLES)
+    selection = mask_ratio_selection(run) if by_t else None  # the binning and the sequences left out, in words
     summary = out / "summary.md"
     summary.write_text(_summary(run, ratios, tests, deficit, list(figures), formats, n_resamples, seed, out,
                                 [*pressure_section(pressure, n_resamples, seed),
-                                 *mask_ratio_section(by_t, n_resamples, seed)]), encoding="utf-8")
-    name = display_name(run.meta.get("model") or run.path.name)
+                                 *mask_ratio_section(by_t, n_resamples, seed, selection)]), encoding="utf-8")
+    name, tag = display_name(run.meta.get("model") or run.path.name), run_tag(run.meta)
     ci = f"95% sequence-bootstrap CIs ({n_resamples} resamples, seed {seed})"
     sites = latex_layout != "column"
-    latex = [replace(layer_table(ratios, tests, sites=sites), name="ratios", label=latex_label("ratios", name),
+    masked = (" All loss positions are masked (no random or kept token), so masked / loss, identically 1, has no "
+              "column." if only_loss_role(ratios) == "masked" else "")
+    latex = [replace(layer_table(ratios, tests, sites=sites), name="ratios", label=latex_label("ratios", name, tag),
                      caption=f"{name}: context / loss-position gradient-norm ratio per layer "
                              f"({'' if sites else 'layer 0: the embeddings, layer k: block k; '}{ci}; 0: exactly "
-                             "zero); Mann-Whitney U test, Holm-corrected.")]
+                             f"zero); Mann-Whitney U test, Holm-corrected.{masked}")]
     if not deficit.empty:
         latex.append(replace(deficit_table(deficit, short=not sites), name="last_block",
-                             label=latex_label("last-block", name),
+                             label=latex_label("last-block", name, tag),
                              caption=f"{name}: context share of the last block's weight gradient per sublayer, "
                                      "against earlier blocks (0: exactly zero)."))
-    latex += mask_ratio_latex(by_t, name, latex_layout, n_resamples, seed)
+    latex += mask_ratio_latex(by_t, name, latex_layout, n_resamples, seed, selection, tag)
     return [summary, *write_latex(out, latex, "gradflow report", latex_layout), *written]
 
 
@@ -182,7 +189,9 @@ def _summary(run: Run, ratios: pd.DataFrame, tests: pd.DataFrame, deficit: pd.Da
               "weighted by position count), at each block output; 95% percentile bootstrap CIs over "
               f"sequences ({n_resamples} resamples, seed {seed}). Rank test: Mann-Whitney U on per-sequence "
               "mean norms, context vs masked, "
-              "Holm-corrected across layers; effect size = rank-biserial correlation (< 0: context smaller).", ""]
+              "Holm-corrected across layers; effect size = rank-biserial correlation (< 0: context smaller)."
+              + (" All loss positions are masked (no random or kept token), so masked / loss is identically 1 and "
+                 "has no column." if only_loss_role(ratios) == "masked" else ""), ""]
     lines += markdown_table(layer_table(ratios, tests)) + [""]
     if not deficit.empty:
         layer = int(deficit["layer"].iloc[0])
@@ -315,12 +324,14 @@ def write_comparison(run_dirs: Sequence[str | Path], labels: Sequence[str] | Non
     where = ("per layer" if len(set(depths.values())) == 1 else
              "at each relative depth (layer / blocks; the layers of each run in the second column), differences "
              "only where both runs have a layer at that depth")
-    latex = [replace(comparison_ratio_table(comp, depths), name="ratios", label=latex_label("ratios", *comp.labels),
+    tag = runs_tag([run.meta for run in runs])
+    latex = [replace(comparison_ratio_table(comp, depths), name="ratios",
+                     label=latex_label("ratios", *comp.labels, tag),
                      caption=f"Context / loss-position gradient-norm ratio {where}, each run and its difference "
                              f"to {comp.baseline}; {ci}; 0: exactly zero.")]
     if not comp.last_block.empty:
         latex.append(replace(comparison_last_table(comp), name="last_block",
-                             label=latex_label("last-block", *comp.labels),
+                             label=latex_label("last-block", *comp.labels, tag),
                              caption="Context share of the last block's weight gradient per sublayer (in "
                                      "parentheses: its ratio to the earlier blocks' mean; 0: exactly zero)."))
     return [summary, *write_latex(out, latex, "gradflow compare", latex_layout), *written]

@@ -1,7 +1,8 @@
 """The tables of a report and of a comparison, as :class:`TextTable` (Markdown in ``summary.md``, LaTeX in
 ``tables.tex`` and ``latex/<name>.tex``), every number column with fixed decimals (:func:`fixed_column`).
 
-- :func:`layer_table`: one run's context and masked ratios per layer with the rank test;
+- :func:`layer_table`: one run's context and masked ratios per layer with the rank test (no masked column when
+  every loss position is masked: :func:`only_loss_role`);
 - :func:`deficit_table`: one run's last-block sublayers against the earlier blocks;
 - :func:`mask_ratio_table`: a masked-diffusion run's context ratio per layer and masking ratio t;
 - :func:`comparison_ratio_table`: every run's context ratio and the differences to the baseline, per layer, or
@@ -11,11 +12,13 @@
 - :func:`provenance_table`: a run's meta.json as a table, with no machine's absolute path and the
   mean loss in nats per loss position;
 - :func:`write_latex`: ``tables.tex`` and one ``latex/<name>.tex`` per table, in a layout of
-  :data:`gradflow.figures.tables.LATEX_LAYOUTS`.
+  :data:`gradflow.figures.tables.LATEX_LAYOUTS` (:func:`layout_for_width`: the one a figure width suggests);
+- :func:`run_tag`: what makes a run's LaTeX labels its own (the objective and a hash of its meta.json).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections.abc import Mapping, Sequence
@@ -39,6 +42,7 @@ from gradflow.figures.tables import (
 )
 from gradflow.formatting import MISSING, fixed_column, format_number, format_p_value
 from gradflow.provenance import portable_path
+from gradflow.roles import LOSS_ROLES
 from gradflow.schema import REQUIRED_META_KEYS
 
 
@@ -53,20 +57,63 @@ def check_layout(layout: str) -> None:
                          "column of a two-column paper; wide: across both; page: a one-column paper).")
 
 
+WIDTH_LAYOUTS: dict[str, str] = {"single": "column", "double": "wide"}
+"""The LaTeX layout a figure width preset suggests: one column of a two-column paper, or across both."""
+
+
+def layout_for_width(width: str | float, layout: str | None = None) -> str:
+    """``layout`` when given, else the one of :data:`WIDTH_LAYOUTS` for a preset ``width`` (``page`` for inches)."""
+    if layout is not None:
+        return layout
+    return WIDTH_LAYOUTS.get(width, "page") if isinstance(width, str) else "page"
+
+
+TAG_IGNORED_KEYS: tuple[str, ...] = ("versions", "wall_s", "command", "complete", "error", "counts", "mean_loss",
+                                     "device", "world_size", "label", "model_path")
+"""meta.json keys :func:`run_tag`'s hash leaves out: what differs between two recordings of one configuration
+(software versions, timings, the command's paths, how far it got) or names it (``label``)."""
+
+
+def run_tag(meta: Mapping[str, Any]) -> str:
+    """What makes a run's LaTeX labels its own: its objective (the masking policy, ``scheme`` in an older meta.json,
+    and the loss when not ``mlm``) and the first 6 hex digits of the SHA-256 of its meta.json (keys sorted) without
+    :data:`TAG_IGNORED_KEYS`: ``diffusion-00be03``. The same run gets the same tag at every report; two runs of one
+    model that differ in objective, masking, corpus, seed or any other recorded setting get different ones."""
+    masking = meta.get("masking")
+    policy = (masking.get("policy") or masking.get("scheme")) if isinstance(masking, Mapping) else None
+    loss = meta.get("loss")
+    kept = {k: v for k, v in meta.items() if k not in TAG_IGNORED_KEYS}
+    digest = hashlib.sha256(json.dumps(kept, sort_keys=True, default=str).encode()).hexdigest()[:6]
+    return "-".join(str(p) for p in (policy, None if loss == "mlm" else loss, digest) if p)
+
+
+def runs_tag(metas: Sequence[Mapping[str, Any]]) -> str:
+    """:func:`run_tag`'s hash over several runs (a comparison's): 6 hex digits of their tags, in order."""
+    return hashlib.sha256(" ".join(run_tag(m) for m in metas).encode()).hexdigest()[:6]
+
+
 def write_latex(out: Path, tables: list[TextTable], source: str, layout: str) -> list[Path]:
     """``tables.tex`` (every table) and ``latex/<name>.tex`` (one each); returns the paths."""
     return [write_latex_tables(out / "tables.tex", tables, source, layout),
             *write_latex_files(out / LATEX_FOLDER, tables, source, layout)]
 
 
+def only_loss_role(ratios: pd.DataFrame) -> str | None:
+    """The run's one loss role when it has only one (masked diffusion: every loss position is masked), else None."""
+    present = [role for role in LOSS_ROLES if role in set(ratios["role"])]
+    return present[0] if len(present) == 1 else None
+
+
 def layer_table(ratios: pd.DataFrame, tests: pd.DataFrame, sites: bool = True) -> TextTable:
     """Per-layer table: context and masked ratios with CIs (fixed decimals per column), rank test; ``sites=False``
-    leaves the site column out (the ``column`` LaTeX layout: layer k is block k's output, 0 the embeddings')."""
+    leaves the site column out (the ``column`` LaTeX layout: layer k is block k's output, 0 the embeddings'). No
+    masked column when masked is the only loss role (:func:`only_loss_role`): its ratio is identically 1."""
     test = tests.set_index("layer") if len(tests) else pd.DataFrame()
     layers = sorted(int(x) for x in ratios["layer"].unique())
     site_of = ratios.drop_duplicates("layer").set_index("layer")["site"]
+    roles = ("context",) if only_loss_role(ratios) == "masked" else ("context", "masked")
     columns = {}
-    for role in ("context", "masked"):
+    for role in roles:
         frame = ratios[ratios["role"] == role].set_index("layer").reindex(layers)
         columns[role] = fixed_column(frame["ratio"], frame["ci_low"], frame["ci_high"])
     effects = fixed_column([test.loc[layer, "rank_biserial"] if layer in test.index else None for layer in layers],
@@ -74,9 +121,9 @@ def layer_table(ratios: pd.DataFrame, tests: pd.DataFrame, sites: bool = True) -
     rows = []
     for k, layer in enumerate(layers):
         p = format_p_value(test.loc[layer, "p_holm"]) if layer in test.index else MISSING
-        cells = [columns["context"][k], columns["masked"][k], effects[k], p]
+        cells = [*(columns[role][k] for role in roles), effects[k], p]
         rows.append((layer, site_of[layer], *cells) if sites else (layer, *cells))
-    return _table(("layer", *(("site",) if sites else ()), "context / loss [95% CI]", "masked / loss [95% CI]",
+    return _table(("layer", *(("site",) if sites else ()), *(f"{role} / loss [95% CI]" for role in roles),
                    "rank-biserial", "p (Holm)"), rows)
 
 
@@ -227,5 +274,6 @@ def _mean_loss(meta: Mapping[str, Any]) -> str:
     return f"`{compact(value)}`"
 
 
-__all__ = ["check_layout", "compact", "comparison_last_table", "comparison_ratio_table", "deficit_table",
-           "layer_table", "mask_ratio_table", "provenance_table", "t_label", "write_latex"]
+__all__ = ["TAG_IGNORED_KEYS", "WIDTH_LAYOUTS", "check_layout", "compact", "comparison_last_table",
+           "comparison_ratio_table", "deficit_table", "layer_table", "layout_for_width", "mask_ratio_table",
+           "only_loss_role", "provenance_table", "run_tag", "runs_tag", "t_label", "write_latex"]

@@ -11,17 +11,22 @@ it is meant for (one column of 3.125 in, a text width of 6.5 in) and finds no ov
 - ``column``: ``table`` in ``\footnotesize``, every ``estimate [low, high]`` cell split over two
   lines (the interval under its estimate) and long headers stacked: one column of a two-column
   paper (3.125 in) for a table of up to three estimate columns (a comparison of two runs).
+
+A table with more columns than its layout's width holds is split by :func:`fit_columns` into panels
+(:attr:`TextTable.panels`): one ``tabular``, each panel under its own header, the first columns repeated.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from gradflow.formatting import MISSING
+
+Row = tuple[Any, ...]
 
 
 @dataclass(frozen=True)
@@ -34,6 +39,9 @@ class TextTable:
     label: str = ""
     name: str = ""
     """Short file name of the table's own ``.tex`` (``ratios`` -> ``latex/ratios.tex``)."""
+    panels: tuple[tuple[tuple[str, ...], tuple[Row, ...]], ...] = ()
+    """Further (header, rows) blocks set under the first in LaTeX, in one ``tabular`` (each under its own header;
+    a shorter one padded with empty cells); Markdown: a table each."""
 
 
 LATEX_LAYOUTS: tuple[str, ...] = ("page", "wide", "column")
@@ -55,6 +63,8 @@ def markdown_table(table: TextTable) -> list[str]:
     """Lines of a Markdown table."""
     lines = ["| " + " | ".join(_markdown_cell(h) for h in table.header) + " |", "|" + "---|" * len(table.header)]
     lines += ["| " + " | ".join(_markdown_cell(c) for c in row) + " |" for row in table.rows]
+    for header, rows in table.panels:
+        lines += ["", *markdown_table(TextTable(header, rows))]
     return lines
 
 
@@ -73,17 +83,24 @@ def latex_escape(text: Any) -> str:
     return _NEGATIVE.sub("$-$", text)  # a negative number's sign is a minus, not a hyphen (exponents left as is)
 
 
-def _stacked_header(text: str) -> str:
-    """A header cell broken into lines of about :data:`_HEADER_LINE` characters (``\\shortstack``, no package)."""
+def _header_lines(text: str) -> list[str]:
+    """A header's words in lines of about :data:`_HEADER_LINE` characters."""
     lines: list[str] = []
     for word in str(text).split():
         if lines and len(lines[-1]) + 1 + len(word) <= _HEADER_LINE:
             lines[-1] += " " + word
         else:
             lines.append(word)
-    escaped = [latex_escape(line) for line in lines]
-    return escaped[0] if len(escaped) <= 1 else r"\shortstack[r]{" + r"\\{}".join(escaped) + "}"  # {}: a line may
-    # start with "[", which \\ would read as its optional argument
+    return lines
+
+
+def _stacked_header(text: str) -> str:
+    """A header cell broken into lines of about :data:`_HEADER_LINE` characters (``\\shortstack``, no package)."""
+    escaped = [latex_escape(line) for line in _header_lines(text)]
+    if len(escaped) <= 1:
+        return escaped[0] if escaped else ""
+    # {}: a line may start with "[", which \\ would read as its optional argument
+    return r"\shortstack[r]{" + r"\\{}".join(escaped) + "}"
 
 
 def _column_rows(row: Sequence[Any]) -> list[str]:
@@ -105,16 +122,67 @@ def latex_table(table: TextTable, layout: str = "page") -> str:
         raise ValueError(f"unknown LaTeX layout {layout!r}; choose one of {', '.join(LATEX_LAYOUTS)}")
     column = layout == "column"
     env = "table*" if layout == "wide" else "table"
-    spec = "l" + "r" * (len(table.header) - 1)
-    header = [_stacked_header(h) if column else latex_escape(h) for h in table.header]
+    blocks = [(table.header, table.rows), *table.panels]
+    width = max(len(header) for header, _ in blocks)
+    spec = "l" + "r" * (width - 1)
     lines = [rf"\begin{{{env}}}[t]", r"\centering", r"\footnotesize" if column else r"\small",
              rf"\caption{{{latex_escape(table.caption)}}}", rf"\label{{{table.label}}}",
-             r"\setlength{\tabcolsep}{2pt}" if column else "", rf"\begin{{tabular}}{{{spec}}}", r"\toprule",
-             " & ".join(header) + r" \\", r"\midrule"]
-    for row in table.rows:
-        lines += _column_rows(row) if column else [" & ".join(latex_escape(c) for c in row) + r" \\"]
+             r"\setlength{\tabcolsep}{2pt}" if column else "", rf"\begin{{tabular}}{{{spec}}}", r"\toprule"]
+    for k, (header, rows) in enumerate(blocks):
+        pad = ("",) * (width - len(header))
+        cells = [_stacked_header(h) if column else latex_escape(h) for h in (*header, *pad)]
+        lines += ([r"\midrule"] if k else []) + [" & ".join(cells) + r" \\", r"\midrule"]
+        for row in rows:
+            row = (*row, *pad)
+            lines += _column_rows(row) if column else [" & ".join(latex_escape(c) for c in row) + r" \\"]
     lines += [r"\bottomrule", r"\end{tabular}", rf"\end{{{env}}}"]
     return "\n".join(line for line in lines if line)
+
+
+LAYOUT_WIDTHS: dict[str, float] = {"page": 469.0, "wide": 469.0, "column": 219.0}
+"""Width in pt a table of each layout must fit: a 6.5 in text (``page``; ``wide`` too, which also fits a one-column
+page), ACL's 7.7 cm column (``column``: the narrowest common column; IEEE's is 3.5 in, 253 pt)."""
+_FONT_PT = {"page": 9.0, "wide": 9.0, "column": 8.0}
+"""The font size of each layout (``\\small``, ``\\footnotesize`` of a 10 pt article)."""
+_PAD_PT = {"page": 12.0, "wide": 12.0, "column": 4.0}
+"""Space around a cell: twice ``\\tabcolsep`` (6 pt; the ``column`` layout sets 2 pt)."""
+_EM = {**dict.fromkeys("0123456789", 0.53), **dict.fromkeys(".,;:[]()'", 0.28), " ": 0.34, "−": 0.78, "-": 0.78,
+       "=": 0.78, "×": 0.78, "%": 0.83, "–": 0.53}
+"""Widths in em of Computer Modern's glyphs, a little over (digits 0.5 em at 10 pt, 0.53 at 8 pt); others 0.53."""
+
+
+def _text_pt(text: str, layout: str) -> float:
+    return _FONT_PT[layout] * sum(_EM.get(ch, 0.53) for ch in text)
+
+
+def cell_width(cell: Any, layout: str, header: bool = False) -> float:
+    """An estimate of a cell's width in pt in ``layout``, its padding included, a little over pdflatex's: one line,
+    or (``column``) the wider of an estimate and its interval, and a header's longest stacked line."""
+    text = MISSING if cell is None else " ".join(str(cell).split())
+    parts = [text]
+    if layout == "column":
+        match = _ESTIMATE.match(text)
+        parts = (_header_lines(text) or [""]) if header else [match.group(1), match.group(2)] if match else [text]
+    return max(_text_pt(part, layout) for part in parts) + _PAD_PT[layout]
+
+
+def fit_columns(table: TextTable, layout: str, keep: int = 1) -> TextTable:
+    """``table`` split into panels (:attr:`TextTable.panels`) that each fit :data:`LAYOUT_WIDTHS` in ``layout``:
+    the first ``keep`` columns repeated in every panel, the others in order, as few panels as fit, of equal size
+    but the last (never under one column a panel); unchanged when it fits as it is."""
+    widths = [max([cell_width(h, layout, header=True)] + [cell_width(row[j], layout) for row in table.rows])
+              for j, h in enumerate(table.header)]
+    fixed, rest = sum(widths[:keep]), len(widths) - keep
+    per = max(rest, 1)
+    for count in range(1, rest + 1):
+        per = -(-rest // count)
+        if per == 1 or all(fixed + sum(widths[a:a + per]) <= LAYOUT_WIDTHS[layout]
+                           for a in range(keep, len(widths), per)):
+            break
+    starts = range(keep, max(len(widths), keep + 1), per)
+    blocks = [(tuple(table.header[:keep]) + tuple(table.header[a:a + per]),
+               tuple(tuple(row[:keep]) + tuple(row[a:a + per]) for row in table.rows)) for a in starts]
+    return replace(table, header=blocks[0][0], rows=blocks[0][1], panels=tuple(blocks[1:]))
 
 
 def write_latex_tables(path: Path, tables: Sequence[TextTable], source: str, layout: str = "page") -> Path:
@@ -150,5 +218,6 @@ def latex_label(*parts: str) -> str:
     return "tab:gradflow-" + "-".join(re.sub(r"[^A-Za-z0-9]+", "-", p).strip("-").lower() for p in parts if p)
 
 
-__all__ = ["LATEX_FOLDER", "LATEX_LAYOUTS", "TextTable", "depth_cell", "latex_escape", "latex_label", "latex_table",
-           "layers_header", "markdown_table", "write_latex_files", "write_latex_tables"]
+__all__ = ["LATEX_FOLDER", "LATEX_LAYOUTS", "LAYOUT_WIDTHS", "TextTable", "cell_width", "depth_cell", "fit_columns",
+           "latex_escape", "latex_label", "latex_table", "layers_header", "markdown_table", "write_latex_files",
+           "write_latex_tables"]
