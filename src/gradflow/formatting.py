@@ -155,5 +155,21 @@ def masking_label(masking: Any) -> str:
     return label + (", shifted" if masking.get("shift") else "")
 
 
+def objective_label(meta: Any) -> str:
+    """The training objective a run was recorded under, named from its meta.json (``loss`` and ``masking``):
+    ``masked diffusion`` (masking policy ``diffusion``: cross-entropy at the masked positions, weighted 1/t),
+    ``masked diffusion, SFT`` (with a prompt/response corpus), ``MLM`` (the loss ``mlm`` under any other masking),
+    else the loss's name (``all-positions``). meta.json's ``loss`` alone says ``mlm`` for a diffusion run: the
+    loss is computed at the selected positions either way; the masking makes it masked diffusion."""
+    if not isinstance(meta, dict):
+        return str(meta)
+    masking, loss = meta.get("masking"), meta.get("loss")
+    if isinstance(masking, dict) and masking.get("policy") == "diffusion" and loss in (None, "mlm"):
+        return "masked diffusion" + (", SFT" if meta.get("prompted") else "")
+    if loss in (None, "mlm"):
+        return "MLM"
+    return str(loss)
+
+
 __all__ = ["MAX_DECIMALS", "MIN_DECIMALS", "MISSING", "column_decimals", "fixed_column", "format_estimate", "format_fixed",
-           "format_fixed_estimate", "format_number", "format_p_value", "masking_label"]
+           "format_fixed_estimate", "format_number", "format_p_value", "masking_label", "objective_label"]

@@ -142,7 +142,9 @@ ANALYSIS_COLUMNS: dict[str, tuple[str, ...]] = {
     "ratio_differences": ("label", "baseline", "layer", "baseline_layer", "relative_depth", "role", "difference",
                           "ci_low", "ci_high", "paired"),
     "mask_ratio_profile": ("layer", "site", "t_low", "t_high", "t_mid", "n_sequences", "ratio", "ci_low", "ci_high",
-                           "context_mean", "loss_mean", "n_context", "n_loss", "exact_zero"),
+                           "context_mean", "context_ci_low", "context_ci_high", "loss_mean", "loss_ci_low",
+                           "loss_ci_high", "context_share", "share_ci_low", "share_ci_high", "n_context", "n_loss",
+                           "exact_zero"),
 }
 """Column order of each table :mod:`gradflow.analysis` builds, by name: :func:`~gradflow.analysis.role_profile`,
 ``role_ratios``, ``layer_tests``, ``sublayer_shares``, ``last_block`` (``last_block_deficit``), ``channel_quantiles``,

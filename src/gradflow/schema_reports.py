@@ -162,6 +162,15 @@ COLUMNS: dict[str, Column] = {
     "t_high": _c("float64", "1", "upper edge of the bin (the last bin includes it; a grid's value itself)"),
     "t_mid": _c("float64", "1", "``(t_low + t_high) / 2``: where the figure draws the bin"),
     "context_mean": _c("float64", GRAD, "gradient norm averaged over the bin's context positions (pooled)"),
+    "context_ci_low": _c("float64", GRAD, "lower end of ``context_mean``'s 95% sequence-bootstrap interval"),
+    "context_ci_high": _c("float64", GRAD, "upper end of that interval"),
+    "loss_ci_low": _c("float64", GRAD, "lower end of ``loss_mean``'s 95% sequence-bootstrap interval"),
+    "loss_ci_high": _c("float64", GRAD, "upper end of that interval"),
+    "context_share": _c("float64", "1", "the context positions' share of the gradient: their summed norms over the "
+                                        "summed norms of context and loss positions (falls with t as fewer "
+                                        "positions are clean)"),
+    "share_ci_low": _c("float64", "1", "lower end of ``context_share``'s 95% sequence-bootstrap interval"),
+    "share_ci_high": _c("float64", "1", "upper end of that interval"),
     # diagnostics (gradflow diagnose)
     "top1_original": _c("float64", "1", "fraction of positions whose logit-lens top-1 prediction is the original "
                                         "token"),

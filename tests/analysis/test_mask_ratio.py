@@ -14,6 +14,7 @@ import pandas as pd
 import pytest
 
 from gradflow.analysis import RunError, bootstrap_ratio, load_run, mask_ratio_bins, ratio_by_mask_ratio
+from gradflow.analysis.stats import bootstrap_sums, percentile_interval
 from gradflow.cli.main import main
 from gradflow.roles import LOSS_ROLES
 from gradflow.schema import ANALYSIS_COLUMNS, MASK_RATIOS_FILE, REPORT_TABLES
@@ -77,40 +78,66 @@ def test_one_bin_recomputed_by_hand(diffusion_run, table):
     assert (row["t_low"], row["t_high"], row["site"]) == (0.5, 0.5, "blocks.0.out")
 
 
+def test_numerator_denominator_and_share_recomputed_by_hand(diffusion_run, table):
+    """t = 0.5, layer 1: the context mean, the loss mean and the context share with their CIs, by hand from the
+    same resamples of the bin's sequences (percentile intervals of bootstrap_sums with the table's seed)."""
+    ratios = pd.read_parquet(diffusion_run / MASK_RATIOS_FILE)
+    members = ratios.loc[ratios["mask_ratio"] == 0.5, "sequence_index"]
+    c_sum, c_n, l_sum, l_n = _per_sequence(diffusion_run, members, layer=1)
+    reps = bootstrap_sums(np.stack([c_sum, c_n, l_sum, l_n], axis=-1), n_resamples=N_RESAMPLES, seed=0)
+    row = table[(table["layer"] == 1) & (table["t_mid"] == 0.5)].iloc[0]
+    assert row["n_sequences"] == len(members) == 8  # every sequence of the bin has context and loss positions
+    with np.errstate(invalid="ignore"):  # a resample without context positions has no context mean (NaN, left out)
+        context_reps = reps[:, 0] / reps[:, 1]
+    for column, point, replicates in (("context", c_sum.sum() / c_n.sum(), context_reps),
+                                      ("loss", l_sum.sum() / l_n.sum(), reps[:, 2] / reps[:, 3]),
+                                      ("share", c_sum.sum() / (c_sum.sum() + l_sum.sum()),
+                                       reps[:, 0] / (reps[:, 0] + reps[:, 2]))):
+        low, high = percentile_interval(replicates)
+        value = row["context_share" if column == "share" else f"{column}_mean"]
+        assert value == pytest.approx(point, rel=1e-12)
+        assert row[f"{column}_ci_low"] == pytest.approx(low, rel=1e-9)
+        assert row[f"{column}_ci_high"] == pytest.approx(high, rel=1e-9)
+        assert row[f"{column}_ci_low"] < value < row[f"{column}_ci_high"]
+    assert 0 < row["context_share"] < 1
+    assert row["ratio"] == pytest.approx(row["context_mean"] / row["loss_mean"], rel=1e-12)
+
+
 def test_the_last_block_is_an_exact_zero_at_every_t(table):
     assert tuple(table.columns) == ANALYSIS_COLUMNS["mask_ratio_profile"] == REPORT_TABLES["mask_ratio_profile"]
     assert len(table) == (LAYERS + 1) * len(GRID) and table["t_mid"].tolist() == list(GRID) * (LAYERS + 1)
     last = table[table["layer"] == LAYERS]
     assert last["exact_zero"].all() and (last["ratio"] == 0.0).all() and (last["context_mean"] == 0.0).all()
     assert (last["ci_low"] == 0.0).all() and (last["ci_high"] == 0.0).all() and (last["loss_mean"] > 0).all()
+    assert (last["context_share"] == 0.0).all() and (last["share_ci_high"] == 0.0).all()
+    assert (last["context_ci_high"] == 0.0).all()
     earlier = table[table["layer"] < LAYERS]
     assert not earlier["exact_zero"].any() and (earlier["ratio"] > 0).all() and (earlier["ci_low"] > 0).all()
-    assert (table.loc[table["t_mid"] < 0.8, "n_sequences"] == 8).all()
+    assert (table["n_sequences"] == 8).all()
 
 
-def test_a_bin_counts_the_sequences_with_context_and_loss_positions(diffusion_run, table):
-    """t = 0.8 masks every token of the shortest sequences: no context position, so they are left out of the bin
-    (mask_ratio_selection counts them)."""
+def test_a_bin_keeps_its_sequences_without_context_in_its_loss_mean(diffusion_run, table):
+    """t = 0.8 masks every token of the shortest sequences: they have no context position, but their bin has, so
+    they stay: their loss positions are pooled into the bin's loss mean and its share."""
     ratios = pd.read_parquet(diffusion_run / MASK_RATIOS_FILE)
-    for t, group in table.groupby("t_mid"):
-        _, c_n, _, l_n = _per_sequence(diffusion_run, ratios.loc[ratios["mask_ratio"] == t, "sequence_index"], 0)
-        assert (group["n_sequences"] == ((c_n > 0) & (l_n > 0)).sum()).all()
-    assert (table.loc[table["t_mid"] == 0.8, "n_sequences"] < 8).all()  # the premise: some were left out
+    members = ratios.loc[ratios["mask_ratio"] == 0.8, "sequence_index"]
+    c_sum, c_n, l_sum, l_n = _per_sequence(diffusion_run, members, 0)
+    assert (c_n == 0).any() and (c_n > 0).any() and (l_n > 0).all()  # the premise
+    row = table[(table["layer"] == 0) & (table["t_mid"] == 0.8)].iloc[0]
+    assert row["loss_mean"] == pytest.approx(l_sum.sum() / l_n.sum(), rel=1e-12)
+    assert row["context_share"] == pytest.approx(c_sum.sum() / (c_sum.sum() + l_sum.sum()), rel=1e-12)
 
 
 def test_edges_pool_several_ratios_into_one_bin(diffusion_run):
-    """bins=[0, 0.5, 1]: t = 0.2 alone, then t = 0.5 and 0.8 pooled by positions over their 16 sequences but those
-    without a context position (every token masked: left out)."""
+    """bins=[0, 0.5, 1]: t = 0.2 alone, then t = 0.5 and 0.8 pooled by positions over their 16 sequences."""
     table = ratio_by_mask_ratio(load_run(diffusion_run), bins=[0.0, 0.5, 1.0], n_resamples=50)
     assert table[["t_low", "t_high"]].drop_duplicates().values.tolist() == [[0.0, 0.5], [0.5, 1.0]]
     ratios = pd.read_parquet(diffusion_run / MASK_RATIOS_FILE)
     members = ratios.loc[ratios["mask_ratio"] >= 0.5, "sequence_index"]
     c_sum, c_n, l_sum, l_n = _per_sequence(diffusion_run, members, layer=0)
-    both = (c_n > 0) & (l_n > 0)
-    c_sum, c_n, l_sum, l_n = c_sum[both], c_n[both], l_sum[both], l_n[both]
     row = table[(table["layer"] == 0) & (table["t_low"] == 0.5)].iloc[0]
     assert row["ratio"] == pytest.approx((c_sum.sum() / c_n.sum()) / (l_sum.sum() / l_n.sum()), rel=1e-12)
-    assert (row["n_sequences"], row["t_mid"]) == (both.sum(), 0.75) and 8 < both.sum() < 16
+    assert (row["n_sequences"], row["t_mid"]) == (16, 0.75)
 
 
 def test_a_bin_without_context_has_no_rows(diffusion_run, tmp_path):

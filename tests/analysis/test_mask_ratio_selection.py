@@ -103,18 +103,19 @@ def _has(run_dir, roles):
     return set(seq["sequence_index"])
 
 
-def test_sequences_without_loss_or_context_are_left_out_and_counted(tmp_path):
+def test_sequences_without_loss_are_left_out_and_counted(tmp_path):
     """t = 0.001 on a short sequence draws no masked token (no loss position; an all-zero gradient that would pull
-    its bin's context mean down); t = 1 masks every token (no context position). Both are left out, by reason."""
+    its bin's context mean down): left out, by reason. t = 1 masks every token (no context position) but its bin
+    [0.8, 1] has context from t = 0.85: it stays, its loss positions pooled into the bin's loss mean."""
     ratios = (0.001, 0.12, 0.18, 0.3, 0.35, 0.5, 0.55, 0.7, 0.75, 0.85, 1.0)
     path = write_run(tmp_path / "run", num_layers=2, n_sequences=len(ratios), seq_len=16, mask_ratios=ratios)
     assert 0 not in _has(path, LOSS_ROLES) and 10 not in _has(path, ("context",))  # the premises
     assert set(range(1, 10)) <= _has(path, LOSS_ROLES) & _has(path, ("context",))
     run = load_run(path)
     selection = mask_ratio_selection(run)
-    assert selection.left_out == (("no_loss", 1), ("no_context", 1)) and selection.n_left_out == 2
+    assert selection.left_out == (("no_loss", 1),) and selection.n_left_out == 1
     assert selection.n_sequences == 11 and list(LEFT_OUT_REASONS) == ["outside", "no_loss", "no_context"]
-    assert selection.members == ((1, 2), (3, 4), (5, 6), (7, 8), (9,))
+    assert selection.members == ((1, 2), (3, 4), (5, 6), (7, 8), (9, 10))
     table = ratio_by_mask_ratio(run, n_resamples=20)
     first = table[(table["layer"] == 0) & (table["t_low"] == 0)].iloc[0]
     assert first["n_sequences"] == 2  # sequence 0 is not in its bin
@@ -125,8 +126,26 @@ def test_sequences_without_loss_or_context_are_left_out_and_counted(tmp_path):
     expected = (context["grad_norm_sum"].sum() / context["n_positions"].sum()) / (
         loss["grad_norm_sum"].sum() / loss["n_positions"].sum())
     assert first["ratio"] == pytest.approx(expected, rel=1e-12)
-    last = table[table["t_low"] == pytest.approx(0.8)]
-    assert (last["n_sequences"] == 1).all()  # t = 1 left out of [0.8, 1]
+    last = table[np.isclose(table["t_low"], 0.8) & (table["layer"] == 0)].iloc[0]
+    assert last["n_sequences"] == 2  # t = 1 stays in [0.8, 1]: the bin has context from t = 0.85
+    both = run.sequences[run.sequences["sequence_index"].isin([9, 10]) & (run.sequences["point"] == "out")
+                         & (run.sequences["layer"] == 0)]
+    loss_both = both[both["role"].isin(LOSS_ROLES)]
+    assert last["loss_mean"] == pytest.approx(loss_both["grad_norm_sum"].sum() / loss_both["n_positions"].sum(),
+                                              rel=1e-12)
+    assert last["n_context"] == both.loc[both["role"] == "context", "n_positions"].sum()
+
+
+def test_a_bin_without_any_context_position_is_counted_as_left_out(tmp_path):
+    """Edges [0, 0.95, 1]: the last bin holds t = 1 alone, which masks every token: no ratio there, so its sequence
+    is left out with that reason, never silently."""
+    ratios = (0.3, 0.35, 0.6, 0.65, 1.0)
+    path = write_run(tmp_path / "run", num_layers=2, n_sequences=5, seq_len=12, mask_ratios=ratios)
+    selection = mask_ratio_selection(load_run(path), bins=[0.0, 0.95, 1.0])
+    assert selection.left_out == (("no_context", 1),)
+    assert selection.members == ((0, 1, 2, 3), ())
+    table = ratio_by_mask_ratio(load_run(path), bins=[0.0, 0.95, 1.0], n_resamples=20)
+    assert table["t_low"].unique().tolist() == [0.0]
 
 
 def test_a_sequence_outside_every_bin_is_counted_first(tmp_path):

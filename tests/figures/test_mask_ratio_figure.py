@@ -20,7 +20,13 @@ from figure_layout import assert_clean_layout  # noqa: E402
 from gradflow import schema  # noqa: E402
 from gradflow.cli.main import main  # noqa: E402
 from gradflow.figures import report  # noqa: E402
-from gradflow.figures.mask_ratio import layer_colors, mask_ratio_lines  # noqa: E402
+from gradflow.figures.mask_ratio import (  # noqa: E402
+    FLOOR_ROOM,
+    PANELS,
+    layer_colors,
+    mask_ratio_lines,
+    mask_ratio_panels,
+)
 from gradflow.figures.style import gradflow_style  # noqa: E402
 from gradflow.formatting import fixed_column  # noqa: E402
 from synthetic_runs import write_run  # noqa: E402
@@ -36,38 +42,53 @@ def _close():
 
 
 def _table(layers: int = 4, ts=(0.1, 0.3, 0.5, 0.7, 0.9), grid: bool = True) -> pd.DataFrame:
-    """A ratio_by_mask_ratio-like table: ratios rising with t, falling with depth, the last layer exactly 0."""
+    """A ratio_by_mask_ratio-like table: a flat numerator, a denominator falling like 1/t, so ratios rising with t
+    and falling with depth; the clean share falling with t; the last layer exactly 0."""
     rows = []
     for layer in range(layers + 1):
         for t in ts:
             zero = layer == layers
-            ratio = 0.0 if zero else (0.3 + 1.2 * t) * (1 - layer / (layers + 1))
+            context = 0.0 if zero else 0.01 * (1 - layer / (layers + 1))
+            loss = 0.004 / t
+            ratio, share = context / loss, context * (1 - t) / (context * (1 - t) + loss * t)
             low, high = (t, t) if grid else (t - 0.1, t + 0.1)
             rows.append({"layer": layer, "site": f"s{layer}", "t_low": low, "t_high": high, "t_mid": t,
                          "n_sequences": 40, "ratio": ratio, "ci_low": 0.9 * ratio, "ci_high": 1.1 * ratio,
-                         "context_mean": ratio, "loss_mean": 1.0, "n_context": 100, "n_loss": 50,
-                         "exact_zero": zero})
-    return pd.DataFrame(rows)
+                         "context_mean": context, "context_ci_low": 0.9 * context, "context_ci_high": 1.1 * context,
+                         "loss_mean": loss, "loss_ci_low": 0.9 * loss, "loss_ci_high": 1.1 * loss,
+                         "context_share": share, "share_ci_low": 0.9 * share, "share_ci_high": 1.1 * share,
+                         "n_context": 100, "n_loss": 50, "exact_zero": zero})
+    return pd.DataFrame(rows, columns=list(schema.ANALYSIS_COLUMNS["mask_ratio_profile"]))
 
 
 def _figure(artists) -> plt.Figure:
     return next(a.figure for a in artists if getattr(a, "figure", None) is not None)
 
 
-def test_lines_bands_and_exact_zeros_on_y_zero():
+def _floor_gap_pt(ax, ys) -> float:
+    """Points between the exact-zero triangles (the axis floor) and the lowest drawn value ``ys`` on ``ax``."""
+    floor = ax.transAxes.transform((0, 0))[1]
+    lowest = ax.transData.transform((0.5, float(np.nanmin(ys))))[1]
+    return (lowest - floor) * 72.0 / ax.figure.dpi
+
+
+def test_the_ratio_alone_on_a_log_axis_with_exact_zeros_on_the_floor():
     table = _table()
     artists = mask_ratio_lines(table)
     by_gid = {a.get_gid(): a for a in artists if a.get_gid()}
-    assert {f"ratio:{k}" for k in range(5)} | {f"band:{k}" for k in range(5)} | {"zeros:4", "reference",
-                                                                                   "colorbar"} <= set(by_gid)
+    assert {f"ratio:{k}" for k in range(5)} | {f"band:ratio:{k}" for k in range(5)} | {
+        "zeros:ratio:4", "reference", "colorbar"} <= set(by_gid)
     line = by_gid["ratio:1"]
     assert np.allclose(line.get_xdata(), [0.1, 0.3, 0.5, 0.7, 0.9])
     assert np.allclose(line.get_ydata(), table.loc[table["layer"] == 1, "ratio"])
     assert np.isnan(by_gid["ratio:4"].get_ydata()).all()  # the zero layer has no line, only its markers
-    zeros = by_gid["zeros:4"]
+    zeros = by_gid["zeros:ratio:4"]
     ax = zeros.axes
-    assert np.allclose(zeros.get_xdata(), [0.1, 0.3, 0.5, 0.7, 0.9]) and (np.asarray(zeros.get_ydata()) == 0).all()
-    assert ax.get_ylim()[0] == 0.0  # the markers sit on the axis floor, which is y = 0
+    assert ax.get_yscale() == "log"
+    assert np.allclose(zeros.get_xdata(), [0.1, 0.3, 0.5, 0.7, 0.9])
+    # the floor sits FLOOR_ROOM below the smallest value drawn (a CI end): the layer before the last stays clear
+    smallest = table.loc[table["layer"] < 4, "ci_low"].min()
+    assert ax.get_ylim()[0] == pytest.approx(smallest / FLOOR_ROOM)
     assert zeros.get_marker() != line.get_marker()
     assert to_rgba(zeros.get_markerfacecolor()) == to_rgba(layer_colors(range(5))[4])
     legend = next(a for a in artists if isinstance(a, matplotlib.legend.Legend))
@@ -76,6 +97,57 @@ def test_lines_bands_and_exact_zeros_on_y_zero():
     assert [t.get_text() for t in ax.get_xticklabels()] == ["0.1", "0.3", "0.5", "0.7", "0.9"]
     fig = _figure(artists)
     assert tuple(fig.get_size_inches()) == pytest.approx((3.5, 3.5 * 0.74))
+
+
+def test_four_panels_numerator_denominator_ratio_and_share():
+    """(a) context mean and (b) loss mean on one y range, (c) the ratio with its reference, (d) the share; each
+    line is its column, the last layer's zeros are floor triangles in (a), (c) and (d), never in (b)."""
+    table = _table()
+    artists = mask_ratio_panels(table)
+    by_gid = {a.get_gid(): a for a in artists if a.get_gid()}
+    axes = {}
+    for panel in PANELS:
+        for layer in range(4):
+            line = by_gid[f"{panel.value}:{layer}"]
+            assert np.allclose(line.get_ydata(), table.loc[table["layer"] == layer, panel.value])
+            assert f"band:{panel.value}:{layer}" in by_gid
+        axes[panel.value] = by_gid[f"{panel.value}:0"].axes
+        assert axes[panel.value].get_yscale() == "log"
+        assert (f"zeros:{panel.value}:4" in by_gid) == (panel.value != "loss_mean")
+    assert axes["context_mean"].get_ylim() == axes["loss_mean"].get_ylim()  # numerator and denominator compared
+    assert by_gid["reference"].axes is axes["ratio"]
+    assert [axes[p.value].get_title(loc="left") for p in PANELS] == [p.title for p in PANELS]
+    for panel in PANELS[2:]:  # every panel with zeros: the floor is FLOOR_ROOM below the smallest drawn value
+        ax = axes[panel.value]
+        drawn = table.loc[table["layer"] < 4, [panel.value, panel.low]].to_numpy(float)
+        assert ax.get_ylim()[0] == pytest.approx(drawn.min() / FLOOR_ROOM)
+    legend = next(a for a in artists if isinstance(a, matplotlib.legend.Legend))
+    assert [t.get_text() for t in legend.get_texts()] == ["exactly 0", "95% CI", "context = loss (c)"]
+    fig = _figure(artists)
+    assert fig.get_size_inches()[0] == pytest.approx(3.5)
+    assert fig.get_supxlabel() == "masking ratio t (fraction of tokens masked)"
+
+
+def test_the_layer_before_the_last_is_not_hidden_by_the_zeros_on_a_real_run(diffusion_run):
+    """On a recorded run, every panel with exact zeros keeps its lowest line at least a marker's height above the
+    triangles on the floor (the linear ratio axis put the layer before the last under them)."""
+    from gradflow.analysis import load_run, ratio_by_mask_ratio
+    table = ratio_by_mask_ratio(load_run(diffusion_run), n_resamples=50)
+    artists = mask_ratio_panels(table)
+    fig = _figure(artists)
+    fig.canvas.draw()
+    by_gid = {a.get_gid(): a for a in artists if a.get_gid()}
+    last = int(table["layer"].max())
+    for panel in (PANELS[0], PANELS[2], PANELS[3]):
+        ax = by_gid[f"zeros:{panel.value}:{last}"].axes
+        before = table.loc[table["layer"] < last, panel.value].to_numpy(float)
+        assert _floor_gap_pt(ax, before) > 4.5 / 2  # above the top of the triangles
+
+
+def test_a_table_without_the_new_columns_is_refused_in_one_sentence():
+    old = _table().drop(columns=["context_share", "share_ci_low", "share_ci_high"])
+    with pytest.raises(ValueError, match="context_share.*regenerate the report"):
+        mask_ratio_panels(old)
 
 
 def test_layer_colours_run_light_to_dark():
@@ -89,6 +161,7 @@ def test_no_zero_no_zero_legend_entry_and_no_band_without_ci():
     table = table[table["layer"] < 4]
     artists = mask_ratio_lines(table, ci=False, colorbar=False)
     assert not any((a.get_gid() or "").startswith(("zeros:", "band:", "colorbar")) for a in artists)
+    assert mask_ratio_panels(table, ci=False, colorbar=False)
     legend = next(a for a in artists if isinstance(a, matplotlib.legend.Legend))
     assert [t.get_text() for t in legend.get_texts()] == ["context = loss"]
 
@@ -96,11 +169,12 @@ def test_no_zero_no_zero_legend_entry_and_no_band_without_ci():
 @pytest.mark.parametrize("width", ["single", "double"])
 @pytest.mark.parametrize("grid", [True, False])
 @pytest.mark.parametrize("title", [None, "Gradient flow by masking ratio, masked diffusion"])
-def test_the_figure_fits_its_width(width, grid, title):
+@pytest.mark.parametrize("draw", [mask_ratio_lines, mask_ratio_panels], ids=["the ratio alone", "four panels"])
+def test_the_figure_fits_its_width(width, grid, title, draw):
     table = _table(layers=12, ts=(0.1, 0.3, 0.5, 0.7, 0.9) if grid else (0.1, 0.3, 0.5, 0.7, 0.9), grid=grid)
     with gradflow_style(width):
-        fig = _figure(mask_ratio_lines(table, width=width, title=title))
-        assert_clean_layout(fig, f"mask ratio figure at {width}, grid {grid}, title {title!r}")
+        fig = _figure(draw(table, width=width, title=title))
+        assert_clean_layout(fig, f"{draw.__name__} at {width}, grid {grid}, title {title!r}")
 
 
 def test_into_a_given_axes():

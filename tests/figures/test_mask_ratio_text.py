@@ -145,14 +145,13 @@ def test_the_section_says_how_t_was_binned_and_which_sequences_were_left_out(lef
     tables = mask_ratio_tables(left_out_run, n_resamples=40)
     selection = mask_ratio_selection(left_out_run)
     text = "\n".join(mask_ratio_section(tables, 40, 0, selection))
-    assert "t drawn per sequence, in 5 equal-width bins of [0, 1]; sequences per bin: 2, 2, 2, 2, 1)" in text
+    assert "t drawn per sequence, in 5 equal-width bins of [0, 1]; sequences per bin: 2, 2, 2, 2, 2)" in text
     assert "grid" not in text
-    assert ("2 of 11 sequences left out: 1 with no loss position (no token masked: a small t on a short sequence or "
-            "response; its gradient is all zeros); 1 with no context position (every token masked, as at t = 1).") \
-        in text
+    assert ("1 of 11 sequences left out: 1 with no loss position (no token masked: a small t on a short sequence or "
+            "response; its gradient is all zeros).") in text
     caption = mask_ratio_latex(tables, "m", "page", 40, 0, selection)[0].caption
     assert "t drawn per sequence, in 5 equal-width bins of [0, 1]" in caption
-    assert caption.endswith("2 of 11 sequences left out: 1 with no loss position; 1 with no context position).")
+    assert caption.endswith("1 of 11 sequences left out: 1 with no loss position).")
 
 
 def test_a_grid_run_and_a_run_with_none_left_out(tmp_path):

@@ -21,6 +21,15 @@ that resamples the bin's sequences. A sequence's loss weight 1/t scales its cont
 alike, so it cancels in one sequence's ratio; a bin of mixed t pools sequences whose scales differ by up
 to ``t_high / t_low``. The last block's output gets exactly zero gradient at context positions (the head
 is position-wise): ``exact_zero`` marks a bin whose context norms sum to exactly 0, and its ratio is 0.0.
+
+Read the ratio with its numerator and denominator beside it (the table has both, with their intervals, and
+the report's figure draws all three with the share). Under LLaDA's loss, ``sum over masked positions of
+CE / t``, divided by the sequence's tokens, a loss position's own gradient scales like 1/(t N): a fixed loss
+spread over the t N masked positions of a sequence of N tokens. A clean position gets its gradient through
+attention from all of them: on the embedded mini-en its mean norm stays about flat in t. The ratio rises with t
+where its *denominator* falls faster than its numerator, not because clean positions get more signal; and the
+clean positions' share of the gradient (``context_share``: their summed norms over those of context and loss
+positions) falls with t, because fewer positions are clean.
 """
 
 from __future__ import annotations
@@ -32,9 +41,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from gradflow.analysis.profiles import bootstrap_profile, ratio_replicates
+from gradflow.analysis.profiles import RoleProfile, bootstrap_profile, ratio_replicates
 from gradflow.analysis.run_data import Run
-from gradflow.analysis.stats import percentile_interval
+from gradflow.analysis.stats import bootstrap_sums, percentile_interval
 from gradflow.errors import RunError
 from gradflow.roles import LOSS_ROLES
 from gradflow.schema import ANALYSIS_COLUMNS, LOSS, MASK_RATIOS_FILE, conform
@@ -47,11 +56,13 @@ DEFAULT_BINS = 5
 LEFT_OUT_REASONS: dict[str, str] = {
     "outside": "t outside every bin",
     "no_loss": "no loss position",
-    "no_context": "no context position",
+    "no_context": "no context position in its bin",
 }
 """Why :func:`ratio_by_mask_ratio` leaves a sequence out, in the order they are checked: its t is in no bin (given
-edges), it has no loss position (no token masked: a small t on a short sequence or response; its gradient is all
-zeros, which would pull its bin's context mean down), it has no context position (every token masked, as at t = 1)."""
+edges); it has no loss position (no token masked: a small t on a short sequence or response; its gradient is all
+zeros, which would pull its bin's context mean down); no sequence of its bin has a context position (every token
+masked, as at t = 1: the bin has no ratio, so no row). A sequence without context in a bin that has some stays in:
+its loss positions are loss positions at its t, and its gradient is part of the share."""
 POINT = "out"
 """The recording point of the table: block outputs (and the embeddings output, layer 0)."""
 
@@ -122,8 +133,9 @@ class MaskRatioSelection:
 
 
 def mask_ratio_selection(run: Run, bins: Bins = None) -> MaskRatioSelection:
-    """The bins of t of :func:`ratio_by_mask_ratio` and each bin's sequences: every sequence with a loss and a context
-    position at the block outputs whose t falls in a bin; the others are counted by reason (:data:`LEFT_OUT_REASONS`).
+    """The bins of t of :func:`ratio_by_mask_ratio` and each bin's sequences: every sequence with a loss position at the
+    block outputs whose t falls in a bin that has a context position; the others are counted by reason
+    (:data:`LEFT_OUT_REASONS`).
 
     Raises :class:`RunError` when the run has no ``mask_ratios.parquet``."""
     if run.mask_ratios is None:
@@ -135,9 +147,10 @@ def mask_ratio_selection(run: Run, bins: Bins = None) -> MaskRatioSelection:
     index, lows, highs = mask_ratio_bins(run.mask_ratios["mask_ratio"].to_numpy(), bins, drawn)
     at = run.sequences[(run.sequences["point"].astype(str) == POINT) & (run.sequences["n_positions"] > 0)]
     roles = at["role"].astype(str)
-    reasons = {"outside": index < 0,
-               "no_loss": ~np.isin(ids, at.loc[roles.isin(LOSS_ROLES), "sequence_index"].unique()),
-               "no_context": ~np.isin(ids, at.loc[roles == "context", "sequence_index"].unique())}
+    with_context = np.isin(ids, at.loc[roles == "context", "sequence_index"].unique())
+    no_loss = ~np.isin(ids, at.loc[roles.isin(LOSS_ROLES), "sequence_index"].unique())
+    bins_with_context = np.unique(index[with_context & ~no_loss & (index >= 0)])
+    reasons = {"outside": index < 0, "no_loss": no_loss, "no_context": ~np.isin(index, bins_with_context)}
     left_out, dropped = [], np.zeros(ids.size, dtype=bool)
     for reason in LEFT_OUT_REASONS:
         new = reasons[reason] & ~dropped
@@ -158,11 +171,14 @@ def ratio_by_mask_ratio(run: Run, bins: Bins = None, n_resamples: int = 2000, co
     Columns: ``ANALYSIS_COLUMNS["mask_ratio_profile"]`` of :mod:`gradflow.schema`: ``layer``, ``site``,
     ``t_low``, ``t_high``, ``t_mid`` (the bin), ``n_sequences`` (the bin's sequences), ``ratio`` (pooled
     context mean / pooled loss mean), ``ci_low``, ``ci_high`` (``confidence`` percentile bootstrap over the
-    bin's sequences, ``n_resamples`` resamples, ``seed``), ``context_mean``, ``loss_mean``, ``n_context``,
+    bin's sequences, ``n_resamples`` resamples, ``seed``), ``context_mean`` (the numerator: mean gradient norm
+    of a context position) with ``context_ci_low``, ``context_ci_high``, ``loss_mean`` (the denominator) with
+    ``loss_ci_low``, ``loss_ci_high``, ``context_share`` (summed context norms over summed context and loss
+    norms) with ``share_ci_low``, ``share_ci_high`` (every interval from the same resamples), ``n_context``,
     ``n_loss`` (positions) and ``exact_zero`` (the bin's context norms sum to exactly 0). Rows by layer,
     then t; a bin without context or loss positions at a layer has no row. Bins: see the module.
 
-    Sequences without a loss or a context position, or outside every bin, are left out
+    Sequences without a loss position, outside every bin, or in a bin without a context position are left out
     (:func:`mask_ratio_selection` says which and why). Raises :class:`RunError` when the run has no
     ``mask_ratios.parquet`` (not recorded under ``--objective diffusion``).
     """
@@ -182,13 +198,18 @@ def ratio_by_mask_ratio(run: Run, bins: Bins = None, n_resamples: int = 2000, co
 
 def _bin_rows(part: Run, low: float, high: float, n_resamples: int, confidence: float,
               seed: int | None) -> list[dict]:
-    """The rows of one bin: ``part`` holds only its sequences."""
+    """The rows of one bin: ``part`` holds only its sequences.
+
+    Every interval comes from the same resamples of the bin's sequences (one seed, one sequence count): the
+    ratio's, the numerator's (``context_mean``), the denominator's (``loss_mean``) and the share's."""
     prof = bootstrap_profile(part, POINT, n_resamples, seed)
     if "context" not in prof.roles:
         return []
     _, point, reps = ratio_replicates(prof, ("context",))
     ci_low, ci_high = percentile_interval(reps, confidence)
     ctx, loss = prof.roles.index("context"), prof.roles.index(LOSS)
+    mean_low, mean_high = percentile_interval(prof.replicates[..., [ctx, loss]], confidence)
+    share, share_low, share_high = _context_share(prof, n_resamples, confidence, seed)
     context_sums = prof.cube.sums[..., prof.cube.roles.index("context")].sum(axis=0)
     present = (prof.cube.counts.sum(axis=-1) > 0).sum(axis=0)  # sequences with positions at each layer
     rows = []
@@ -199,9 +220,27 @@ def _bin_rows(part: Run, low: float, high: float, n_resamples: int, confidence: 
         rows.append({"layer": int(layer), "site": prof.cube.sites[li], "t_low": low, "t_high": high,
                      "t_mid": (low + high) / 2, "n_sequences": int(present[li]), "ratio": point[li, 0],
                      "ci_low": ci_low[li, 0], "ci_high": ci_high[li, 0], "context_mean": prof.means[li, ctx],
-                     "loss_mean": prof.means[li, loss], "n_context": n_context, "n_loss": n_loss,
+                     "context_ci_low": mean_low[li, 0], "context_ci_high": mean_high[li, 0],
+                     "loss_mean": prof.means[li, loss], "loss_ci_low": mean_low[li, 1],
+                     "loss_ci_high": mean_high[li, 1], "context_share": share[li], "share_ci_low": share_low[li],
+                     "share_ci_high": share_high[li], "n_context": n_context, "n_loss": n_loss,
                      "exact_zero": bool(context_sums[li] == 0.0)})
     return rows
+
+
+def _context_share(prof: RoleProfile, n_resamples: int, confidence: float,
+                   seed: int | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(share, low, high), each (L,): the context positions' summed gradient norms over those of context and loss
+    positions, pooled over the bin's sequences, with the percentile interval of the same resamples as the ratio's."""
+    roles = prof.cube.roles
+    sums = np.stack([prof.cube.sums[..., roles.index("context")],
+                     prof.cube.sums[..., [i for i, r in enumerate(roles) if r in LOSS_ROLES]].sum(axis=-1)], axis=-1)
+    reps = bootstrap_sums(sums, n_resamples, seed)  # (B, L, 2): the resample weights depend on (S, B, seed) only
+    with np.errstate(divide="ignore", invalid="ignore"):
+        share = sums[:, :, 0].sum(axis=0) / sums.sum(axis=(0, 2))
+        rep_share = reps[..., 0] / reps.sum(axis=-1)
+    low, high = percentile_interval(rep_share, confidence)
+    return share, low, high
 
 
 __all__ = ["DEFAULT_BINS", "LEFT_OUT_REASONS", "MAX_GRID_VALUES", "MaskRatioSelection", "mask_ratio_bins",

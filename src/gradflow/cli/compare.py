@@ -18,6 +18,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     compare.add_argument("run_dirs", nargs="+", help="two or more run directories (the first is the baseline), or "
                                                      "two or more probe directories written by `gradflow probe`")
     compare.add_argument("--labels", nargs="+", default=None, help="one label per run (default: directory names)")
+    compare.add_argument("--mask-ratio", default=None, metavar="T|LOW,HIGH",
+                         help="masked-diffusion runs: compare only their sequences of this masking ratio t (a grid "
+                              "value, e.g. 0.15) or bin of t (LOW,HIGH: [LOW, HIGH)); other runs stay whole. Default: "
+                              "every t pooled, said in each diffusion run's label")
     add_figure_output(compare, width=True)
     add_latex_layout(compare)
     compare.set_defaults(run=run)
@@ -31,12 +35,17 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     if probe_dirs(args.run_dirs):
         from gradflow.figures.probes import write_probe_figures
 
+        if args.mask_ratio is not None:
+            raise UsageError("--mask-ratio selects masked-diffusion runs' sequences by t; probe directories have "
+                             "none: leave it out.")
+
         paths = write_probe_figures(args.run_dirs, args.labels, args.out, formats=formats(args.format),
                                     width=args.width)
         paths.extend(_probe_differences(args))
     else:
         paths = write_comparison(args.run_dirs, args.labels, args.out, formats=formats(args.format),
-                                 width=args.width, latex_layout=args.latex_layout)
+                                 width=args.width, latex_layout=args.latex_layout,
+                                 mask_ratio=_t_selection(args.mask_ratio))
     print(f"wrote {len(paths)} files to {args.out}")
     return 0
 
@@ -61,6 +70,18 @@ def _probe_differences(args: argparse.Namespace) -> list[Path]:
     path = Path(args.out) / PROBE_DIFFERENCES_FILE
     write_csv(result.table, path, PROBE_DIFFERENCE_COLUMNS)
     return [path, tables]
+
+
+def _t_selection(text: str | None):
+    """``--mask-ratio`` as a :class:`gradflow.analysis.by_t.TSelection` (None: every t pooled)."""
+    if text is None:
+        return None
+    from gradflow.analysis.by_t import parse_t_selection
+
+    try:
+        return parse_t_selection(text)
+    except ValueError as err:
+        raise UsageError(f"--mask-ratio: {err}.") from None
 
 
 def _check_comparable(run_dirs: Sequence[str]) -> None:

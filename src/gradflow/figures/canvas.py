@@ -26,6 +26,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.artist import Artist
 from matplotlib.axes import Axes
+from matplotlib.cm import ScalarMappable
 from matplotlib.collections import QuadMesh
 from matplotlib.colorbar import Colorbar
 from matplotlib.colors import Colormap, Normalize
@@ -237,9 +238,10 @@ def draw_heatmap(ax: Axes, spec: HeatmapSpec, annotate: bool | None) -> tuple[Qu
     return mesh, drawn
 
 
-def add_colorbar(ax: Axes, mesh: QuadMesh, label: str) -> Colorbar:
-    """A slim colour bar beside ``ax`` (its axes' gid is ``colorbar``)."""
-    cbar = ax.figure.colorbar(mesh, ax=ax, fraction=0.05, pad=0.02, aspect=15)
+def add_colorbar(ax: Axes | Sequence[Axes], mesh: QuadMesh | ScalarMappable, label: str) -> Colorbar:
+    """A slim colour bar beside ``ax`` (several axes: beside them all; its axes' gid is ``colorbar``)."""
+    fig = ax.figure if isinstance(ax, Axes) else ax[0].figure
+    cbar = fig.colorbar(mesh, ax=ax if isinstance(ax, Axes) else list(ax), fraction=0.05, pad=0.02, aspect=15)
     cbar.set_label(label)
     cbar.outline.set_linewidth(0.4)
     cbar.ax.tick_params(width=0.4, length=2)

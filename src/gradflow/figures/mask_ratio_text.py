@@ -26,7 +26,7 @@ LEFT_OUT_TEXT: dict[str, str] = {
     "outside": "a masking ratio outside every bin",
     "no_loss": ("no loss position (no token masked: a small t on a short sequence or response; its gradient is all "
                 "zeros)"),
-    "no_context": "no context position (every token masked, as at t = 1)",
+    "no_context": "no context position in their bin (every token masked, as at t = 1: no ratio)",
 }
 """Each reason of :data:`gradflow.analysis.mask_ratio.LEFT_OUT_REASONS` in a summary's words."""
 

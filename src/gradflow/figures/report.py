@@ -31,10 +31,12 @@ from gradflow.analysis import (
     sublayer_shares,
 )
 from gradflow.analysis.atlas import last_block_sharing, shared_context_shares
+from gradflow.analysis.by_t import TSelection
 from gradflow.analysis.mask_ratio import mask_ratio_selection
 from gradflow.figures import canvas
 from gradflow.figures.comparison import comparison_last_block, comparison_profiles, comparison_ratios
-from gradflow.figures.mask_ratio import MASK_RATIO_FIGURE, MASK_RATIO_TABLE, mask_ratio_lines, mask_ratio_tables
+from gradflow.figures.comparison_scope import ScopedRuns, runs_table, scope_notes, scope_runs
+from gradflow.figures.mask_ratio import MASK_RATIO_FIGURE, MASK_RATIO_TABLE, mask_ratio_panels, mask_ratio_tables
 from gradflow.figures.mask_ratio_text import mask_ratio_latex, mask_ratio_section
 from gradflow.figures.pressure import PRESSURE_FIGURE, pressure_bars, pressure_csv, pressure_section, pressure_tables
 from gradflow.figures.profiles import depth_profile, distribution_ranges, ratio_heatmap
@@ -53,7 +55,7 @@ from gradflow.figures.report_tables import (
 from gradflow.figures.style import DEFAULT_WIDTH, gradflow_style
 from gradflow.figures.sublayers import last_block_bars, sublayer_heatmap
 from gradflow.figures.tables import TextTable, latex_label, markdown_table
-from gradflow.formatting import format_estimate, format_number, masking_label
+from gradflow.formatting import format_estimate, format_number, masking_label, objective_label
 from gradflow.provenance import display_name
 from gradflow.schema import COMPARISON_TABLES, REPORT_TABLES, conform
 
@@ -133,7 +135,7 @@ def write_report(run_dir: str | Path, out_dir: str | Path, formats: Sequence[str
         "context_coverage": lambda: sublayer_heatmap(shares, "coverage", width=width),
         "context_share": lambda: sublayer_heatmap(shares, "share", width=width),
         **({PRESSURE_FIGURE: lambda: pressure_bars(pressure, width=width)} if pressure else {}),
-        **({MASK_RATIO_FIGURE: lambda: mask_ratio_lines(by_t[MASK_RATIO_TABLE], width=width)}
+        **({MASK_RATIO_FIGURE: lambda: mask_ratio_panels(by_t[MASK_RATIO_TABLE], width=width)}
            if by_t and not by_t[MASK_RATIO_TABLE].empty else {}),
     }
     for name, draw in figures.items():
@@ -227,7 +229,8 @@ def _headline(run: Run, ratios: pd.DataFrame, deficit: pd.DataFrame) -> list[str
                 f"{s} {format_number(r)}× the earlier mean"
                 for s, r in zip(rest["sublayer"], rest["ratio_to_earlier"])) + ".")
     n_sequences = run.sequences["sequence_index"].nunique()
-    lines.append(f"- Loss: `{run.meta.get('loss')}`; {run.num_layers} blocks; {n_sequences} sequences."
+    lines.append(f"- Objective: {objective_label(run.meta)} ({masking_label(run.meta.get('masking'))}; loss "
+                 f"`{run.meta.get('loss')}`); {run.num_layers} blocks; {n_sequences} sequences."
                  + _sample_warning(n_sequences))
     return lines
 
@@ -279,9 +282,14 @@ def _figure_list(figures: list[str], formats: Sequence[str]) -> list[str]:
 
 def write_comparison(run_dirs: Sequence[str | Path], labels: Sequence[str] | None, out_dir: str | Path,
                      formats: Sequence[str] = ("pdf", "png"), width: str | float = DEFAULT_WIDTH, baseline: int = 0,
-                     n_resamples: int = 2000, seed: int = 0, latex_layout: str = "page") -> list[Path]:
+                     n_resamples: int = 2000, seed: int = 0, latex_layout: str = "page",
+                     mask_ratio: TSelection | None = None) -> list[Path]:
     """Write the comparison figures, tables (CSV; LaTeX: ``tables.tex`` with every table and one
     ``latex/<name>.tex`` per table) and ``summary.md`` for several runs; return the paths.
+
+    A masked-diffusion run's label gets what its numbers pool over t (``diffusion (pooled over t 0.1-0.9)``), on
+    every figure and table; ``mask_ratio`` keeps only its sequences of one t or bin of t (``diffusion (t = 0.15)``),
+    the other runs whole (:mod:`gradflow.figures.comparison_scope`).
 
     ``labels`` default to the run directory names; the first run is the baseline of the
     differences unless ``baseline`` says otherwise. Runs of different depths are compared at the
@@ -293,8 +301,9 @@ def write_comparison(run_dirs: Sequence[str | Path], labels: Sequence[str] | Non
     if len(run_dirs) < 2:
         raise RunError(f"A comparison needs at least two run directories, got {len(run_dirs)}; use "
                        "write_report for a single run.")
-    runs = [load_run(d) for d in run_dirs]
-    comp = compare_runs(runs, labels, baseline=baseline, n_resamples=n_resamples, seed=seed)
+    scoped = scope_runs([load_run(d) for d in run_dirs], labels, mask_ratio)
+    runs = scoped.runs
+    comp = compare_runs(runs, scoped.labels, baseline=baseline, n_resamples=n_resamples, seed=seed)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     incomplete = [lab for lab, run in zip(comp.labels, runs) if not run.complete]
@@ -318,8 +327,8 @@ def write_comparison(run_dirs: Sequence[str | Path], labels: Sequence[str] | Non
         COMPARISON_TABLES)
     summary = out / "summary.md"
     depths = {lab: run.num_layers for lab, run in zip(comp.labels, runs)}
-    summary.write_text(_comparison_summary(runs, comp, depths, incomplete, list(figures), formats, n_resamples, seed,
-                                           out, pressure_section(pressure, n_resamples, seed)), encoding="utf-8")
+    summary.write_text(_comparison_summary(scoped, comp, depths, incomplete, list(figures), formats, n_resamples,
+                                           seed, out, pressure_section(pressure, n_resamples, seed)), encoding="utf-8")
     ci = f"95% sequence-bootstrap CIs ({n_resamples} resamples, seed {seed})"
     where = ("per layer" if len(set(depths.values())) == 1 else
              "at each relative depth (layer / blocks; the layers of each run in the second column), differences "
@@ -337,7 +346,7 @@ def write_comparison(run_dirs: Sequence[str | Path], labels: Sequence[str] | Non
     return [summary, *write_latex(out, latex, "gradflow compare", latex_layout), *written]
 
 
-def _comparison_summary(runs: Sequence[Run], comp: Comparison, depths: Mapping[str, int], incomplete: list[str],
+def _comparison_summary(scoped: ScopedRuns, comp: Comparison, depths: Mapping[str, int], incomplete: list[str],
                         figures: list[str],
                         formats: Sequence[str], n_resamples: int, seed: int, out: Path,
                         extra: Sequence[str] = ()) -> str:
@@ -347,10 +356,8 @@ def _comparison_summary(runs: Sequence[Run], comp: Comparison, depths: Mapping[s
         lines += [f"> **Warning: incomplete run(s): {', '.join(incomplete)}.** Their `meta.json` has "
                   "`complete: false`: the numbers come from partial data and may change. Finish or resume "
                   "those runs before citing the comparison.", ""]
-    lines += ["## Runs", ""]
-    lines += markdown_table(_table(("label", "model", "loss", "masking", "blocks", "sequences", "complete"), [
-        (lab, r.meta.get("model"), r.meta.get("loss"), masking_label(r.meta.get("masking")), r.num_layers,
-         r.sequences["sequence_index"].nunique(), r.complete) for lab, r in zip(comp.labels, runs)])) + [""]
+    runs = scoped.runs
+    lines += ["## Runs", ""] + markdown_table(runs_table(scoped)) + [""] + scope_notes(scoped)
     same = len(set(depths.values())) == 1
     lines += [f"## Context / loss gradient-norm ratio, {'per layer' if same else 'by relative depth'} "
               f"(baseline: {comp.baseline})", "",

@@ -1,0 +1,102 @@
+"""gradflow.analysis.by_t: a masked-diffusion run's sequences selected by t, and what a run pools over t.
+
+A tiny BERT recorded under ``--objective diffusion`` on a grid of t: a selection keeps exactly the sequences of
+its value or bin (their rows in sequences.parquet, their t), a selection that keeps nothing names the run's t,
+and the scope of a run says what its numbers pool.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from gradflow.analysis import RunError, load_run, role_ratios
+from gradflow.analysis.by_t import TSelection, parse_t_selection, select_by_t, t_scope
+from gradflow.cli.main import main
+from gradflow.schema import MASK_RATIOS_FILE
+from synthetic_runs import write_run
+
+GRID = (0.2, 0.5, 0.8)
+
+
+@pytest.fixture(scope="module")
+def diffusion_run(tiny_mlm_dir, tiny_corpus, tmp_path_factory):
+    """18 sequences of the tiny 2-block BERT under masked diffusion, t cycling through GRID."""
+    out = tmp_path_factory.mktemp("by_t") / "run"
+    assert main(["record", "--model", str(tiny_mlm_dir), "--texts", str(tiny_corpus), "--out", str(out),
+                 "--objective", "diffusion", "--mask-ratios", ",".join(map(str, GRID)), "--max-length", "24",
+                 "--batch-size", "6", "--limit", "18", "--quiet"]) == 0
+    return out
+
+
+@pytest.mark.parametrize("text, low, high", [("0.15", 0.15, 0.15), ("0.1,0.2", 0.1, 0.2), (" 0.5 , 1 ", 0.5, 1.0),
+                                             ("1", 1.0, 1.0)], ids=["a value", "a bin", "spaces", "t = 1"])
+def test_a_value_or_a_bin_is_parsed(text, low, high):
+    selection = parse_t_selection(text)
+    assert (selection.low, selection.high) == (low, high)
+
+
+@pytest.mark.parametrize("text, named", [("0", "'0'"), ("1.5", "'1.5'"), ("x", "'x'"), ("0.2,0.1", "empty"),
+                                         ("0.1,0.2,0.3", "a bin LOW,HIGH"), ("nan", "'nan'"), ("", "a bin LOW,HIGH")],
+                         ids=["zero", "above one", "not a number", "reversed bin", "three values", "nan", "empty"])
+def test_a_bad_selection_is_named(text, named):
+    with pytest.raises(ValueError, match=named):
+        parse_t_selection(text)
+
+
+def test_contains_matches_a_grid_value_and_a_half_open_bin_closed_at_one():
+    ratios = np.array([0.1, 0.15, 0.2, 0.15 + 1e-12, 0.9999, 1.0])
+    assert TSelection(0.15, 0.15).contains(ratios).tolist() == [False, True, False, True, False, False]
+    assert TSelection(0.1, 0.2).contains(ratios).tolist() == [True, True, False, True, False, False]
+    assert TSelection(0.9, 1.0).contains(ratios).tolist() == [False, False, False, False, True, True]
+    assert (TSelection(0.15, 0.15).describe(), TSelection(0.1, 0.2).describe(), TSelection(0.9, 1.0).describe()) == (
+        "t = 0.15", "t in [0.1, 0.2)", "t in [0.9, 1]")
+
+
+def test_a_selection_keeps_exactly_the_sequences_of_its_t(diffusion_run):
+    run = load_run(diffusion_run)
+    ratios = pd.read_parquet(diffusion_run / MASK_RATIOS_FILE)
+    chosen = select_by_t(run, parse_t_selection("0.5"))
+    members = set(ratios.loc[ratios["mask_ratio"] == 0.5, "sequence_index"])
+    assert len(members) == 6
+    assert set(chosen.sequences["sequence_index"]) == members
+    assert (chosen.mask_ratios["mask_ratio"] == 0.5).all() and len(chosen.mask_ratios) == 6
+    whole = run.sequences[run.sequences["sequence_index"].isin(members)]
+    assert len(chosen.sequences) == len(whole)  # every row of those sequences, no other
+    binned = select_by_t(run, parse_t_selection("0.4,0.9"))
+    assert set(binned.sequences["sequence_index"]) == set(ratios.loc[ratios["mask_ratio"] >= 0.4, "sequence_index"])
+
+
+def test_the_selected_ratio_is_the_ratio_of_those_sequences_alone(diffusion_run):
+    """The context / loss ratio of a selected run, from its kept sequences' sums by hand (pooled by positions)."""
+    run = load_run(diffusion_run)
+    chosen = select_by_t(run, TSelection(0.2, 0.2))
+    ratios = role_ratios(chosen, roles=("context",), n_resamples=50)
+    seq = chosen.sequences[(chosen.sequences["point"] == "out") & (chosen.sequences["layer"] == 1)]
+    context = seq[seq["role"] == "context"]
+    loss = seq[seq["role"].isin(["masked", "random", "kept"])]
+    expected = (context["grad_norm_sum"].sum() / context["n_positions"].sum()) / (
+        loss["grad_norm_sum"].sum() / loss["n_positions"].sum())
+    assert ratios.loc[ratios["layer"] == 1, "ratio"].item() == pytest.approx(expected, rel=1e-12)
+    pooled = role_ratios(run, roles=("context",), n_resamples=50)
+    assert pooled.loc[pooled["layer"] == 1, "ratio"].item() != pytest.approx(expected, rel=1e-3)
+
+
+def test_a_selection_that_keeps_nothing_names_the_run_s_values(diffusion_run):
+    with pytest.raises(RunError, match=r"no sequence has t = 0.15; its sequences have t in \{0.2, 0.5, 0.8\}"):
+        select_by_t(load_run(diffusion_run), TSelection(0.15, 0.15))
+
+
+def test_a_run_without_t_cannot_be_selected_and_has_no_scope(tmp_path):
+    run = load_run(write_run(tmp_path / "mlm", num_layers=2, n_sequences=4))
+    with pytest.raises(RunError, match="no mask_ratios.parquet"):
+        select_by_t(run, TSelection(0.5, 0.5))
+    assert t_scope(run) is None and t_scope(run, TSelection(0.5, 0.5)) is None
+
+
+def test_the_scope_says_what_a_run_pools(diffusion_run):
+    run = load_run(diffusion_run)
+    assert t_scope(run) == "pooled over t 0.2\u20130.8"
+    assert t_scope(run, TSelection(0.5, 0.5)) == "t = 0.5"
+    assert t_scope(select_by_t(run, TSelection(0.5, 0.5))) == "t = 0.5"
