@@ -23,8 +23,9 @@ PACKAGES = {  # the defining package of a public name -> its section on the Pyth
 LAZY = "loaded on first use"
 CONSTANTS = {  # constants carry no docstring of their own
     "__version__": ("gradflow.version", "gradflow's version (the one place it is written; pyproject reads it)."),
-    "ALL_ROLES": ("gradflow.roles", "Every role name in code order: the token roles, then `relpos` (non-token inputs)."),
-    "TOKEN_ROLES": ("gradflow.roles", "`masked`, `random`, `kept`, `context`, `special`, `pad`: the position roles."),
+    "ALL_ROLES": ("gradflow.roles", "Every role name indexed by its code: `ALL_ROLES[code]` (`relpos` 6, `prompt` 7)."),
+    "TOKEN_ROLES": ("gradflow.roles", "`masked`, `random`, `kept`, `context`, `prompt`, `special`, `pad`: the position "
+                    "roles, in display order."),
     "LOSS_ROLES": ("gradflow.roles", "`masked`, `random`, `kept`: the roles of the loss positions."),
 }
 

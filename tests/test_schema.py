@@ -14,7 +14,7 @@ import pytest
 from gradflow import analysis as A
 from gradflow import schema as S
 from gradflow.adapters import SUBLAYER_NAMES
-from gradflow.roles import TOKEN_ROLES, Role
+from gradflow.roles import TOKEN_ROLES
 
 SRC = Path(S.__file__).resolve().parent  # src/gradflow
 LITERAL_RUN = re.compile(r'(?:"[a-z_0-9.]+",\s*){2,}"[a-z_0-9.]+"')
@@ -69,7 +69,7 @@ def test_sequence_arrow_schema():
 
 
 def test_role_and_sublayer_order():
-    assert S.REPORTED_ROLES == TOKEN_ROLES[:Role.PAD]  # aggregators index roles by code
+    assert S.REPORTED_ROLES == tuple(r for r in TOKEN_ROLES if r != "pad")  # display order, prompt beside context
     assert S.DIAGNOSTIC_ROLES == (*S.REPORTED_ROLES, S.LOSS)
     assert S.SUBLAYER_ORDER == SUBLAYER_NAMES
     assert S.sorted_sublayers(["ffn.out", "mystery", "attn.q", "ffn.out"]) == ["attn.q", "ffn.out", "mystery"]
@@ -79,6 +79,8 @@ def test_role_and_sublayer_order():
         (1, "attn.v", "weight", "context"), (1, "ffn.out", "weight", "masked"), (1, "ffn.out", "weight", "relpos"),
         (1, "ffn.out", "bias", "masked"), (2, "attn.q", "weight", "kept")]
     assert S.role_rank("loss", ("context", "loss")) == 1 and S.role_rank("pad", ("context",)) == 1
+    assert sorted(["relpos", "special", "prompt", "pad", "context"], key=S.role_rank) == [
+        "context", "prompt", "special", "pad", "relpos"]  # prompt (code 7) beside context (3)
 
 
 def test_readers_share_the_schema_objects():

@@ -85,7 +85,8 @@ def all_positions_labels(batch: MaskedBatch) -> torch.Tensor:
     Shifted (``batch.input_roles`` set): position ``p`` gets the token at ``p + 1`` when that one is
     neither special nor padding; the last position none.
     """
-    keep = batch.clean_input_roles() <= Role.CONTEXT
+    roles = batch.clean_input_roles()
+    keep = (roles != Role.SPECIAL) & (roles != Role.PAD)  # an SFT prompt's tokens (``prompt``) too
     none = torch.full_like(batch.original_ids, -100)
     if not batch.shifted:
         return torch.where(keep, batch.original_ids, none)

@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from gradflow.adapters.base import SUBLAYER_NAMES
-from gradflow.roles import ALL_ROLES, LOSS_ROLES, TOKEN_ROLES
+from gradflow.roles import LOSS_ROLES, ROLE_ORDER, TOKEN_ROLES
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -46,7 +46,7 @@ RUN_FILES: tuple[str, ...] = (CHANNELS_FILE, SUBLAYERS_FILE, SEQUENCES_FILE, MET
 # ----------------------------------------------------------------------------------------------
 
 REPORTED_ROLES: tuple[str, ...] = tuple(r for r in TOKEN_ROLES if r != "pad")
-"""Roles of the run tables, compared and drawn by default (``pad`` depends on batching and carries no signal)."""
+"""Roles of the run tables, compared and drawn by default, in display order (``pad`` depends on batching)."""
 LOSS = "loss"
 """The pooled loss-position pseudo-role of analysis tables (masked + random + kept, pooled by positions)."""
 SUBLAYER_ORDER: tuple[str, ...] = SUBLAYER_NAMES
@@ -62,8 +62,8 @@ def sublayer_rank(name: str) -> int:
     return SUBLAYER_ORDER.index(name) if name in SUBLAYER_ORDER else len(SUBLAYER_ORDER)
 
 
-def role_rank(name: str, order: Sequence[str] = ALL_ROLES) -> int:
-    """Sort key of a role name: its place in ``order``, unknown names last."""
+def role_rank(name: str, order: Sequence[str] = ROLE_ORDER) -> int:
+    """Sort key of a role name: its place in ``order`` (default: the display order), unknown names last."""
     return list(order).index(name) if name in order else len(order)
 
 

@@ -54,6 +54,8 @@ ACT = "||h||"
 """Unit of a hidden-state (activation) norm."""
 MAGNITUDE = "||g|| ||x||"
 """Unit of a per-position weight-gradient magnitude ``||g_t|| ||x_t||`` (the norm of a weight gradient)."""
+TOKEN_ROLE_TEXT = "position role: masked, random, kept, context, prompt (a fine-tuning prompt's tokens), special"
+"""The ``role`` column of the per-position tables (``pad`` is never aggregated, ``prompt`` only in SFT runs)."""
 
 
 def _c(dtype: str, unit: str, meaning: str) -> Column:
@@ -207,12 +209,12 @@ TABLE_OVERRIDES: dict[str, dict[str, Column]] = {
                                                       "gradient under MLM)")},
     "input_shift": {"n_loss": _c("int64", "count", "loss positions whose FFN input entered the streamed moments"),
                     "n_context": _c("int64", "count", "context positions whose FFN input entered the moments")},
-    "channels.csv": {"role": _c("str", "-", "position role: masked, random, kept, context, special")},
-    "sequences.parquet": {"role": _c("str", "-", "position role: masked, random, kept, context, special")},
+    "channels.csv": {"role": _c("str", "-", TOKEN_ROLE_TEXT)},
+    "sequences.parquet": {"role": _c("str", "-", TOKEN_ROLE_TEXT)},
     "sublayers.csv": {"layer": _c("int64", "-", "block i is layer i + 1 (1..L)"),
                       "role": _c("str", "-", "position role (``relpos``: relative-position inputs, not tokens)")},
     "sublayer_sequences.parquet": {"layer": _c("int64", "-", "block i is layer i + 1 (1..L)"),
-                                   "role": _c("str", "-", "position role: masked, random, kept, context, special")},
+                                   "role": _c("str", "-", TOKEN_ROLE_TEXT)},
 }
 """Columns whose meaning in one table (by name or file) differs from :data:`COLUMNS`'s."""
 

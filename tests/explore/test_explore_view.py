@@ -5,15 +5,19 @@ from __future__ import annotations
 import html
 import json
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
 from gradflow.errors import ChannelViewError
+from gradflow.explore import view as view_module
 from gradflow.explore.view import ChannelView, channel_view
+from gradflow.figures.style import ROLE_COLORS
 from gradflow.hooks.recorder import GradFlowRecorder, RecorderConfig
 from gradflow.models import load_model
+from gradflow.roles import ROLE_ORDER, TOKEN_ROLES
 from gradflow.runs.channels import channel_batch
 
 TEXT = "The progress of public credit is witnessed by a considerable rise of American stock abroad."
@@ -177,3 +181,16 @@ def test_site_labels_are_site_names_and_the_text_counts_blocks_from_0(masked_vie
 def test_loaded_model_by_name(masked_view):
     view = channel_view("gradflow-mini-en", TEXT, mask=[3, 7])
     assert torch.equal(torch.tensor(view.grid()), torch.tensor(masked_view.grid()))
+
+
+def test_the_explorer_colours_roles_as_the_figures_do():
+    static = Path(view_module.__file__).with_name("static")
+    script = (static / "explore.js").read_text(encoding="utf-8")
+    table = re.search(r"const ROLE_COLORS = \{(.*?)\};", script, re.S).group(1)
+    colors = dict(re.findall(r'(\w+): "(#[0-9A-F]{6})"', table))
+    assert list(colors) == list(ROLE_ORDER)  # the legend's order: ROLE_ORDER = Object.keys(ROLE_COLORS)
+    assert colors == {r: ROLE_COLORS[r] for r in ROLE_ORDER}
+    css = (static / "explore.css").read_text(encoding="utf-8")
+    for role in TOKEN_ROLES:
+        if role != "pad":
+            assert f".role-{role} {{ color: {ROLE_COLORS[role]}; }}" in css

@@ -19,6 +19,7 @@ from matplotlib.patches import Rectangle  # noqa: E402
 from gradflow import analysis as A  # noqa: E402
 from gradflow import figures as F  # noqa: E402
 from gradflow.figures.style import STYLE_PATH, figure_size, gradflow_style  # noqa: E402
+from gradflow.roles import ROLE_ORDER  # noqa: E402
 from synthetic_runs import write_run  # noqa: E402
 
 N_LAYERS = 4
@@ -82,9 +83,11 @@ def test_style_context_restores_rcparams_even_on_error():
 
 
 def test_role_colors_fixed_and_distinct():
-    colors = [F.ROLE_COLORS[r] for r in ("masked", "random", "kept", "context", "special", "pad", "relpos", "loss")]
+    colors = [F.ROLE_COLORS[r] for r in (*ROLE_ORDER, "loss")]
     assert len(set(colors)) == len(colors)
-    assert F.role_color("context") == "#0077BB"
+    assert F.role_color("context") == "#0077BB" and F.role_color("prompt") == "#332288"
+    assert "prompt" in F.PLOT_ROLES  # an SFT run's profiles draw it
+
 
 
 # ---------------------------------------------------------------------------------------------- plots

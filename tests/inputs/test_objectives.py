@@ -88,7 +88,7 @@ def test_prompt_is_never_masked_and_the_response_is_the_normaliser():
     ids, special = _sequence(40)
     for index in range(20):
         draw = draw_sequence(ids, special, index, MaskedDiffusion(ratio=1.0), INFO, prompt_length=15)
-        assert draw.roles[1:15] == [Role.CONTEXT] * 14 and draw.input_ids[:15] == ids[:15]
+        assert draw.roles[1:15] == [Role.PROMPT] * 14 and draw.input_ids[:15] == ids[:15]
         assert draw.roles[15:-1] == [Role.MASKED] * 26
         assert draw.norm == len(ids) - 15
 

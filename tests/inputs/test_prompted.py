@@ -43,7 +43,7 @@ def test_prompt_is_never_masked_even_at_t_1(tmp_path, tokenizer):
         n_prompt = len(tokenizer(prompt)["input_ids"])  # [CLS] prompt [SEP]
         n_response = len(tokenizer(response, add_special_tokens=False)["input_ids"])
         roles = batch.roles[row]
-        assert (roles[1:n_prompt - 1] == Role.CONTEXT).all() and roles[0] == roles[n_prompt - 1] == Role.SPECIAL
+        assert (roles[1:n_prompt - 1] == Role.PROMPT).all() and roles[0] == roles[n_prompt - 1] == Role.SPECIAL
         assert (roles[n_prompt:n_prompt + n_response] == Role.MASKED).all()  # t = 1: the whole response
         assert torch.equal(batch.input_ids[row, :n_prompt], batch.original_ids[row, :n_prompt])
         assert float(batch.loss_norm[row]) == n_response + 1  # the response and its [SEP], as LLaDA counts

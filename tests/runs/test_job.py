@@ -77,18 +77,21 @@ def test_cli_length_error_is_one_paragraph_exit_2(command, tiny_mlm_dir, tiny_co
 
 # ------------------------------------------------------------------------------ one loop, one tally
 def test_role_tally_counts_and_merges():
-    roles = torch.tensor([[Role.SPECIAL, Role.MASKED, Role.CONTEXT, Role.SPECIAL],
-                          [Role.SPECIAL, Role.KEPT, Role.SPECIAL, Role.PAD]])
+    roles = torch.tensor([[Role.SPECIAL, Role.MASKED, Role.CONTEXT, Role.SPECIAL, Role.PAD],
+                          [Role.SPECIAL, Role.PROMPT, Role.SPECIAL, Role.KEPT, Role.SPECIAL]])
     tally = RoleTally()
     tally.add(roles)
     assert (tally.sequences, tally.batches) == (2, 1)
-    assert tally.tokens == {"masked": 1, "random": 0, "kept": 1, "context": 1, "special": 4, "pad": 1}
+    assert tally.tokens == {"masked": 1, "random": 0, "kept": 1, "context": 1, "prompt": 1, "special": 5, "pad": 1}
     assert list(tally.tokens) == list(TOKEN_ROLES)
-    assert (tally.loss_tokens, tally.real_tokens) == (2, 7)
+    assert (tally.loss_tokens, tally.real_tokens) == (2, 9)
     other = RoleTally()
     other.add(roles[:1])
     tally.merge(other)
-    assert (tally.sequences, tally.batches, tally.tokens["special"]) == (3, 2, 6)
+    assert (tally.sequences, tally.batches, tally.tokens["special"], tally.tokens["prompt"]) == (3, 2, 7, 1)
+    before = RoleTally(tokens={"masked": 1, "random": 0, "kept": 0, "context": 2, "special": 2, "pad": 0})
+    before.add(roles[1:])  # a tally restored from a checkpoint written before the prompt role
+    assert list(before.tokens) == list(TOKEN_ROLES) and (before.tokens["prompt"], before.tokens["special"]) == (1, 5)
 
 
 def test_batches_are_the_pipelines_and_counts_fill_in(loaded, tiny_corpus):

@@ -16,7 +16,7 @@ import pandas as pd
 from gradflow.analysis.run_data import Run
 from gradflow.analysis.stats import bootstrap_sums, holm, mann_whitney, percentile_interval, rank_biserial
 from gradflow.errors import RunError
-from gradflow.roles import ALL_ROLES, LOSS_ROLES
+from gradflow.roles import LOSS_ROLES, ROLE_ORDER
 from gradflow.schema import ANALYSIS_COLUMNS, LOSS, REPORTED_ROLES, conform
 
 
@@ -39,7 +39,7 @@ def _sequence_cube(sequences: pd.DataFrame, point: str = "out", value: str = "gr
         raise RunError(f"sequences.parquet has no rows at point {point!r}.")
     seqs = np.sort(frame["sequence_index"].unique())
     layers = np.sort(frame["layer"].unique())
-    roles = [r for r in ALL_ROLES if r in set(frame["role"])]
+    roles = [r for r in ROLE_ORDER if r in set(frame["role"])]
     shape = (len(seqs), len(layers), len(roles))
     at = (np.searchsorted(seqs, frame["sequence_index"].to_numpy()), np.searchsorted(layers, frame["layer"].to_numpy()),
           frame["role"].map({r: i for i, r in enumerate(roles)}).to_numpy(np.int64))

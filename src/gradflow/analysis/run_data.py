@@ -35,7 +35,7 @@ import numpy as np
 import pandas as pd
 
 from gradflow.errors import RunError
-from gradflow.roles import ALL_ROLES
+from gradflow.roles import ROLE_ORDER
 from gradflow.schema import (
     CHANNELS_FILE,
     MASK_RATIO_DTYPES,
@@ -224,10 +224,10 @@ def _coerce(path: Path, frame: pd.DataFrame, dtypes: Mapping[str, str]) -> pd.Da
 
 def _check_roles(path: Path, frame: pd.DataFrame) -> None:
     """Raise when a table names a role gradflow does not know."""
-    unknown = sorted(set(frame["role"]) - set(ALL_ROLES))
+    unknown = sorted(set(frame["role"]) - set(ROLE_ORDER))
     if unknown:
         raise RunError(f"{str(path)!r} has unknown roles {', '.join(unknown)}; roles are "
-                       f"{', '.join(ALL_ROLES)}. The file was not written by gradflow's recorder.")
+                       f"{', '.join(ROLE_ORDER)}. The file was not written by gradflow's recorder.")
 
 
 def _check_points(path: Path, frame: pd.DataFrame) -> None:

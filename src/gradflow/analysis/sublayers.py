@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from gradflow.analysis.run_data import Run
-from gradflow.roles import ALL_ROLES, LOSS_ROLES
+from gradflow.roles import LOSS_ROLES, ROLE_ORDER
 from gradflow.schema import ANALYSIS_COLUMNS, LOSS, conform, role_rank, sublayer_rank
 
 SHARE_COLUMNS: tuple[str, ...] = ANALYSIS_COLUMNS["sublayer_shares"]
@@ -38,7 +38,7 @@ def sublayer_shares(run: Run, roles: Sequence[str] | None = None, param: str | N
     loss = base[base["role"].isin(LOSS_ROLES)].groupby(SHARE_KEYS, as_index=False)[SHARE_SUMS].sum()
     loss["role"] = LOSS
     out = pd.concat([base, loss], ignore_index=True)
-    wanted = list(dict.fromkeys([*(roles if roles is not None else ALL_ROLES), LOSS]))
+    wanted = list(dict.fromkeys([*(roles if roles is not None else ROLE_ORDER), LOSS]))
     out = _complete_roles(out, SHARE_KEYS, wanted if roles is not None else None)
     with np.errstate(divide="ignore", invalid="ignore"):
         out["coverage"] = np.where(out["n_positions"] > 0, out["n_nonzero"] / out["n_positions"], np.nan)

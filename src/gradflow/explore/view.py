@@ -43,7 +43,7 @@ from gradflow.formatting import format_number
 from gradflow.hooks.recorder import GradFlowRecorder, RecorderConfig
 from gradflow.inputs.masking import MaskingPolicy
 from gradflow.models import LoadedModel, load_model
-from gradflow.roles import LOSS_ROLES, TOKEN_ROLES, Role
+from gradflow.roles import LOSS_ROLES, TOKEN_ROLES, Role, role_name
 from gradflow.runs.channels import channel_batch, channel_policy, record_sites, sites_table
 from gradflow.runs.check import layers_text, weight_sharing
 from gradflow.runs.files import write_csv
@@ -214,7 +214,7 @@ def channel_view(loaded: LoadedModel | str, text: str, mask: Sequence[int] | str
         masking = {"policy": "explicit", "positions": positions, **({"shift": True} if batch.shifted else {})}
     tok = loaded.tokenizer
     blocks = block_modules(loaded.adapter, loaded.model.base_model)
-    roles = [TOKEN_ROLES[int(r)] for r in batch.roles[0]]
+    roles = [role_name(r) for r in batch.roles[0]]
     masking["selected"] = [t for t, r in enumerate(roles) if r in LOSS_ROLES]
     view = ChannelView(model=loaded.name, text=text, loss=loss, masking=masking,
                        tokens=tok.convert_ids_to_tokens(batch.original_ids[0].tolist()),

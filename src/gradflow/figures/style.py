@@ -1,7 +1,8 @@
 """The shipped figure style: column-width presets, role colours, colour maps, a scoped style context.
 
 Colours are Paul Tol's colour-blind-safe schemes (https://personal.sron.nl/~pault/): the
-"vibrant" qualitative scheme for roles (warm colours for loss positions, cool for the rest),
+"vibrant" qualitative scheme for roles (warm colours for loss positions, cool for the rest; ``prompt``
+takes indigo from the "muted" scheme, darker than context's blue),
 "BuRd" for diverging ratios and "YlOrBr" for sequential fractions.
 """
 
@@ -30,6 +31,7 @@ ROLE_COLORS: dict[str, str] = {
     "random": "#EE7733",   # orange
     "kept": "#EE3377",     # magenta
     "context": "#0077BB",  # blue
+    "prompt": "#332288",   # indigo (Tol's "muted" scheme: "vibrant" has no colour left): a clean channel like context
     "special": "#009988",  # teal
     "pad": "#BBBBBB",      # grey
     "relpos": "#33BBEE",   # cyan

@@ -45,7 +45,7 @@ from gradflow.adapters import Adapter
 from gradflow.errors import AttributionError
 from gradflow.hooks.sites import SiteLayer, model_device, site_hooks, site_names
 from gradflow.inputs.masking import MaskedBatch
-from gradflow.roles import TOKEN_ROLES, Role
+from gradflow.roles import Role, role_name
 
 PositionsArg = torch.Tensor | Sequence[tuple[int, int]] | None
 
@@ -92,7 +92,7 @@ def chosen_labels(batch: MaskedBatch, positions: PositionsArg = None) -> torch.T
     if bool(off.any()):
         row, t = (int(v) for v in torch.nonzero(off)[0])
         raise AttributionError(f"position ({row}, {t}) carries no MLM loss (role "
-                               f"{TOKEN_ROLES[int(batch.roles[row, t])]}); choose masked, random or kept positions")
+                               f"{role_name(batch.roles[row, t])}); choose masked, random or kept positions")
     if not bool(chosen.any()):
         raise AttributionError("no loss position chosen: the batch has no masked, random or kept position to attribute")
     return torch.where(chosen, labels, torch.full_like(labels, -100))
@@ -192,7 +192,7 @@ class ChannelAttribution:
                     "site": site, "layer": self.layers[s], "position": rows_t.numpy(),
                     "token_id": self.original_ids[rows_b, rows_t].numpy(),
                     "input_id": self.input_ids[rows_b, rows_t].numpy(),
-                    "role": [TOKEN_ROLES[int(c)] for c in self.roles[rows_b, rows_t]],
+                    "role": [role_name(c) for c in self.roles[rows_b, rows_t]],
                     "chosen": (self.labels[rows_b, rows_t] != -100).numpy()}
             for n in names:
                 part[n] = values[n][s][rows_b, rows_t].numpy()

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from gradflow.roles import ALL_ROLES, TOKEN_ROLES
+from gradflow.roles import ROLE_ORDER, TOKEN_ROLES, role_code
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -33,7 +33,7 @@ class RecorderConfig:
 
 @dataclass
 class SublayerRecord:
-    """Per-role statistics of one sublayer parameter at one depth. Arrays are (NUM_ROLES,)."""
+    """Per-role statistics of one sublayer parameter at one depth. Arrays are (NUM_ROLES,), indexed by role code."""
 
     depth: int
     sublayer: str
@@ -72,14 +72,14 @@ class BatchRecord:
         return self.grad_norm[i], self.act_norm[i]
 
     def site_frame(self) -> pd.DataFrame:
-        """Tidy per (site, role): n_positions, grad_norm_mean, grad_norm_max, act_norm_mean."""
+        """Tidy per (site, role), roles in display order: n_positions, grad_norm_mean, grad_norm_max, act_norm_mean."""
         rows = []
         roles = self.roles.reshape(-1).long()
         for s, name in enumerate(self.site_names):
             g = self.grad_norm[s].reshape(-1)
             a = self.act_norm[s].reshape(-1)
-            for code, role in enumerate(TOKEN_ROLES):
-                sel = roles == code
+            for role in TOKEN_ROLES:
+                sel = roles == role_code(role)
                 n = int(sel.sum())
                 if n == 0:
                     continue
@@ -95,7 +95,8 @@ class BatchRecord:
         rows = []
         for rec in self.sublayers:
             total = float(rec.magnitude_sum.sum())
-            for code, role in enumerate(ALL_ROLES):
+            for role in ROLE_ORDER:
+                code = role_code(role)
                 n = int(rec.n_positions[code])
                 if n == 0:
                     continue

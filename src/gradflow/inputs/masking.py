@@ -169,7 +169,7 @@ def draw_sequence(
     ``special[t]`` marks positions left out of the draws, and a position holding a special id is
     vetoed after them. ``word_ids`` (from a fast tokenizer) groups pieces into words for
     whole-word and span selection. The first ``prompt_length`` positions (a supervised
-    fine-tuning prompt) are never selected: they stay ``context`` and carry no loss.
+    fine-tuning prompt) are never selected: the non-special ones are ``prompt`` and carry no loss.
     """
     rng = _generator(policy.seed, index)
     prompt = np.arange(len(ids)) < prompt_length
@@ -178,6 +178,7 @@ def draw_sequence(
     maskable = drawn & ~vetoed
     clean = np.array([not s for s in special], dtype=bool) & ~vetoed
     roles = np.where(clean, Role.CONTEXT, Role.SPECIAL).astype(np.int8)
+    roles[clean & prompt] = Role.PROMPT
     ratio, weight = float("nan"), 1.0
     if isinstance(policy, ExplicitMasking):
         roles[_explicit_positions(ids, maskable, index, policy, info)] = {
@@ -245,7 +246,7 @@ def shift_to_loss_side(input_roles: np.ndarray, labels: np.ndarray) -> tuple[np.
     becomes that token's (``masked``, ``random`` or ``kept``) and its label that token, whatever
     ``p``'s own input is (a special [CLS]/<s> before a selected token carries loss too). Every other
     position carries no loss: ``context`` (a corrupted input whose successor is not selected
-    included), or ``special``/``pad`` as its input. ``input_roles`` and ``labels``: (T,) arrays.
+    included), or ``prompt``/``special``/``pad`` as its input. ``input_roles`` and ``labels``: (T,) arrays.
     """
     roles = np.where(input_roles <= Role.CONTEXT, Role.CONTEXT, input_roles).astype(np.int8)
     shifted = np.full_like(labels, -100)

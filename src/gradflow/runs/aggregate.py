@@ -20,7 +20,7 @@ import pandas as pd
 import torch
 
 from gradflow.hooks.recorder import BatchRecord
-from gradflow.roles import ALL_ROLES, Role
+from gradflow.roles import ALL_ROLES, NUM_ROLES, role_code
 from gradflow.schema import REPORTED_ROLES, SUBLAYER_SEQUENCE_COLUMNS, sublayer_key
 
 SublayerKey = tuple[int, str, str, str]
@@ -28,6 +28,17 @@ SublayerKey = tuple[int, str, str, str]
 LOG_LO, LOG_HI, LOG_STEP = -14.0, 6.0, 0.02
 N_LOG_BINS = int(round((LOG_HI - LOG_LO) / LOG_STEP))
 N_BINS = N_LOG_BINS + 3  # [zero, underflow, log bins..., overflow]
+REPORTED_SLOT = torch.full((NUM_ROLES,), -1, dtype=torch.long)
+REPORTED_SLOT[[role_code(r) for r in REPORTED_ROLES]] = torch.arange(len(REPORTED_ROLES))
+"""(NUM_ROLES,) long: each role code's column in the per-role arrays (:data:`REPORTED_ROLES` order), -1 for the
+codes never aggregated (``pad``, and ``relpos``, which no position has)."""
+
+
+def reported_slots(roles: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(keep, slots) of flat role codes: which positions are aggregated (all but ``pad``) and their columns."""
+    slots = REPORTED_SLOT[roles.reshape(-1).long()]
+    keep = slots >= 0
+    return keep, slots[keep]
 
 
 def histogram_bins(values: torch.Tensor) -> torch.Tensor:
@@ -90,9 +101,7 @@ class SiteAggregator:
     def add(self, record: BatchRecord) -> None:
         """Fold one batch in (pad positions are skipped)."""
         s_count, r_count = self.count.shape
-        roles = record.roles.reshape(-1).long()
-        keep = roles < Role.PAD
-        roles = roles[keep]
+        keep, roles = reported_slots(record.roles)
         grad = record.grad_norm.reshape(s_count, -1)[:, keep].double()
         act = record.act_norm.reshape(s_count, -1)[:, keep].double()
         group = (torch.arange(s_count).unsqueeze(1) * r_count + roles.unsqueeze(0)).reshape(-1)
@@ -214,9 +223,8 @@ def sequence_rows(record: BatchRecord) -> pd.DataFrame:
     """
     s_count, b, t = record.grad_norm.shape
     r_count = len(REPORTED_ROLES)
-    roles = record.roles.long()
-    keep = (roles < Role.PAD).reshape(-1)
-    pos_group = (torch.arange(b).unsqueeze(1) * r_count + roles).reshape(-1)[keep]
+    keep, slots = reported_slots(record.roles)
+    pos_group = (torch.arange(b).unsqueeze(1) * r_count).expand(b, t).reshape(-1)[keep] + slots
     group = (torch.arange(s_count).unsqueeze(1) * (b * r_count) + pos_group.unsqueeze(0)).reshape(-1)
     size = s_count * b * r_count
     grad = record.grad_norm.reshape(s_count, -1)[:, keep].double().reshape(-1)
@@ -253,11 +261,10 @@ def sublayer_sequence_rows(record: BatchRecord) -> pd.DataFrame:
     recs = [r for r in record.sublayers if r.position_magnitude is not None]
     if not recs:
         return pd.DataFrame({c: [] for c in SUBLAYER_SEQUENCE_COLUMNS})
-    b, _ = record.roles.shape
+    b, t = record.roles.shape
     r_count = len(REPORTED_ROLES)
-    roles = record.roles.long()
-    keep = (roles < Role.PAD).reshape(-1)
-    pos_group = (torch.arange(b).unsqueeze(1) * r_count + roles).reshape(-1)[keep]
+    keep, slots = reported_slots(record.roles)
+    pos_group = (torch.arange(b).unsqueeze(1) * r_count).expand(b, t).reshape(-1)[keep] + slots
     group = (torch.arange(len(recs)).unsqueeze(1) * (b * r_count) + pos_group.unsqueeze(0)).reshape(-1)
     size = len(recs) * b * r_count
     mags = torch.stack([r.position_magnitude.reshape(-1) for r in recs])[:, keep].double().reshape(-1)

@@ -41,7 +41,7 @@ from gradflow.hooks.recorder import GradFlowRecorder, RecorderConfig
 from gradflow.hooks.records import BatchRecord
 from gradflow.inputs.masking import BertMasking, ExplicitMasking, MaskedBatch, MaskingPolicy, encode, mask_batch
 from gradflow.models import LoadedModel
-from gradflow.roles import LOSS_ROLES, TOKEN_ROLES, Role
+from gradflow.roles import LOSS_ROLES, Role, role_name
 from gradflow.runs.files import write_csv, write_meta
 from gradflow.runs.job import check_head_shift
 from gradflow.runs.meta import JobInputs, JobOutcome, job_meta
@@ -100,9 +100,9 @@ def selection(batch: MaskedBatch) -> dict:
     (``masked``, ``random``, ``kept``), ``selected`` of ``maskable`` (the positions that are not special) and
     their ``fraction``. BERT's masking draws each token on its own, so the fraction of one short sentence
     can be far from 15% (the explorer's sentence draws 4 of its 17 tokens at seed 0: 24%)."""
-    roles = [TOKEN_ROLES[int(r)] for r in batch.roles[0]]
+    roles = [role_name(r) for r in batch.roles[0]]
     positions = [t for t, r in enumerate(roles) if r in LOSS_ROLES]
-    maskable = sum(r not in ("special", "pad") for r in roles)
+    maskable = sum(r not in ("prompt", "special", "pad") for r in roles)
     return {"positions": positions, "selected": len(positions), "maskable": maskable,
             "fraction": round(len(positions) / maskable, 4) if maskable else 0.0,
             **{role: roles.count(role) for role in LOSS_ROLES}}
@@ -185,7 +185,7 @@ def sites_table(loaded: LoadedModel, batch: MaskedBatch, sites: list[SiteValues]
     tok = loaded.tokenizer
     original = tok.convert_ids_to_tokens(batch.original_ids[0].tolist())
     inputs = tok.convert_ids_to_tokens(batch.input_ids[0].tolist())
-    roles = [TOKEN_ROLES[int(r)] for r in batch.roles[0]]
+    roles = [role_name(r) for r in batch.roles[0]]
     rows = []
     for name, layer, point, cols in sites:
         for t in range(len(roles)):

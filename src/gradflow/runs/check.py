@@ -55,7 +55,7 @@ from gradflow.losses import get_loss
 from gradflow.models import LoadedModel, load_model
 from gradflow.models.zoo import example_inputs_path
 from gradflow.provenance import portable_path
-from gradflow.roles import ALL_ROLES, LOSS_ROLES, Role, role_counts
+from gradflow.roles import ALL_ROLES, LOSS_ROLES, ROLE_ORDER, Role, role_code, role_counts
 from gradflow.runs.check_flops import FlopCount, count_flops, count_linear_calls
 from gradflow.runs.job import open_job
 
@@ -293,7 +293,7 @@ def _other_modules(adapter: Adapter, blocks: list[nn.Module]) -> tuple[list[str]
 
 
 def _param_check(rec) -> ParamCheck:
-    present = [code for code in range(len(ALL_ROLES)) if int(rec.n_positions[code]) > 0]
+    present = [code for code in map(role_code, ROLE_ORDER) if int(rec.n_positions[code]) > 0]  # display order
     norm = {ALL_ROLES[c]: float(rec.contribution_norm[c]) for c in present}
     context = norm.get("context")
     loss_nonzero = any(norm.get(role, 0.0) > 0 for role in LOSS_ROLES)

@@ -87,8 +87,8 @@ class RoleTally:
 
     def add(self, roles: torch.Tensor) -> None:
         """Count one batch of (B, T) role codes: B sequences, B x T positions."""
-        for role, n in role_counts(roles).items():
-            self.tokens[role] += n
+        counts = role_counts(roles)  # (a checkpoint written before the ``prompt`` role has no count for it)
+        self.tokens = {role: self.tokens.get(role, 0) + counts[role] for role in TOKEN_ROLES}
         self.sequences += int(roles.shape[0])
         self.batches += 1
 
@@ -96,8 +96,7 @@ class RoleTally:
         """Add another tally (another process's) to this one."""
         self.sequences += other.sequences
         self.batches += other.batches
-        for role in TOKEN_ROLES:
-            self.tokens[role] += other.tokens[role]
+        self.tokens = {role: self.tokens.get(role, 0) + other.tokens.get(role, 0) for role in TOKEN_ROLES}
 
     @property
     def loss_tokens(self) -> int:

@@ -21,7 +21,7 @@ import torch
 
 from gradflow.hooks.states import SiteStates
 from gradflow.inputs.masking import MaskedBatch
-from gradflow.roles import TOKEN_ROLES, Role
+from gradflow.roles import TOKEN_ROLES, Role, role_code
 from gradflow.schema import DIAGNOSTIC_COLUMNS as TABLE_COLUMNS
 from gradflow.schema import DIAGNOSTIC_GROUPS as GROUPS
 from gradflow.schema import DIAGNOSTIC_ROLES as DIAG_ROLES
@@ -31,7 +31,7 @@ from gradflow.site_names import layer_site, site_name
 
 def diagnostic_role_masks(roles: torch.Tensor) -> dict[str, torch.Tensor]:
     """(B, T) bool mask of each reported role, ``loss`` pooled."""
-    masks = {name: roles == code for code, name in enumerate(TOKEN_ROLES) if name in DIAG_ROLES}
+    masks = {name: roles == role_code(name) for name in TOKEN_ROLES if name in DIAG_ROLES}
     masks[LOSS] = roles <= Role.KEPT
     return masks
 

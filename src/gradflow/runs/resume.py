@@ -26,7 +26,7 @@ from gradflow.provenance import is_local_input
 from gradflow.runs.aggregate import SiteAggregator, SublayerAggregator
 from gradflow.runs.checkpoint import CHECKPOINT_DIR, Checkpoint, check_fingerprint, latest_checkpoint, rank_dir
 from gradflow.runs.meta import input_hash
-from gradflow.schema import META_FILE
+from gradflow.schema import META_FILE, REPORTED_ROLES
 
 SITE_ARRAYS = ("count", "grad_mean", "grad_m2", "act_mean", "act_m2", "grad_hist", "act_hist")
 DEFAULT_EVERY = 1024
@@ -68,13 +68,21 @@ def state_tensors(sites: SiteAggregator, subs: SublayerAggregator) -> tuple[dict
 def restore_aggregators(checkpoint: Checkpoint, sites: SiteAggregator, subs: SublayerAggregator) -> None:
     """Load a checkpoint's accumulators into fresh ones (of the same model's sites)."""
     for name in SITE_ARRAYS:
-        saved = checkpoint.tensors[f"sites.{name}"].numpy().copy()
+        saved = _with_prompt_column(checkpoint.tensors[f"sites.{name}"].numpy().copy(), getattr(sites, name).shape)
         if saved.shape != getattr(sites, name).shape:
             raise UsageError(f"cannot resume from {checkpoint.path}: it has {saved.shape[0]} sites and this model "
                              f"{getattr(sites, name).shape[0]}; resume with the model it was recorded with.")
         setattr(sites, name, saved)
     sums = checkpoint.tensors["subs.sums"].numpy()
     subs.sums = {tuple(key): sums[i].copy() for i, key in enumerate(checkpoint.state["sublayer_keys"])}
+
+
+def _with_prompt_column(saved: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """A site array of a checkpoint written before the ``prompt`` role (one role column fewer) with a zero
+    ``prompt`` column inserted: it had no prompt position. Any other array is returned as it is."""
+    if saved.ndim < 2 or saved.shape[0] != shape[0] or saved.shape[1] != len(REPORTED_ROLES) - 1:
+        return saved
+    return np.insert(saved, REPORTED_ROLES.index("prompt"), 0, axis=1)
 
 
 def restore_fields(target: Any, saved: dict[str, Any]) -> None:

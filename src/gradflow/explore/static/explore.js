@@ -4,7 +4,8 @@
 "use strict";
 
 const ROLE_COLORS = {masked: "#CC3311", random: "#EE7733", kept: "#EE3377", context: "#0077BB",
-                     special: "#009988", pad: "#BBBBBB", relpos: "#33BBEE"};
+                     prompt: "#332288", special: "#009988", pad: "#BBBBBB", relpos: "#33BBEE"};
+const ROLE_ORDER = Object.keys(ROLE_COLORS);  // the display order of gradflow.roles.ROLE_ORDER
 const ZERO_FILL = "#DDDDDD";
 const LOSS_ROLES = ["masked", "random", "kept"];
 const cfg = window.GRADFLOW;
@@ -99,7 +100,7 @@ function heatmapTraces(view) {
     fillpattern: {shape: "/", fgcolor: "#888888", bgcolor: ZERO_FILL, size: 5, solidity: 0.25},
     line: {width: 0}, hoverinfo: "skip", name: "exactly 0", meta: {cells: zeros}, showlegend: zeros.length > 0};
   const strips = [];
-  for (const role of [...new Set(view.roles)]) {
+  for (const role of ROLE_ORDER.filter((r) => view.roles.includes(r))) {
     const cells = view.roles.map((r, t) => [r, t]).filter(([r]) => r === role).map(([, t]) => [t, null]);
     const [sx, sy] = cellPolygons(cells, -1.5, -0.7);
     strips.push({type: "scatter", mode: "lines", x: sx, y: sy, fill: "toself", fillcolor: ROLE_COLORS[role],
