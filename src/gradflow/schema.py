@@ -13,11 +13,9 @@ Record runs (``gradflow record``):
 
 Diagnostics (``gradflow diagnose``): ``logit_lens.csv``, ``input_shift.csv``, ``anisotropy.csv``,
 ``transformation.csv``. Reports (``report``/``compare``): ``tables/<name>.csv`` (:data:`REPORT_TABLES`,
-:data:`COMPARISON_TABLES`). Training logs: ``gradflow_callback.csv``, ``new_rows.csv``, ``eval.csv``,
-``mlm_log.csv``. Probe and atlas directories: see their sections.
-
-Dtypes are ``"str"``, ``"int64"``, ``"float64"`` or ``"bool"``. Readers coerce the ``str`` and
-``int64`` columns (the keys and counts); float columns are read as written.
+:data:`COMPARISON_TABLES`). Training logs: ``gradflow_callback.csv``, ``new_rows.csv``, ``eval.csv``, ``mlm_log.csv``.
+Probe and atlas directories: see their sections. Dtypes are ``"str"``, ``"int64"``, ``"float64"`` or ``"bool"``;
+readers coerce the ``str`` and ``int64`` columns (the keys and counts), float columns are read as written.
 """
 
 from __future__ import annotations
