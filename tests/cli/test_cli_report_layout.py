@@ -10,7 +10,7 @@ matplotlib.use("Agg")
 import pytest  # noqa: E402
 
 from gradflow.cli.main import build_parser, main  # noqa: E402
-from gradflow.cli.report import latex_layout  # noqa: E402
+from gradflow.cli.options import latex_layout  # noqa: E402
 from gradflow.figures.report_tables import WIDTH_LAYOUTS, layout_for_width  # noqa: E402
 from synthetic_runs import write_run  # noqa: E402
 
@@ -27,10 +27,16 @@ from synthetic_runs import write_run  # noqa: E402
 ], ids=["neither: page", "single: column", "single with '=': column", "double: wide",
         "single with an explicit page: page", "an explicit wide wins over single", "an explicit column",
         "an explicit page"])
-def test_a_width_given_picks_the_latex_layout_unless_one_is_given(options, layout):
-    args = build_parser().parse_args(["report", "runs/x", "--out", "o", *options])
+@pytest.mark.parametrize("command", [["report", "runs/x"], ["compare", "runs/x", "runs/y"]], ids=["report", "compare"])
+def test_a_width_given_picks_the_latex_layout_unless_one_is_given(options, layout, command):
+    args = build_parser().parse_args([*command, "--out", "o", *options])
     assert latex_layout(args) == layout
     assert args.width in ("single", "double") and str(args.width) == args.width  # still the plain preset
+
+
+def test_a_command_without_width_keeps_its_layout():
+    args = build_parser().parse_args(["atlas", "gradflow-mini-en", "--out", "o"])
+    assert latex_layout(args) == "page" and not hasattr(args, "width")
 
 
 def test_layout_for_width_in_python():

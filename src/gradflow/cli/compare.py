@@ -8,13 +8,15 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from gradflow.cli.options import add_figure_output, add_latex_layout, formats, probe_dirs
+from gradflow.cli.options import LAYOUT_RULE, add_figure_output, add_latex_layout, formats, latex_layout, probe_dirs
 from gradflow.errors import UsageError
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     """Register ``compare``."""
-    compare = subparsers.add_parser("compare", help="figures and summary.md across runs")
+    compare = subparsers.add_parser("compare", help="figures and summary.md across runs",
+                                    description="Figures, tables (CSV and LaTeX) and summary.md across runs. "
+                                                + LAYOUT_RULE)
     compare.add_argument("run_dirs", nargs="+", help="two or more run directories (the first is the baseline), or "
                                                      "two or more probe directories written by `gradflow probe`")
     compare.add_argument("--labels", nargs="+", default=None, help="one label per run (default: directory names)")
@@ -40,11 +42,11 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
                              "none: leave it out.")
 
         paths = write_probe_figures(args.run_dirs, args.labels, args.out, formats=formats(args.format),
-                                    width=args.width)
+                                    width=str(args.width))
         paths.extend(_probe_differences(args))
     else:
         paths = write_comparison(args.run_dirs, args.labels, args.out, formats=formats(args.format),
-                                 width=args.width, latex_layout=args.latex_layout,
+                                 width=str(args.width), latex_layout=latex_layout(args),
                                  mask_ratio=_t_selection(args.mask_ratio))
     print(f"wrote {len(paths)} files to {args.out}")
     return 0

@@ -240,13 +240,38 @@ def add_figure_output(parser: argparse.ArgumentParser, width: bool = False) -> N
                             metavar="WIDTH", help="figure width preset: %(choices)s (default %(default)s)")
 
 
+class _Default(str):
+    """An option's default, kept by argparse as given, so that :func:`latex_layout` tells it from the same value
+    typed."""
+
+
+LAYOUT_RULE = ("The LaTeX tables' layout is --latex-layout when given; else a --width given picks it (single: column, "
+               "one column of a two-column paper; double: wide); else page.")
+"""How :func:`latex_layout` chooses, for a command's description."""
+
+
 def add_latex_layout(parser: argparse.ArgumentParser) -> None:
-    """``--latex-layout``: how ``tables.tex`` and ``latex/<name>.tex`` are laid out (:mod:`gradflow.figures.tables`)."""
+    """``--latex-layout``: how ``tables.tex`` and ``latex/<name>.tex`` are laid out (:mod:`gradflow.figures.tables`);
+    with ``--width`` (:func:`add_figure_output`), :func:`latex_layout` tells a layout or width given from a default."""
     parser.add_argument("--latex-layout", choices=RegistryChoices("gradflow.figures.tables", "LATEX_LAYOUTS"),
                         default="page", metavar="LAYOUT",
                         help="LaTeX tables: page (a one-column paper), wide (table*, across both columns of a "
                              "two-column paper) or column (one column of a two-column paper: intervals under their "
-                             "estimates); default %(default)s")
+                             "estimates); default %(default)s, or what --width suggests")
+    parser.set_defaults(latex_layout=_Default("page"))
+    if any(action.dest == "width" for action in parser._actions):
+        parser.set_defaults(width=_Default(parser.get_default("width")))
+
+
+def latex_layout(args: argparse.Namespace) -> str:
+    """``--latex-layout`` when given; else the layout a ``--width`` given suggests (``single``: ``column``,
+    ``double``: ``wide``); else ``page``."""
+    from gradflow.figures.report_tables import layout_for_width
+
+    if not isinstance(args.latex_layout, _Default):
+        return str(args.latex_layout)
+    width = getattr(args, "width", None)  # commands without --width keep the default layout
+    return layout_for_width(width) if width is not None and not isinstance(width, _Default) else str(args.latex_layout)
 
 
 def formats(text: str) -> tuple[str, ...]:
