@@ -17,6 +17,7 @@ from gradflow import GradFlowRecorder, mlm_loss
 from gradflow.hooks import split_linear
 from gradflow.hooks.split_linear import RoleSplitLinear
 from gradflow.roles import Role
+from rounding import assert_within_rounding, matmul_bound
 from test_recorder_direct_split import _captured, _grads, _norms, watch_splits
 from tiny import tiny_batch, tiny_model
 
@@ -66,11 +67,14 @@ def test_the_three_products_sum_to_the_linear_gradient(precision):
                                      second=second.numel())
     out = RoleSplitLinear.apply(x, linear.weight, linear.bias, linear, lambda w: split, lambda m: True)
     (out * upstream).sum().backward()
+    g2, x2 = upstream.reshape(-1, 5).float(), x.detach().reshape(-1, 6).float()
     for got, expected in zip((x.grad, linear.weight.grad, linear.bias.grad), want):
         assert got.dtype == expected.dtype
+        if dtype == torch.float32 and got is linear.weight.grad:  # autograd's 21-term sums in another order
+            assert_within_rounding(got, expected, matmul_bound(g2.T, x2), "weight")
+            continue
         error = float((got.double() - expected.double()).norm())
         assert error <= tol * float(expected.double().norm()), (got, expected)
-    g2, x2 = upstream.reshape(-1, 5).float(), x.detach().reshape(-1, 6).float()
     assert len(seen) == 1 and len(seen[0]) == 2
     for product, idx in zip(seen[0], (big, second)):
         torch.testing.assert_close(product.float(), g2[idx].T @ x2[idx], rtol=tol, atol=tol)
