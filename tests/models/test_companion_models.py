@@ -38,6 +38,10 @@ MISSING = ("gradflow-mini12-en ships in the companion package gradflow-models, w
            "pip install gradflow-models (or ./setup.sh from a checkout).")
 FILES = {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"}
 WHEEL_LIMIT = 100 * 2**20  # PyPI's default per-file limit
+needs_companion = pytest.mark.skipif(embedded.companion_root() is None,
+                                     reason=f"the companion {COMPANION} is not installed (pip install {COMPANION})")
+"""For tests of the installed companion; without it they skip and the two setup checks (here, test_embedded_models)
+fail, naming it."""
 
 
 def _models_in(folder: Path) -> set[str]:
@@ -72,6 +76,7 @@ def test_each_distribution_s_models_fit_under_the_wheel_limit():
         assert size < WHEEL_LIMIT - 10 * 2**20, (folder, size)
 
 
+@needs_companion
 def test_the_companion_s_metadata():
     project = tomllib.loads((COMPANION_DIR / "pyproject.toml").read_text())
     assert project["project"]["name"] == COMPANION
@@ -140,6 +145,7 @@ def test_an_unknown_name_is_not_an_embedded_model():
         embedded_model_dir("gradflow-mini-en-mask80")
 
 
+@needs_companion
 def test_companion_models_are_recorded_as_before_in_provenance(tmp_path):
     """A companion model's folder is written gradflow:models/<name>, as when it shipped in gradflow's folder (the
     committed meta.json files name it so), and is pinned by the version, not hashed as a user's own input."""
