@@ -101,6 +101,13 @@ def test_the_report_headline_names_the_objective(two_runs, tmp_path):
     assert "- Objective: masked diffusion (diffusion t in {0.25, 0.75}, 1/t; loss `mlm`)" in summary
 
 
+def test_runs_without_t_have_no_t_column(two_runs, tmp_path):
+    report.write_comparison([two_runs[0], two_runs[0]], ["a", "b"], tmp_path, formats=("png",), **FAST)
+    runs = (tmp_path / "summary.md").read_text(encoding="utf-8").split("## Runs")[1].split("##")[0]
+    assert "| label | model | objective | masking | blocks | sequences | complete |" in runs
+    assert "pooled" not in runs and "--mask-ratio" not in runs
+
+
 @pytest.mark.parametrize("meta, label", [
     ({"loss": "mlm", "masking": {"policy": "bert"}}, "MLM"),
     ({"loss": "mlm", "masking": {"policy": "diffusion"}}, "masked diffusion"),

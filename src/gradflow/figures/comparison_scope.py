@@ -54,15 +54,16 @@ def scope_runs(runs: Sequence[Run], labels: Sequence[str] | None, selection: TSe
 
 
 def runs_table(scoped: ScopedRuns) -> TextTable:
-    """The summary's runs table: label, model, objective, masking, t (what the numbers keep or pool), blocks,
-    sequences (kept / recorded when selected), complete."""
+    """The summary's runs table: label, model, objective, masking, t (what the numbers keep or pool; only when a run
+    has t), blocks, sequences (kept / recorded when selected), complete."""
+    with_t = any(scope is not None for scope in scoped.scopes)
     rows = []
     for run, label, scope, recorded in zip(scoped.runs, scoped.labels, scoped.scopes, scoped.recorded):
         kept = int(run.sequences["sequence_index"].nunique())
         rows.append((label, run.meta.get("model"), objective_label(run.meta), masking_label(run.meta.get("masking")),
-                     scope or "–", run.num_layers, kept if kept == recorded else f"{kept} of {recorded}",
-                     run.complete))
-    header = ("label", "model", "objective", "masking", "t", "blocks", "sequences", "complete")
+                     *([scope or "–"] if with_t else []), run.num_layers,
+                     kept if kept == recorded else f"{kept} of {recorded}", run.complete))
+    header = ("label", "model", "objective", "masking", *(["t"] if with_t else []), "blocks", "sequences", "complete")
     return TextTable(header, tuple(rows), "", "")
 
 
