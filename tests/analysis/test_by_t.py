@@ -1,6 +1,7 @@
 """gradflow.analysis.by_t: a masked-diffusion run's sequences selected by t, and what a run pools over t.
 
-A tiny BERT recorded under ``--objective diffusion`` on a grid of t: a selection keeps exactly the sequences of
+A tiny BERT recorded under ``--objective diffusion`` on a grid of t (``diffusion_run`` of the conftest: 24 sequences,
+8 a value of t): a selection keeps exactly the sequences of
 its value or bin (their rows in sequences.parquet, their t), a selection that keeps nothing names the run's t,
 and the scope of a run says what its numbers pool.
 """
@@ -13,21 +14,8 @@ import pytest
 
 from gradflow.analysis import RunError, load_run, role_ratios
 from gradflow.analysis.by_t import TSelection, parse_t_selection, select_by_t, t_scope
-from gradflow.cli.main import main
 from gradflow.schema import MASK_RATIOS_FILE
 from synthetic_runs import write_run
-
-GRID = (0.2, 0.5, 0.8)
-
-
-@pytest.fixture(scope="module")
-def diffusion_run(tiny_mlm_dir, tiny_corpus, tmp_path_factory):
-    """18 sequences of the tiny 2-block BERT under masked diffusion, t cycling through GRID."""
-    out = tmp_path_factory.mktemp("by_t") / "run"
-    assert main(["record", "--model", str(tiny_mlm_dir), "--texts", str(tiny_corpus), "--out", str(out),
-                 "--objective", "diffusion", "--mask-ratios", ",".join(map(str, GRID)), "--max-length", "24",
-                 "--batch-size", "6", "--limit", "18", "--quiet"]) == 0
-    return out
 
 
 @pytest.mark.parametrize("text, low, high", [("0.15", 0.15, 0.15), ("0.1,0.2", 0.1, 0.2), (" 0.5 , 1 ", 0.5, 1.0),
@@ -59,9 +47,9 @@ def test_a_selection_keeps_exactly_the_sequences_of_its_t(diffusion_run):
     ratios = pd.read_parquet(diffusion_run / MASK_RATIOS_FILE)
     chosen = select_by_t(run, parse_t_selection("0.5"))
     members = set(ratios.loc[ratios["mask_ratio"] == 0.5, "sequence_index"])
-    assert len(members) == 6
+    assert len(members) == 8
     assert set(chosen.sequences["sequence_index"]) == members
-    assert (chosen.mask_ratios["mask_ratio"] == 0.5).all() and len(chosen.mask_ratios) == 6
+    assert (chosen.mask_ratios["mask_ratio"] == 0.5).all() and len(chosen.mask_ratios) == 8
     whole = run.sequences[run.sequences["sequence_index"].isin(members)]
     assert len(chosen.sequences) == len(whole)  # every row of those sequences, no other
     binned = select_by_t(run, parse_t_selection("0.4,0.9"))

@@ -15,24 +15,13 @@ import pytest
 
 from gradflow.analysis import RunError, bootstrap_ratio, load_run, mask_ratio_bins, ratio_by_mask_ratio
 from gradflow.analysis.stats import bootstrap_sums, percentile_interval
-from gradflow.cli.main import main
 from gradflow.roles import LOSS_ROLES
 from gradflow.schema import ANALYSIS_COLUMNS, MASK_RATIOS_FILE, REPORT_TABLES
 from synthetic_runs import write_run
 
-GRID = (0.2, 0.5, 0.8)
+GRID = (0.2, 0.5, 0.8)  # diffusion_run's grid (tests/analysis/conftest.py); checked by the first test
 LAYERS = 2
 N_RESAMPLES = 400
-
-
-@pytest.fixture(scope="module")
-def diffusion_run(tiny_mlm_dir, tiny_corpus, tmp_path_factory):
-    """24 sequences of the tiny 2-block BERT under masked diffusion, t cycling through GRID."""
-    out = tmp_path_factory.mktemp("diffusion") / "run"
-    assert main(["record", "--model", str(tiny_mlm_dir), "--texts", str(tiny_corpus), "--out", str(out),
-                 "--objective", "diffusion", "--mask-ratios", ",".join(map(str, GRID)), "--max-length", "24",
-                 "--batch-size", "4", "--limit", "24", "--quiet"]) == 0
-    return out
 
 
 @pytest.fixture(scope="module")

@@ -129,12 +129,7 @@ def mask_ratio_panels(table: pd.DataFrame, axes: Sequence[Axes] | None = None, c
         fig.supxlabel(T_LABEL, fontsize=mpl.rcParams["axes.labelsize"])
     if colorbar:
         drawn.append(_layer_colorbar(axs, layers, colors))
-    handles: list[Artist] = []
-    if bool(table["exact_zero"].any()):
-        handles.append(zero_proxy())
-    if ci:
-        handles.append(Patch(facecolor="#999999", alpha=0.35, linewidth=0, label="95% CI"))
-    handles.append(Line2D([], [], color="#777777", linestyle="--", linewidth=0.6, label="context = loss (c)"))
+    handles = _legend_handles(table, ci, "context = loss (c)")
     room = fig.get_figwidth() * 72.0 - 8.0
     # a title heads the legend above the panels (a suptitle and an outside legend would share the top edge)
     heading = {"title": wrap_text(title, room, mpl.rcParams["figure.titlesize"]),
@@ -162,18 +157,21 @@ def mask_ratio_lines(table: pd.DataFrame, ax: Axes | None = None, ci: bool = Tru
     _log_limits([ax], table, [RATIO_PANEL], reference=1.0)
     _t_axis(ax, table, label=True)
     ax.set_ylabel("context / loss\ngradient-norm ratio")
-    handles: list[Artist] = []
-    if bool(table["exact_zero"].any()):
-        handles.append(zero_proxy())
-    if ci:
-        handles.append(Patch(facecolor="#999999", alpha=0.35, linewidth=0, label="95% CI"))
-    handles.append(Line2D([], [], color="#777777", linestyle="--", linewidth=0.6, label="context = loss"))
+    handles = _legend_handles(table, ci, "context = loss")
     if colorbar:
         drawn.append(_layer_colorbar([ax], layers, colors))
     shown = legend_above(ax, handles) if legend else None
     if title:
         title_above_legend(ax, title, shown)
     return drawn + ([shown] if shown is not None else [])
+
+
+def _legend_handles(table: pd.DataFrame, ci: bool, reference: str) -> list[Artist]:
+    """Legend entries: "exactly 0" when the table has an exact zero, "95% CI" with the bands, the reference line."""
+    handles: list[Artist] = [zero_proxy()] if bool(table["exact_zero"].any()) else []
+    if ci:
+        handles.append(Patch(facecolor="#999999", alpha=0.35, linewidth=0, label="95% CI"))
+    return handles + [Line2D([], [], color="#777777", linestyle="--", linewidth=0.6, label=reference)]
 
 
 def _layer_lines(ax: Axes, table: pd.DataFrame, panel: Panel, colors: dict[int, tuple[float, float, float, float]],
