@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from gradflow.analysis import RunError, load_run, role_ratios
-from gradflow.analysis.by_t import TSelection, parse_t_selection, select_by_t, t_scope
+from gradflow.analysis.by_t import TSelection, parse_t_selection, select_by_t, sublayers_selected, t_scope
 from gradflow.schema import MASK_RATIOS_FILE
 from synthetic_runs import write_run
 
@@ -88,3 +88,25 @@ def test_the_scope_says_what_a_run_pools(diffusion_run):
     assert t_scope(run) == "pooled over t 0.2\u20130.8"
     assert t_scope(run, TSelection(0.5, 0.5)) == "t = 0.5"
     assert t_scope(select_by_t(run, TSelection(0.5, 0.5))) == "t = 0.5"
+
+
+def test_the_selected_sublayer_shares_are_those_of_the_kept_sequences(diffusion_run):
+    """The last block's context share of a selected run, by hand from the kept sequences' rows of
+    sublayer_sequences.parquet (magnitude sums); the whole run's sublayers.csv pools every t."""
+    from gradflow.analysis import last_block_deficit
+
+    run = load_run(diffusion_run)
+    assert sublayers_selected(run)
+    chosen = select_by_t(run, TSelection(0.2, 0.2))
+    members = set(chosen.mask_ratios["sequence_index"])
+    rows = pd.read_parquet(diffusion_run / "sublayer_sequences.parquet")
+    rows = rows[rows["sequence_index"].isin(members) & (rows["param"] == "weight")]
+    rows = rows[rows["layer"] == rows["layer"].max()]  # the last block (block i is layer i + 1)
+    for sublayer in ("attn.k", "attn.v"):
+        part = rows[rows["sublayer"] == sublayer]
+        expected = part.loc[part["role"] == "context", "magnitude_sum"].sum() / part["magnitude_sum"].sum()
+        got = last_block_deficit(chosen).set_index("sublayer").loc[sublayer, "share"]
+        assert got == pytest.approx(expected, rel=1e-12)
+        assert got != pytest.approx(last_block_deficit(run).set_index("sublayer").loc[sublayer, "share"], rel=1e-6)
+    deficit = last_block_deficit(chosen).set_index("sublayer")
+    assert deficit.loc["attn.q", "exact_zero"] and deficit.loc["attn.q", "share"] == 0.0

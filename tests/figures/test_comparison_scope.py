@@ -99,6 +99,9 @@ def test_the_report_headline_names_the_objective(two_runs, tmp_path):
     report.write_report(two_runs[1], tmp_path, formats=("png",), **FAST)
     summary = (tmp_path / "summary.md").read_text(encoding="utf-8")
     assert "- Objective: masked diffusion (diffusion t in {0.25, 0.75}, 1/t; loss `mlm`)" in summary
+    assert ("; pooled over t 0.25\u20130.75, so not comparable with a fixed selection rate (by t: Gradient flow by "
+            "masking ratio t, below).") in summary
+    assert "## Gradient flow by masking ratio t" in summary
 
 
 def test_runs_without_t_have_no_t_column(two_runs, tmp_path):

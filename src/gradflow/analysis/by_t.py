@@ -7,9 +7,11 @@ sequences of one grid value or one bin of t, so that ``gradflow compare --mask-r
 beside a diffusion run at a matched t; :func:`t_scope` says, in a few words for a figure's legend, what a run's
 numbers pool over t.
 
-Only the per-sequence tables are selected (``sequences.parquet``, ``mask_ratios.parquet``): the ratios, the
-profiles and their CIs. ``sublayers.csv`` and ``channels.csv`` have no per-sequence rows, so the sublayer shares
-and the zero fractions of a selected run still pool every t (:data:`POOLED_TABLES`).
+The per-sequence tables are selected (``sequences.parquet``, ``mask_ratios.parquet``): the ratios, the profiles
+and their CIs. The sublayer shares (the last block's deficit) are rebuilt from the selected sequences'
+``sublayer_sequences.parquet`` when the run has it (the same magnitude sums as ``sublayers.csv``; the coverage,
+which has no per-sequence count, is NaN); without it they pool every t, and so do the zero fractions of
+``channels.csv`` (:data:`POOLED_TABLES`, :func:`sublayers_selected`).
 """
 
 from __future__ import annotations
@@ -18,15 +20,20 @@ import math
 from dataclasses import dataclass, replace
 
 import numpy as np
+import pandas as pd
 
-from gradflow.analysis.run_data import Run
+from gradflow.analysis.run_data import Run, read_sublayer_sequences
 from gradflow.errors import RunError
 from gradflow.formatting import format_number
+from gradflow.schema import SUBLAYER_SEQUENCES_FILE
 
 GRID_TOLERANCE = 1e-9
 """A sequence's t matches a grid value within this (the grid's values are stored as float64)."""
-POOLED_TABLES = "sublayers.csv and channels.csv have no per-sequence rows, so the sublayer shares and zero fractions"
-"""The start of the sentence that says which numbers a selection by t cannot reach."""
+POOLED_TABLES = "channels.csv has no per-sequence rows, so the zero fractions"
+"""The start of the sentence that says which numbers a selection by t cannot reach (with sublayer_sequences.parquet)."""
+POOLED_TABLES_WITHOUT_SEQUENCES = ("channels.csv and sublayers.csv have no per-sequence rows (and the run has no "
+                                   f"{SUBLAYER_SEQUENCES_FILE}), so the zero fractions and the sublayer shares")
+"""The same without ``sublayer_sequences.parquet``: the last block's shares pool every t too."""
 
 
 @dataclass(frozen=True)
@@ -98,7 +105,32 @@ def select_by_t(run: Run, selection: TSelection) -> Run:
                        "that holds some (t drawn per sequence takes a bin, e.g. --mask-ratio 0.1,0.2).")
     members = ratios["sequence_index"].to_numpy()[keep]
     sequences = run.sequences[run.sequences["sequence_index"].isin(members)].reset_index(drop=True)
-    return replace(run, sequences=sequences, mask_ratios=ratios[keep].reset_index(drop=True))
+    sublayers = _selected_sublayers(run, members)
+    return replace(run, sequences=sequences, mask_ratios=ratios[keep].reset_index(drop=True),
+                   sublayers=run.sublayers if sublayers is None else sublayers)
+
+
+def sublayers_selected(run: Run) -> bool:
+    """Whether :func:`select_by_t` rebuilds ``run``'s sublayer shares from the selected sequences (the run has
+    ``sublayer_sequences.parquet``)."""
+    return (run.path / SUBLAYER_SEQUENCES_FILE).is_file()
+
+
+def _selected_sublayers(run: Run, members: np.ndarray) -> pd.DataFrame | None:
+    """``sublayers.csv``'s rows rebuilt from the ``members``' rows of ``sublayer_sequences.parquet`` (every param):
+    ``magnitude_sum`` and ``n_positions`` summed, ``share`` = the role's magnitude over the (layer, sublayer, param)
+    total; ``n_nonzero`` and the per-batch statistics, not kept per sequence, are NaN. None without the file."""
+    if not sublayers_selected(run):
+        return None
+    part = read_sublayer_sequences(run, param=None)
+    part = part[part["sequence_index"].isin(members)]
+    keys = ["layer", "sublayer", "param", "role"]
+    out = part.groupby(keys, as_index=False, observed=True)[["n_positions", "magnitude_sum"]].sum()
+    total = out.groupby(keys[:3], observed=True)["magnitude_sum"].transform("sum").to_numpy(np.float64)
+    magnitude = out["magnitude_sum"].to_numpy(np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out["share"] = np.where(total > 0, magnitude / total, 0.0)
+    return out.reindex(columns=list(run.sublayers.columns))
 
 
 def t_scope(run: Run, selection: TSelection | None = None) -> str | None:
@@ -125,4 +157,5 @@ def _t_values(ratios: np.ndarray) -> str:
             f"({values.size} values, drawn per sequence)")
 
 
-__all__ = ["GRID_TOLERANCE", "POOLED_TABLES", "TSelection", "parse_t_selection", "select_by_t", "t_scope"]
+__all__ = ["GRID_TOLERANCE", "POOLED_TABLES", "POOLED_TABLES_WITHOUT_SEQUENCES", "TSelection", "parse_t_selection",
+           "select_by_t", "sublayers_selected", "t_scope"]

@@ -13,7 +13,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gradflow.analysis.by_t import POOLED_TABLES, TSelection, select_by_t, t_scope
+from gradflow.analysis.by_t import (
+    POOLED_TABLES,
+    POOLED_TABLES_WITHOUT_SEQUENCES,
+    TSelection,
+    select_by_t,
+    sublayers_selected,
+    t_scope,
+)
 from gradflow.analysis.run_data import Run
 from gradflow.errors import RunError
 from gradflow.figures.tables import TextTable
@@ -76,9 +83,13 @@ def scope_notes(scoped: ScopedRuns) -> list[str]:
                  "over which t); a loss position's gradient scales like 1/t, so a pooled run is not comparable with a "
                  "fixed selection rate such as BERT's 15%. Compare at a matched t with `--mask-ratio T` (a grid "
                  "value) or `--mask-ratio LOW,HIGH` (a bin)."), ""]
+    pooled = POOLED_TABLES if all(sublayers_selected(run) for run, scope in zip(scoped.runs, scoped.scopes)
+                                  if scope is not None) else POOLED_TABLES_WITHOUT_SEQUENCES
     return [(f"Masked-diffusion runs keep only their sequences of {scoped.selection.describe()} (`--mask-ratio`; "
-             "the sequences column says how many of those recorded); the other runs are whole. "
-             f"{POOLED_TABLES} of a selected run still pool every t."), ""]
+             "the sequences column says how many of those recorded); the other runs are whole. Their sublayer "
+             "shares (the last block) come from the kept sequences' sublayer_sequences.parquet, where the run has "
+             f"it (coverage is not kept per sequence: –). {pooled} of a selected run still pool every t; differences "
+             "to a run of other sequences are unpaired."), ""]
 
 
 __all__ = ["ScopedRuns", "runs_table", "scope_notes", "scope_runs"]

@@ -31,7 +31,7 @@ from gradflow.analysis import (
     sublayer_shares,
 )
 from gradflow.analysis.atlas import last_block_sharing, shared_context_shares
-from gradflow.analysis.by_t import TSelection
+from gradflow.analysis.by_t import TSelection, t_scope
 from gradflow.analysis.mask_ratio import mask_ratio_selection
 from gradflow.figures import canvas
 from gradflow.figures.comparison import comparison_last_block, comparison_profiles, comparison_ratios
@@ -217,7 +217,8 @@ def _headline(run: Run, ratios: pd.DataFrame, deficit: pd.DataFrame) -> list[str
         lines.append(f"- Context / loss gradient-norm ratio: {format_estimate(*first[['ratio', 'ci_low', 'ci_high']])} "
                      f"at layer {int(first['layer'])} ({first['site']}), "
                      f"{format_estimate(*last[['ratio', 'ci_low', 'ci_high']])} at layer {int(last['layer'])} "
-                     f"({last['site']}).")
+                     f"({last['site']})" + (f"; {t_scope(run)}, so not comparable with a fixed selection rate (by t: "
+                                            "Gradient flow by masking ratio t, below)" if t_scope(run) else "") + ".")
     if not deficit.empty:
         zero = deficit.loc[deficit["exact_zero"], "sublayer"].tolist()
         lines.append(f"- Last block: {len(zero)} of {len(deficit)} sublayers get exactly zero context signal"
