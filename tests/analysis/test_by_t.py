@@ -8,6 +8,8 @@ and the scope of a run says what its numbers pool.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -110,3 +112,9 @@ def test_the_selected_sublayer_shares_are_those_of_the_kept_sequences(diffusion_
         assert got != pytest.approx(last_block_deficit(run).set_index("sublayer").loc[sublayer, "share"], rel=1e-6)
     deficit = last_block_deficit(chosen).set_index("sublayer")
     assert deficit.loc["attn.q", "exact_zero"] and deficit.loc["attn.q", "share"] == 0.0
+
+
+def test_the_scope_of_drawn_t_is_rounded(diffusion_run):
+    run = load_run(diffusion_run)
+    ratios = run.mask_ratios.assign(mask_ratio=np.linspace(0.0022318507950484716, 0.9993158844140422, 24))
+    assert t_scope(replace(run, mask_ratios=ratios)) == "pooled over t 0.00223\u20130.999"

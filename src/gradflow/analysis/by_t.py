@@ -137,7 +137,7 @@ def t_scope(run: Run, selection: TSelection | None = None) -> str | None:
     """A few words for a legend: what ``run``'s numbers pool over t (None for a run without t).
 
     ``t = 0.15`` or ``t in [0.1, 0.2)`` for a selected run; ``t = 0.3`` for a run of one t;
-    ``pooled over t 0.1-0.9`` for a run of several (its smallest and largest t)."""
+    ``pooled over t 0.1-0.9`` for a run of several (its smallest and largest t, 3 significant digits)."""
     if run.mask_ratios is None:
         return None
     if selection is not None:
@@ -145,7 +145,7 @@ def t_scope(run: Run, selection: TSelection | None = None) -> str | None:
     values = np.unique(run.mask_ratios["mask_ratio"].to_numpy(np.float64))
     if values.size == 1:
         return f"t = {format_number(float(values[0]), None)}"
-    return f"pooled over t {format_number(float(values[0]), None)}\u2013{format_number(float(values[-1]), None)}"
+    return f"pooled over t {format_number(float(values[0]))}\u2013{format_number(float(values[-1]))}"
 
 
 def _t_values(ratios: np.ndarray) -> str:
@@ -153,7 +153,7 @@ def _t_values(ratios: np.ndarray) -> str:
     values = np.unique(np.asarray(ratios, dtype=np.float64))
     if values.size <= 12:
         return "t in {" + ", ".join(format_number(float(v), None) for v in values) + "}"
-    return (f"t from {format_number(float(values[0]), None)} to {format_number(float(values[-1]), None)} "
+    return (f"t from {format_number(float(values[0]))} to {format_number(float(values[-1]))} "
             f"({values.size} values, drawn per sequence)")
 
 
