@@ -59,6 +59,19 @@ def tiny_corpus(tmp_path_factory) -> Path:
     return path
 
 
+@pytest.fixture(scope="session")
+def diffusion_run(tiny_mlm_dir, tiny_corpus, tmp_path_factory) -> Path:
+    """24 sequences of the tiny 2-block BERT under masked diffusion, t cycling through the grid 0.2, 0.5, 0.8 (8 a
+    value): the run the analysis tests of the masking ratio share (tests/analysis/test_mask_ratio.py, test_by_t.py)."""
+    from gradflow.cli.main import main
+
+    out = tmp_path_factory.mktemp("diffusion") / "run"
+    assert main(["record", "--model", str(tiny_mlm_dir), "--texts", str(tiny_corpus), "--out", str(out),
+                 "--objective", "diffusion", "--mask-ratios", "0.2,0.5,0.8", "--max-length", "24", "--batch-size",
+                 "4", "--limit", "24", "--quiet"]) == 0
+    return out
+
+
 @pytest.fixture(autouse=True)
 def torch_threads_unchanged():
     """Every test leaves torch's CPU thread count as it found it: a leaked setting changes later tests' float

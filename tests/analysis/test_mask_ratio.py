@@ -19,7 +19,7 @@ from gradflow.roles import LOSS_ROLES
 from gradflow.schema import ANALYSIS_COLUMNS, MASK_RATIOS_FILE, REPORT_TABLES
 from synthetic_runs import write_run
 
-GRID = (0.2, 0.5, 0.8)  # diffusion_run's grid (tests/analysis/conftest.py); checked by the first test
+GRID = (0.2, 0.5, 0.8)  # diffusion_run's grid (tests/conftest.py); checked by the first test
 LAYERS = 2
 N_RESAMPLES = 400
 
