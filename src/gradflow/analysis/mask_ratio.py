@@ -165,7 +165,7 @@ def mask_ratio_selection(run: Run, bins: Bins = None) -> MaskRatioSelection:
 
 
 def ratio_by_mask_ratio(run: Run, bins: Bins = None, n_resamples: int = 2000, confidence: float = 0.95,
-                        seed: int | None = 0) -> pd.DataFrame:
+                        seed: int | None = 0, selection: MaskRatioSelection | None = None) -> pd.DataFrame:
     """Per (layer, bin of t): the context / loss gradient-norm ratio at the block outputs, with its CI.
 
     Columns: ``ANALYSIS_COLUMNS["mask_ratio_profile"]`` of :mod:`gradflow.schema`: ``layer``, ``site``,
@@ -179,10 +179,11 @@ def ratio_by_mask_ratio(run: Run, bins: Bins = None, n_resamples: int = 2000, co
     then t; a bin without context or loss positions at a layer has no row. Bins: see the module.
 
     Sequences without a loss position, outside every bin, or in a bin without a context position are left out
-    (:func:`mask_ratio_selection` says which and why). Raises :class:`RunError` when the run has no
-    ``mask_ratios.parquet`` (not recorded under ``--objective diffusion``).
+    (:func:`mask_ratio_selection` says which and why; a caller that has it passes it as ``selection``, which then
+    fixes the bins). Raises :class:`RunError` when the run has no ``mask_ratios.parquet`` (not recorded under
+    ``--objective diffusion``).
     """
-    selection = mask_ratio_selection(run, bins)
+    selection = mask_ratio_selection(run, bins) if selection is None else selection
     sequences = run.sequences[run.sequences["point"].astype(str) == POINT]
     rows = []
     for low, high, members in zip(selection.lows, selection.highs, selection.members):

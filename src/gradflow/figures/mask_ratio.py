@@ -28,7 +28,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
-from gradflow.analysis.mask_ratio import ratio_by_mask_ratio
+from gradflow.analysis.mask_ratio import MaskRatioSelection, ratio_by_mask_ratio
 from gradflow.analysis.run_data import Run
 from gradflow.figures.canvas import (
     add_colorbar,
@@ -51,11 +51,13 @@ LIGHTEST = 0.35
 """Where on the sequential map the shallowest layer sits (below it the yellows fade into white)."""
 
 
-def mask_ratio_tables(run: Run, n_resamples: int = 2000, seed: int | None = 0) -> dict[str, pd.DataFrame]:
-    """``{"mask_ratio_profile": ratio_by_mask_ratio(run)}`` for a run with ``mask_ratios.parquet``, else empty."""
+def mask_ratio_tables(run: Run, n_resamples: int = 2000, seed: int | None = 0,
+                      selection: MaskRatioSelection | None = None) -> dict[str, pd.DataFrame]:
+    """``{"mask_ratio_profile": ratio_by_mask_ratio(run)}`` for a run with ``mask_ratios.parquet``, else empty
+    (``selection``: the run's :func:`gradflow.analysis.mask_ratio.mask_ratio_selection`, when the caller has it)."""
     if run.mask_ratios is None:
         return {}
-    return {MASK_RATIO_TABLE: ratio_by_mask_ratio(run, n_resamples=n_resamples, seed=seed)}
+    return {MASK_RATIO_TABLE: ratio_by_mask_ratio(run, n_resamples=n_resamples, seed=seed, selection=selection)}
 
 
 def layer_colors(layers: Sequence[int]) -> dict[int, tuple[float, float, float, float]]:

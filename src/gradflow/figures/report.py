@@ -124,7 +124,8 @@ def write_report(run_dir: str | Path, out_dir: str | Path, formats: Sequence[str
     deficit = last_block_deficit(run)
     quantiles = channel_quantiles(run)
     pressure = pressure_tables([run], [run.label], n_resamples, seed)  # only under a loss other than mlm
-    by_t = mask_ratio_tables(run, n_resamples, seed)  # only with mask_ratios.parquet (masked diffusion)
+    selection = mask_ratio_selection(run) if run.mask_ratios is not None else None  # the bins, the left out
+    by_t = mask_ratio_tables(run, n_resamples, seed, selection)  # only with mask_ratios.parquet (masked diffusion)
     banner = None if run.complete else canvas.INCOMPLETE_BANNER
     written: list[Path] = []
     figures: dict[str, Callable[[], list[Artist]]] = {
@@ -145,7 +146,6 @@ def write_report(run_dir: str | Path, out_dir: str | Path, formats: Sequence[str
     tables = {"role_profile": profile, "role_ratios": ratios, "layer_tests": tests, "sublayer_shares": shares,
               "last_block": deficit, "channel_quantiles": quantiles, **pressure_csv(pressure), **by_t}
     written += _write_tables(out / "tables", tables, REPORT_TABLES)
-    selection = mask_ratio_selection(run) if by_t else None  # the binning and the sequences left out, in words
     summary = out / "summary.md"
     summary.write_text(_summary(run, ratios, tests, deficit, list(figures), formats, n_resamples, seed, out,
                                 [*pressure_section(pressure, n_resamples, seed),
@@ -211,14 +211,15 @@ def _summary(run: Run, ratios: pd.DataFrame, tests: pd.DataFrame, deficit: pd.Da
 def _headline(run: Run, ratios: pd.DataFrame, deficit: pd.DataFrame) -> list[str]:
     """Bullet points of the headline numbers."""
     ctx = ratios[ratios["role"] == "context"].sort_values("layer")
+    scope = t_scope(run)  # a diffusion run's headline ratio pools its t
     lines = ["## Headline", ""]
     if len(ctx):
         first, last = ctx.iloc[0], ctx.iloc[-1]
         lines.append(f"- Context / loss gradient-norm ratio: {format_estimate(*first[['ratio', 'ci_low', 'ci_high']])} "
                      f"at layer {int(first['layer'])} ({first['site']}), "
                      f"{format_estimate(*last[['ratio', 'ci_low', 'ci_high']])} at layer {int(last['layer'])} "
-                     f"({last['site']})" + (f"; {t_scope(run)}, so not comparable with a fixed selection rate (by t: "
-                                            "Gradient flow by masking ratio t, below)" if t_scope(run) else "") + ".")
+                     f"({last['site']})" + (f"; {scope}, so not comparable with a fixed selection rate (by t: "
+                                            "Gradient flow by masking ratio t, below)" if scope else "") + ".")
     if not deficit.empty:
         zero = deficit.loc[deficit["exact_zero"], "sublayer"].tolist()
         lines.append(f"- Last block: {len(zero)} of {len(deficit)} sublayers get exactly zero context signal"
