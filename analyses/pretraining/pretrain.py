@@ -192,10 +192,12 @@ def sinusoids(n_positions: int, dim: int) -> torch.Tensor:
 
 
 def build_model(args: argparse.Namespace, vocab_size: int, pad_token_id: int) -> torch.nn.Module:
-    """The seeded-by-caller model of ``args.arch`` at mini-en's sizes (6 x 256, 4 heads, FFN 1024)."""
+    """The seeded-by-caller model of ``args.arch`` at mini-en's sizes (6 x 256, 4 heads, FFN 1024); the output layer
+    shares the word embeddings unless ``args.tie_embeddings`` is False."""
     sizes = dict(vocab_size=vocab_size, hidden_size=256, num_hidden_layers=6, num_attention_heads=4,
                  intermediate_size=1024, type_vocab_size=2, pad_token_id=pad_token_id,
-                 hidden_dropout_prob=args.dropout, attention_probs_dropout_prob=args.dropout)
+                 hidden_dropout_prob=args.dropout, attention_probs_dropout_prob=args.dropout,
+                 tie_word_embeddings=getattr(args, "tie_embeddings", True))  # untied: issue 60's diagnosis
     if args.arch == "bert":
         model = BertForMaskedLM(BertConfig(**sizes, max_position_embeddings=MAX_LEN))
     elif args.arch == "roformer":  # rotary positions in every attention, no position embedding table
