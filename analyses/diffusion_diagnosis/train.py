@@ -1,0 +1,274 @@
+"""Train the diagnosis cells (``figures/diffusion-diagnosis/plan.md``) and measure them while they train.
+
+Each run trains one :class:`~analyses.diffusion_diagnosis.cells.Cell` from one seed for the first ``--steps`` steps
+of its 3,059-step schedule (600 in the plan), in float32 unless ``--bf16``, and at every step of :data:`CHECKPOINTS` measures it:
+
+- **with gradflow's own instruments** (:func:`gradflow.interventions.snapshot.training_snapshot`, in float32, on a
+  fixed probe batch of 32 validation windows): the context/loss gradient-norm ratio by layer, the word-embedding
+  matrix's gradient by position role, representation collapse and attention entropy, under two corruptions of the
+  same windows: the cell's own (probe ``own``, its loss as trained, 1/t weights included) and every token masked
+  with probability 0.15 (probe ``t0.15``, the mean loss at the masked positions: the same for every cell);
+- **by prediction** (:func:`evaluate`): the acceptance measure, top-1 at the masked positions when every token of a
+  held-out window is replaced by [MASK] with probability 0.15 (128 validation windows; 1,024 at the last step,
+  with, on 256 windows, the cell's own loss, the top-1 at t = 0.5 and the BERT-15% top-1 of the first diagnostics).
+
+A run writes ``<out>/<cell>-s<seed>.csv`` (the snapshots' rows: the callback log's columns and ``probe``) and then
+``<out>/<cell>-s<seed>.json`` (its configuration, the evaluations per checkpoint, times); a run whose JSON exists is
+skipped, so the sweep resumes where it stopped. ``--max-minutes`` starts no run after that many minutes;
+``--worker i/n`` takes every n-th run (seed 0 of every cell before seed 1: a cut leaves whole seeds).
+
+    python -m analyses.diffusion_diagnosis.train --out figures/diffusion-diagnosis/runs --worker 0/2 --max-minutes 100
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from analyses.diffusion_diagnosis import cells as cells_mod
+from analyses.diffusion_diagnosis.cells import SCHEDULE_STEPS, WARMUP, Cell
+from analyses.pretraining import objectives, pretrain
+from gradflow.interventions.snapshot import training_snapshot
+
+CHECKPOINTS = (0, 25, 50, 100, 150, 225, 300, 450, 600)
+"""The steps measured (0: the initial weights); the plan's cells train 600 steps (and the last step always)."""
+EVAL_WINDOWS, FINAL_WINDOWS, OWN_WINDOWS, PROBE_WINDOWS = 128, 1024, 256, 32
+PROBE_T = 0.15
+"""The acceptance corruption's t (and the common probe's)."""
+
+
+def load_data(corpus: Path, tokenizer_dir: Path):
+    """(tokenizer, train windows (N, 128), validation windows in the fixed order of seed 7 (M, 128))."""
+    tokenizer = pretrain.train_tokenizer(corpus, tokenizer_dir, 8192)
+    train = pretrain.windows(tokenizer, corpus / "train.txt")
+    valid_all = pretrain.windows(tokenizer, corpus / "valid.txt")
+    order = torch.randperm(len(valid_all), generator=torch.Generator().manual_seed(7))
+    return tokenizer, train, valid_all[order]
+
+
+def build(c: Cell, seed: int, tokenizer) -> torch.nn.Module:
+    """The seeded mini-en-shaped RoFormer of cell ``c`` (untied and zero-initialised output as the cell says)."""
+    args = argparse.Namespace(arch="roformer", dropout=0.0, position_init="sinusoidal", position_scale=1.0,
+                              tie_embeddings=c.tied)
+    torch.manual_seed(seed)
+    model = pretrain.build_model(args, len(tokenizer), tokenizer.pad_token_id)
+    if c.zero_output:
+        head = model.get_output_embeddings()
+        with torch.no_grad():
+            head.weight.zero_()
+            if head.bias is not None:
+                head.bias.zero_()
+    return model.train()
+
+
+def optimizer(model: torch.nn.Module, c: Cell):
+    """mini-en's AdamW; warm-up 212 steps, then linear decay to 0 at 3,059 steps or (``constant``) constant."""
+    args = argparse.Namespace(lr=c.lr, warmup=WARMUP, steps=SCHEDULE_STEPS)
+    opt, schedule = pretrain.make_optimizer(model, args)
+    if c.constant:
+        schedule = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min((s + 1) / WARMUP, 1.0))
+    return opt, schedule
+
+
+def cell_loss(model, batch: objectives.Corrupted, attention_mask: torch.Tensor) -> torch.Tensor:
+    """The loss of ``batch`` as :func:`objectives.objective_loss` computes it (1/t weights when it has ratios)."""
+    return objectives.objective_loss(model, batch, attention_mask)[0]
+
+
+def snapshot_loss(ratio: torch.Tensor | None):
+    """A :func:`training_snapshot` ``loss_fn`` computing :func:`cell_loss` with the windows' ratios ``ratio``."""
+    def loss_fn(model, input_ids, attention_mask, labels):
+        return cell_loss(model, objectives.Corrupted(input_ids, labels, labels != -100, ratio), attention_mask)
+    return loss_fn
+
+
+@torch.no_grad()
+def masked_top1(model, tokenizer, valid: torch.Tensor, t: float, seed: int = 11, batch: int = 128,
+                bf16: bool = False) -> dict:
+    """Top-1 and mean cross-entropy (nats) at the masked positions of ``valid`` (N, 128), each non-special token
+    replaced by [MASK] with probability ``t`` (:func:`cells.corrupt_at`, one generator seeded ``seed``)."""
+    model.eval()
+    gen = torch.Generator().manual_seed(seed)
+    correct = loss = n = 0.0
+    for start in range(0, len(valid), batch):
+        ids = valid[start : start + batch]
+        corrupted = cells_mod.unweighted(cells_mod.corrupt_at(ids, tokenizer, t, gen))
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            mean, logits, targets = objectives.objective_loss(model, corrupted, (ids != tokenizer.pad_token_id).long())
+        correct += float((logits.argmax(-1) == targets).sum())
+        loss += float(mean) * targets.numel()
+        n += targets.numel()
+    model.train()
+    return {"top1": correct / n, "loss": loss / n, "positions": int(n)}
+
+
+@torch.no_grad()
+def own_loss(model, c: Cell, tokenizer, valid: torch.Tensor, batch: int = 128, bf16: bool = False) -> float:
+    """The cell's own loss on ``valid`` under a fixed corruption (generators seeded 12 and 13): per real token for
+    diffusion (the 1/t-weighted sum over the masked positions), per loss position for bert15."""
+    model.eval()
+    gen, ratio_gen = torch.Generator().manual_seed(12), torch.Generator().manual_seed(13)
+    total = norm = 0.0
+    for start in range(0, len(valid), batch):
+        ids = valid[start : start + batch]
+        corrupted = cells_mod.corrupt(c, ids, tokenizer, gen, ratio_gen)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            loss = cell_loss(model, corrupted, (ids != tokenizer.pad_token_id).long())
+        weight = int((ids != tokenizer.pad_token_id).sum()) if corrupted.ratio is not None else int(
+            (corrupted.labels != -100).sum())
+        total += float(loss) * weight
+        norm += weight
+    model.train()
+    return total / norm
+
+
+@torch.no_grad()
+def bert15_top1(model, tokenizer, valid: torch.Tensor, batch: int = 128, bf16: bool = False) -> float:
+    """Top-1 at the selected positions of BERT-15% masking (80/10/10, generator seeded 1): the first diagnostics'
+    measure (``pretrain.evaluate``'s corruption)."""
+    model.eval()
+    gen = torch.Generator().manual_seed(1)
+    correct = n = 0.0
+    for start in range(0, len(valid), batch):
+        ids = valid[start : start + batch]
+        corrupted = objectives.corrupt_bert(ids, tokenizer, gen, 0.15)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            _, logits, targets = objectives.objective_loss(model, corrupted, (ids != tokenizer.pad_token_id).long())
+        correct += float((logits.argmax(-1) == targets).sum())
+        n += targets.numel()
+    model.train()
+    return correct / n
+
+
+def evaluate(model, c: Cell, tokenizer, valid: torch.Tensor, final: bool, bf16: bool = False) -> dict:
+    """One checkpoint's prediction measures: all-[MASK] top-1 and loss at t = 0.15 on the first 128 windows of
+    ``valid`` (1,024 when ``final``); when ``final`` also, on the first 256, the cell's own loss, the top-1 at
+    t = 0.5 and the BERT-15% top-1."""
+    at15 = masked_top1(model, tokenizer, valid[: FINAL_WINDOWS if final else EVAL_WINDOWS], PROBE_T, bf16=bf16)
+    row = {"mask15_top1": at15["top1"], "mask15_loss": at15["loss"], "mask15_positions": at15["positions"]}
+    if final:
+        windows = valid[:OWN_WINDOWS]
+        row["own_loss"] = own_loss(model, c, tokenizer, windows, bf16=bf16)
+        row["mask50_top1"] = masked_top1(model, tokenizer, windows, 0.5, bf16=bf16)["top1"]
+        row["bert15_top1"] = bert15_top1(model, tokenizer, windows, bf16=bf16)
+    return row
+
+
+def measure(model, c: Cell, tokenizer, probe: torch.Tensor, step: int, csv_path: Path) -> None:
+    """Both snapshots of the probe windows (``own`` and ``t0.15``, fixed draws) appended to ``csv_path``."""
+    gen, ratio_gen = torch.Generator().manual_seed(14), torch.Generator().manual_seed(15)
+    batches = {"own": cells_mod.corrupt(c, probe, tokenizer, gen, ratio_gen),
+               "t0.15": cells_mod.unweighted(cells_mod.corrupt_at(probe, tokenizer, PROBE_T,
+                                                                  torch.Generator().manual_seed(16)))}
+    attention_mask = (probe != tokenizer.pad_token_id).long()
+    for name, batch in batches.items():
+        snap = training_snapshot(model, batch.inputs, batch.labels, attention_mask, tokenizer=tokenizer,
+                                 loss_fn=snapshot_loss(batch.ratio), step=step)
+        write_rows(csv_path, [{**row, "probe": name} for row in snap.rows()])
+
+
+def write_rows(path: Path, rows: list[dict]) -> None:
+    """Append ``rows`` (dicts with the same keys) to the CSV ``path``, the header first if it is new; floats to 7
+    significant digits."""
+    import csv
+
+    new = not path.exists()
+    with path.open("a", newline="", encoding="utf-8") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        if new:
+            writer.writeheader()
+        writer.writerows([{k: (f"{v:.7g}" if isinstance(v, float) else v) for k, v in r.items()} for r in rows])
+
+
+def run_cell(c: Cell, seed: int, steps: int, data, out: Path, bf16: bool = False) -> dict:
+    """Train cell ``c`` from ``seed`` for ``steps`` steps, measuring it at :data:`CHECKPOINTS`; the run's record.
+    ``bf16``: the training steps and evaluations under bfloat16 autocast (mini-en's speed trick; slower than float32
+    on CPUs without AMX); the snapshots are float32 either way."""
+    tokenizer, train, valid = data
+    probe = valid[FINAL_WINDOWS : FINAL_WINDOWS + PROBE_WINDOWS]
+    csv_path = out / f"{c.name}-s{seed}.csv"
+    csv_path.unlink(missing_ok=True)  # a run cut before its JSON starts again
+    model = build(c, seed, tokenizer)
+    opt, schedule = optimizer(model, c)
+    gen, ratio_gen = torch.Generator().manual_seed(2 * seed), torch.Generator().manual_seed(2 * seed + 1)
+    checkpoints, losses, train_s, start, cpu0 = [], [], 0.0, time.time(), time.process_time()
+    for step in range(steps + 1):
+        if step in CHECKPOINTS or step == steps:
+            measure(model, c, tokenizer, probe, step, csv_path)
+            row = {"step": step, "train_loss": sum(losses[-25:]) / len(losses[-25:]) if losses else None,
+                   "lr": schedule.get_last_lr()[0], **evaluate(model, c, tokenizer, valid, step == steps, bf16)}
+            checkpoints.append(row)
+            print(json.dumps({"cell": c.name, "seed": seed, **row}), flush=True)
+        if step == steps:
+            break
+        tick = time.perf_counter()
+        ids = train[torch.randint(len(train), (16,), generator=gen)]
+        batch = cells_mod.corrupt(c, ids, tokenizer, gen, ratio_gen)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            loss = cell_loss(model, batch, (ids != tokenizer.pad_token_id).long())
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        schedule.step()
+        opt.zero_grad(set_to_none=True)
+        train_s += time.perf_counter() - tick
+        losses.append(float(loss.detach()))
+        if not math.isfinite(losses[-1]):
+            raise SystemExit(f"{c.name} seed {seed}: non-finite loss at step {step + 1}")
+    return {"cell": c.name, "seed": seed, "steps": steps, "recipe": {k: v for k, v in vars(c).items()},
+            "changes": list(c.changes()), "candidate": c.candidate, "checkpoints": checkpoints,
+            "final": checkpoints[-1], "train_s": round(train_s, 1), "wall_s": round(time.time() - start, 1),
+            "cpu_s": round(time.process_time() - cpu0, 1), "precision": "bf16 autocast" if bf16 else "float32",
+            "torch": torch.__version__,
+            "command": "python -m analyses.diffusion_diagnosis.train " + " ".join(sys.argv[1:])}
+
+
+def planned_runs(names: Sequence[str], seeds: Sequence[int]) -> list[tuple[Cell, int]]:
+    """(cell, seed) in sweep order: every cell's first seed before any cell's second."""
+    return [(cells_mod.cell(n), s) for s in seeds for n in names]
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", type=Path, default=Path("figures/diffusion-diagnosis/runs"))
+    p.add_argument("--cells", nargs="+", default=[c.name for c in cells_mod.CELLS])
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    p.add_argument("--steps", type=int, default=600)
+    p.add_argument("--worker", default="0/1", help="i/n: run every n-th planned run starting at the i-th")
+    p.add_argument("--max-minutes", type=float, default=None, help="start no run after this many minutes")
+    p.add_argument("--corpus", type=Path, default=Path("data/corpus"))
+    p.add_argument("--tokenizer", type=Path, default=Path("src/gradflow/models/gradflow-mini-en"))
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--bf16", action="store_true", help="train and evaluate under bfloat16 autocast (default float32)")
+    args = p.parse_args(argv)
+    index, count = (int(x) for x in args.worker.split("/"))
+    if not 0 <= index < count:
+        p.error(f"--worker {args.worker}: i/n with 0 <= i < n")
+    if args.steps < 1:
+        p.error("--steps must be at least 1")
+    torch.set_num_threads(args.threads)
+    args.out.mkdir(parents=True, exist_ok=True)
+    data = load_data(args.corpus, args.tokenizer)
+    start = time.time()
+    for k, (c, seed) in enumerate(planned_runs(args.cells, args.seeds)):
+        path = args.out / f"{c.name}-s{seed}.json"
+        if k % count != index or path.exists():
+            continue
+        if args.max_minutes is not None and time.time() - start > 60 * args.max_minutes:
+            print(f"--max-minutes {args.max_minutes:g} reached: stopping before {c.name} seed {seed}", flush=True)
+            break
+        record = run_cell(c, seed, args.steps, data, args.out, args.bf16)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+        tmp.replace(path)
+
+
+if __name__ == "__main__":
+    main()
