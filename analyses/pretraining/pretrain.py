@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import json
 import math
 import time
@@ -163,7 +164,8 @@ def evaluate(model, tokenizer, valid: torch.Tensor, seed: int, batch: int = 128)
 
 
 @torch.no_grad()
-def evaluate_own(model, tokenizer, valid: torch.Tensor, seed: int, objective: str, batch: int = 128) -> dict:
+def evaluate_own(model, tokenizer, valid: torch.Tensor, seed: int, objective: str, batch: int = 128,
+                 recipe: str | None = None) -> dict:
     """The objective's own loss (diffusion: the 1/t-weighted loss per real token) and top-1 at its loss positions,
     on a fixed corruption of ``valid`` (seeds ``seed + 1``, and ``seed + 2`` for the ratios)."""
     model.eval()
@@ -171,7 +173,7 @@ def evaluate_own(model, tokenizer, valid: torch.Tensor, seed: int, objective: st
     total_loss = total_norm = total_correct = total = 0.0
     for start in range(0, len(valid), batch):
         ids = valid[start : start + batch]
-        corrupted = objectives.corrupt(objective, ids, tokenizer, gen, ratio_gen)
+        corrupted = corruption(argparse.Namespace(loss=objective, recipe=recipe))(ids, tokenizer, gen, ratio_gen)
         with torch.autocast("cpu", dtype=torch.bfloat16):
             loss, logits, targets = objectives.objective_loss(model, corrupted, (ids != tokenizer.pad_token_id).long())
         # the loss's own normaliser: real tokens (diffusion), loss positions (BERT masking)
@@ -218,17 +220,31 @@ def build_model(args: argparse.Namespace, vocab_size: int, pad_token_id: int) ->
 
 
 def make_optimizer(model: torch.nn.Module, args: argparse.Namespace):
-    """AdamW (0.9, 0.98), weight decay 0.01 on matrices, and the warm-up then linear-decay schedule."""
+    """AdamW (0.9, 0.98), weight decay 0.01 on matrices, and the warm-up then linear-decay schedule (constant after
+    the warm-up with ``args.constant_lr``)."""
     decay = [p_ for n, p_ in model.named_parameters() if p_.ndim >= 2]
     no_decay = [p_ for n, p_ in model.named_parameters() if p_.ndim < 2]
     opt = torch.optim.AdamW(
         [{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
         lr=args.lr, betas=(0.9, 0.98), eps=1e-6,
     )
+    if getattr(args, "constant_lr", False):  # MDLM: constant after the warm-up
+        return opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min((s + 1) / args.warmup, 1.0))
     schedule = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min((s + 1) / args.warmup, max(0.0, (args.steps - s) / (args.steps - args.warmup)))
     )
     return opt, schedule
+
+
+def corruption(args: argparse.Namespace):
+    """``(ids, tokenizer, gen, ratio_gen) -> Corrupted`` of ``args.loss``, or of the diagnosis cell ``args.recipe``
+    (``analyses.diffusion_diagnosis.cells``: its t sampler and kept tokens) when one is given."""
+    recipe = getattr(args, "recipe", None)
+    if recipe:
+        from analyses.diffusion_diagnosis import cells
+
+        return functools.partial(cells.corrupt, cells.cell(recipe))
+    return functools.partial(objectives.corrupt, args.loss)
 
 
 def train_step(model, opt, schedule, ids: torch.Tensor, tokenizer, gen: torch.Generator, args: argparse.Namespace,
@@ -244,8 +260,8 @@ def train_step(model, opt, schedule, ids: torch.Tensor, tokenizer, gen: torch.Ge
             else:
                 loss, _, _ = mlm_loss(model, inputs, labels, attention_mask, capacity)
     else:
-        batch = objectives.corrupt(args.loss, ids, tokenizer, gen, ratio_gen)
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        batch = corruption(args)(ids, tokenizer, gen, ratio_gen)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=not getattr(args, "fp32", False)):
             loss, _, _ = objectives.objective_loss(model, batch, attention_mask)
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -284,10 +300,28 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--valid-windows", type=int, default=1024)
     p.add_argument("--stop-after", type=int, default=None,
                    help="stop after N steps (same schedule): for checking that a run reproduces a shipped log")
+    p.add_argument("--recipe", metavar="CELL", default=None,
+                   help="--loss diffusion with a diagnosis cell's recipe (analyses/diffusion_diagnosis/cells.py: "
+                        "embeddings, output init, kept tokens, t sampler, lr and schedule; figures/diffusion-diagnosis)")
+    p.add_argument("--fp32", action="store_true",
+                   help="train in float32 (default: bfloat16 autocast, faster only on CPUs with AMX)")
     p.add_argument("--sparse", action="store_true",
                    help="train with the MLM head and the last block's query, attention output and FFN at the loss "
                         "positions only (gradflow.training.sparse_mlm): the same loss and gradients, less compute")
     args = p.parse_args(argv)
+    if args.recipe:
+        if args.loss != "diffusion":
+            p.error(f"--recipe {args.recipe} is a masked-diffusion recipe: use it with --loss diffusion")
+        from analyses.diffusion_diagnosis import cells
+
+        try:
+            cell = cells.cell(args.recipe)
+        except ValueError as err:
+            p.error(str(err))
+        if cell.objective != "diffusion":
+            p.error(f"--recipe {args.recipe} is not a diffusion cell")
+        # the cell's recipe replaces these flags' values (recorded in recipe.json)
+        args.tie_embeddings, args.zero_output, args.lr, args.constant_lr = cell.tied, cell.zero_output, cell.lr, cell.constant
     if args.sparse and args.loss == "alltoken":
         p.error("--sparse skips the positions outside the loss; with --loss alltoken every non-special position is "
                 "in the loss, so there is nothing to skip: drop --sparse")
@@ -314,6 +348,10 @@ def _train(args: argparse.Namespace) -> None:
     print(f"train windows {len(train)}, valid windows {len(valid)} (of {len(valid_all)})", flush=True)
 
     model = build_model(args, len(tokenizer), tokenizer.pad_token_id)
+    if getattr(args, "zero_output", False):  # MDLM: the (untied) output layer starts at zero
+        with torch.no_grad():
+            model.get_output_embeddings().weight.zero_()
+            model.get_output_embeddings().bias.zero_()
     opt, schedule = make_optimizer(model, args)
     gen = torch.Generator().manual_seed(args.seed)
     ratio_gen = torch.Generator().manual_seed(args.seed + 1)  # diffusion's ratios t (mini-en's draws untouched)
@@ -334,7 +372,7 @@ def _train(args: argparse.Namespace) -> None:
         if step % args.eval_every == 0 or step == args.steps:
             row.update(evaluate(model, tokenizer, valid, args.seed))
             if args.loss in ("mask40", "diffusion"):
-                row.update(evaluate_own(model, tokenizer, valid, args.seed, args.loss))
+                row.update(evaluate_own(model, tokenizer, valid, args.seed, args.loss, recipe=args.recipe))
             print(json.dumps(row), flush=True)
             model.save_pretrained(args.out / "checkpoint")
         log_rows.append(row)
@@ -346,7 +384,7 @@ def _train(args: argparse.Namespace) -> None:
             break
     final = evaluate(model, tokenizer, valid, args.seed)
     if args.loss in ("mask40", "diffusion"):
-        final.update(evaluate_own(model, tokenizer, valid, args.seed, args.loss))
+        final.update(evaluate_own(model, tokenizer, valid, args.seed, args.loss, recipe=args.recipe))
     model.half().save_pretrained(args.out, safe_serialization=True)
     tokenizer.save_pretrained(args.out)
     fields = ["step", "tokens", "train_loss", "lr", "elapsed_s", "valid_loss", "valid_top1", "valid_positions"]
