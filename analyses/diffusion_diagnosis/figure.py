@@ -3,8 +3,8 @@
 One column per cell (seed 0 by default: ``base``, the recipe and ``bert15``), one row per measure against the
 optimizer step, each row on one shared y range:
 
-a. all-[MASK] top-1 at t = 0.15 (the runs' JSON checkpoints: 128 validation windows, 1,024 at the last step), with
-   the unigram stage's reference (predicting the most frequent token scores 0.060);
+a. all-[MASK] top-1 at t = 0.15 (the runs' JSON checkpoints: 128 validation windows, 1,024 at the last step, drawn
+   as an open circle), with the unigram stage's reference (predicting the most frequent token scores 0.060);
 b. the context / loss-position gradient-norm ratio per layer (0 = embeddings output, 1-6 = block outputs; probe
    ``t0.15``), log y: the last block's output is exactly 0 by construction (after the last block nothing mixes
    positions), drawn as triangles on the axis floor ("exactly 0");
@@ -15,8 +15,10 @@ e. the word-embedding matrix's gradient norm (Frobenius) by the role of the posi
    output layer's part (probe ``own``: the cell's own corruption and loss), log y. A role with no position in a
    cell (all zeros: ``kept`` without kept tokens) is left out of that panel; other exact zeros are floor triangles.
 
-The x axis is ``log(1 + step / 25)`` (:data:`STEP_OFFSET`), so steps 0-100 take half the width. What the figure
-shows is described on the results page; it decides nothing.
+Layers are coloured on viridis (0 = the embeddings output, purple, to the last block's output, yellow-green), roles
+in the repository's role colours (the output layer dashed black). The x axis is ``log(1 + step / 25)``
+(:data:`STEP_OFFSET`), so steps 0-100 take half the width. What the figure shows is described on the results page;
+it decides nothing.
 
     python -m analyses.diffusion_diagnosis.figure --cells base RECIPE bert15  # -> figures/.../training_flow.{pdf,png}
 """
@@ -39,7 +41,7 @@ from matplotlib.lines import Line2D
 from analyses.diffusion_diagnosis.cells import cell
 from gradflow.figures.canvas import floor_marker_shifts, log_floor_markers, log_format, zero_proxy
 from gradflow.figures.fitting import wrap_text
-from gradflow.figures.mask_ratio import FLOOR_ROOM, layer_colors
+from gradflow.figures.mask_ratio import FLOOR_ROOM
 from gradflow.figures.style import gradflow_style, role_color
 
 DEFAULT_CELLS = ("base", "untied-zero", "bert15")
@@ -59,6 +61,8 @@ FIGURE_WIDTH = 7.0
 """Inches: full page width."""
 ROW_HEIGHT = 1.45
 """Inches per measure row (the first row also holds the column titles)."""
+VIRIDIS_TOP = 0.88
+"""Layers take viridis from 0 (layer 0, purple) to this point (the deepest), short of its pale yellow end."""
 TRAIN_COMMAND = "python -m analyses.diffusion_diagnosis.train --cells {cell} --seeds {seed} --out {runs}"
 
 
@@ -128,6 +132,16 @@ def embedding_roles(rows: pd.DataFrame, probe: str = "own") -> dict[str, pd.Seri
         if len(values) and (role == "output" or bool((values != 0).any())):
             out[role] = values
     return out
+
+
+def layer_colors(layers: Sequence[int]) -> dict[int, tuple[float, float, float, float]]:
+    """Layer -> its colour, evenly spaced on viridis (colour-blind safe, monotone in lightness) up to
+    :data:`VIRIDIS_TOP`: seven layers stay apart where their lines cross."""
+    import matplotlib
+
+    ordered = sorted(set(layers))
+    spots = np.linspace(0.0, VIRIDIS_TOP, len(ordered)) if len(ordered) > 1 else np.array([0.0])
+    return {layer: matplotlib.colormaps["viridis"](float(s)) for layer, s in zip(ordered, spots)}
 
 
 def step_scale(ax: Axes, last: int) -> None:
@@ -206,7 +220,10 @@ def draw_training_flow(runs: Sequence[Run]) -> Figure:
             axs = grid[:, j]
             top1 = run.checkpoints.set_index("step")["mask15_top1"].astype(float)
             axs[0].plot(top1.index, top1.to_numpy(), color="#222222", marker="o", markersize=2.2, linewidth=1.0,
-                        gid=f"top1:{run.cell}")
+                        markevery=list(range(len(top1) - 1)), gid=f"top1:{run.cell}")
+            axs[0].plot(top1.index[-1:], top1.to_numpy()[-1:], linestyle="none", marker="o", markersize=3.2,
+                        markerfacecolor="white", markeredgecolor="#222222", markeredgewidth=0.8,
+                        gid=f"top1-final:{run.cell}")
             axs[0].axhline(MOST_FREQUENT, color="#777777", linestyle="--", linewidth=0.7, zorder=1, gid="reference")
             ratio = series(run.rows, "context_loss_ratio", "t0.15")
             draw_lines(axs[1], ratio, colors, f"ratio:{run.cell}", log=True)
@@ -221,7 +238,8 @@ def draw_training_flow(runs: Sequence[Run]) -> Figure:
                 step_scale(ax, last)
         any_zero = {row: log_range(grid[i], panels[row]) for i, row in ((1, "ratio"), (4, "embedding"))}
         best = max(float(r.checkpoints["mask15_top1"].max()) for r in runs)
-        grid[0, 0].set_ylim(0.0, 1.15 * max(best, MOST_FREQUENT))  # the reference never on the top edge
+        top = 1.15 * max(best, MOST_FREQUENT)  # the reference never on the top edge
+        grid[0, 0].set_ylim(-0.03 * top, top)
         _label(grid, runs)
         _legends(grid, layers, colors, [r for r in (*INPUT_ROLES, "output") if r in roles_seen], role_colors,
                  any_zero)
@@ -251,7 +269,10 @@ def _legends(grid: np.ndarray, layers: list[int], colors: dict, roles: list[str]
                   handlelength=1.6, borderaxespad=0.0, alignment="left")
 
     place(grid[0, -1], [Line2D([], [], color="#777777", linestyle="--", linewidth=0.7,
-                               label="most frequent\ntoken (0.060)")])
+                               label="most frequent\ntoken (0.060)"),
+                        Line2D([], [], linestyle="none", marker="o", markersize=3.2, markerfacecolor="white",
+                               markeredgecolor="#222222", markeredgewidth=0.8,
+                               label="last step:\n1,024 windows\n(before: 128)")])
     layer_handles = [Line2D([], [], color=colors[k], marker="o", markersize=2.2, linewidth=1.0,
                             label="0 (embeddings)" if k == 0 else str(k)) for k in layers]
     place(grid[1, -1], layer_handles + ([zero_proxy()] if any_zero["ratio"] else []), "layer (rows 2-4)")

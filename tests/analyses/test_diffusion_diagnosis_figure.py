@@ -106,6 +106,8 @@ def test_the_ratio_lines_are_the_csv_values_and_zeros_sit_on_the_floor(runs):
     np.testing.assert_array_equal(floor.get_xdata(), STEPS)
     (top1,) = _drawn(fig, "top1:bert15")
     np.testing.assert_allclose(top1.get_ydata(), [0.05 + 0.02 * math.log1p(s / 25.0) for s in STEPS], rtol=1e-6)
+    (final,) = _drawn(fig, "top1-final:bert15")  # the last step's 1,024 windows: an open circle
+    assert list(final.get_xdata()) == [600] and final.get_markerfacecolor() == "white"
     plt.close(fig)
 
 
