@@ -71,6 +71,12 @@ class CellResult:
         return sum(self.scores.values()) / len(self.scores) if self.scores else math.nan
 
     @property
+    def mean_loss(self) -> float:
+        """The mean all-[MASK] cross-entropy at t = 0.15 over the seeds run (nats; nan if none)."""
+        losses = [f["mask15_loss"] for f in self.finals.values()]
+        return sum(losses) / len(losses) if losses else math.nan
+
+    @property
     def left_unigram(self) -> bool | None:
         """Rule 1 (None while a planned seed is missing)."""
         return all(v >= LEFT_UNIGRAM for v in self.scores.values()) if self.complete else None
@@ -152,7 +158,8 @@ def choose_recipe(results: dict[str, CellResult]) -> tuple[str, ...]:
         return ()
     ranked = sorted(candidates, key=lambda r: -r.mean)
     if not any(r.left_unigram for r in ranked):
-        return tuple(r.name for r in ranked[:2])
+        # plan.md decision 2: a tie in top-1 is broken by the lower all-[MASK] loss at t = 0.15 (the same prediction)
+        return tuple(r.name for r in sorted(candidates, key=lambda r: (-r.mean, r.mean_loss))[:2])
     best = ranked[0]
     close = [r for r in ranked if best.mean - r.mean <= PREFER_SIMPLER]
     return (min(close, key=lambda r: (len(cell(r.name).changes()), -r.mean)).name,)

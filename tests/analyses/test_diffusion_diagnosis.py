@@ -160,6 +160,12 @@ def test_the_other_readings_and_the_fallback() -> None:
     # no candidate left the unigram stage: the two best train at the full budget
     assert T.choose_recipe(sampler) == ("low-t", "base")  # ties keep the plan's order
     assert "two best" in T.markdown(sampler)
+    # plan.md decision 2: equal top-1 is broken by the lower all-[MASK] loss at t = 0.15
+    tied = results_of(ALL_LOW)
+    for name, loss in (("bell", 5.9), ("mdlm", 5.95)):
+        for final in tied[name].finals.values():
+            final["mask15_loss"] = loss
+    assert T.choose_recipe(tied) == ("bell", "mdlm")
 
 
 def test_missing_seeds_decide_nothing(tmp_path: Path) -> None:
