@@ -37,8 +37,9 @@ from analyses.diffusion_diagnosis.cells import SCHEDULE_STEPS, WARMUP, Cell
 from analyses.pretraining import objectives, pretrain
 from gradflow.interventions.snapshot import training_snapshot
 
-CHECKPOINTS = (0, 25, 50, 100, 150, 225, 300, 450, 600)
-"""The steps measured (0: the initial weights); the plan's cells train 600 steps (and the last step always)."""
+CHECKPOINTS = (0, 25, 50, 100, 150, 225, 300, 450, 600, 900, 1200, 1800, 2400)
+"""The steps measured (0: the initial weights); the plan's cells train 600 steps, rule 4's fallback 3,059 (and the
+last step always)."""
 EVAL_WINDOWS, FINAL_WINDOWS, OWN_WINDOWS, PROBE_WINDOWS = 128, 1024, 256, 32
 PROBE_T = 0.15
 """The acceptance corruption's t (and the common probe's)."""
@@ -187,10 +188,11 @@ def write_rows(path: Path, rows: list[dict]) -> None:
         writer.writerows([{k: (f"{v:.7g}" if isinstance(v, float) else v) for k, v in r.items()} for r in rows])
 
 
-def run_cell(c: Cell, seed: int, steps: int, data, out: Path, bf16: bool = False) -> dict:
+def run_cell(c: Cell, seed: int, steps: int, data, out: Path, bf16: bool = False, save: bool = False) -> dict:
     """Train cell ``c`` from ``seed`` for ``steps`` steps, measuring it at :data:`CHECKPOINTS`; the run's record.
     ``bf16``: the training steps and evaluations under bfloat16 autocast (mini-en's speed trick; slower than float32
-    on CPUs without AMX); the snapshots are float32 either way."""
+    on CPUs without AMX); the snapshots are float32 either way. ``save``: the trained model (float32 safetensors) and its
+    tokenizer go to ``out/<cell>-s<seed>.model/``."""
     tokenizer, train, valid = data
     probe = valid[FINAL_WINDOWS : FINAL_WINDOWS + PROBE_WINDOWS]
     csv_path = out / f"{c.name}-s{seed}.csv"
@@ -222,6 +224,9 @@ def run_cell(c: Cell, seed: int, steps: int, data, out: Path, bf16: bool = False
         losses.append(float(loss.detach()))
         if not math.isfinite(losses[-1]):
             raise SystemExit(f"{c.name} seed {seed}: non-finite loss at step {step + 1}")
+    if save:
+        model.save_pretrained(out / f"{c.name}-s{seed}.model", safe_serialization=True)
+        tokenizer.save_pretrained(out / f"{c.name}-s{seed}.model")
     return {"cell": c.name, "seed": seed, "steps": steps, "recipe": {k: v for k, v in vars(c).items()},
             "changes": list(c.changes()), "candidate": c.candidate, "checkpoints": checkpoints,
             "final": checkpoints[-1], "train_s": round(train_s, 1), "wall_s": round(time.time() - start, 1),
@@ -246,6 +251,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--corpus", type=Path, default=Path("data/corpus"))
     p.add_argument("--tokenizer", type=Path, default=Path("src/gradflow/models/gradflow-mini-en"))
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--save", action="store_true", help="keep each trained model in OUT/<cell>-s<seed>.model/")
     p.add_argument("--bf16", action="store_true", help="train and evaluate under bfloat16 autocast (default float32)")
     args = p.parse_args(argv)
     index, count = (int(x) for x in args.worker.split("/"))
@@ -264,7 +270,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         if args.max_minutes is not None and time.time() - start > 60 * args.max_minutes:
             print(f"--max-minutes {args.max_minutes:g} reached: stopping before {c.name} seed {seed}", flush=True)
             break
-        record = run_cell(c, seed, args.steps, data, args.out, args.bf16)
+        record = run_cell(c, seed, args.steps, data, args.out, args.bf16, args.save)
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
         tmp.replace(path)

@@ -103,7 +103,9 @@ def test_a_short_run_trains_measures_and_writes_its_files(tmp_path: Path, tokeni
     for name, value in (("EVAL_WINDOWS", 4), ("FINAL_WINDOWS", 8), ("OWN_WINDOWS", 4), ("PROBE_WINDOWS", 4)):
         monkeypatch.setattr(train, name, value)
     torch.set_num_threads(2)
-    record = train.run_cell(C.cell("untied-zero"), 0, 2, (tokenizer, windows, windows), tmp_path)
+    record = train.run_cell(C.cell("untied-zero"), 0, 2, (tokenizer, windows, windows), tmp_path, save=True)
+    saved = __import__("transformers").AutoModelForMaskedLM.from_pretrained(tmp_path / "untied-zero-s0.model")
+    assert not saved.config.tie_word_embeddings and (tmp_path / "untied-zero-s0.model" / "tokenizer.json").exists()
     assert [c["step"] for c in record["checkpoints"]] == [0, 2]
     assert set(record["final"]) >= {"mask15_top1", "own_loss", "mask50_top1", "bert15_top1"}
     assert record["candidate"] and record["precision"] == "float32"
