@@ -156,10 +156,10 @@ def choose_recipe(results: dict[str, CellResult]) -> tuple[str, ...]:
     candidates = [results[c.name] for c in CELLS if c.candidate]
     if not all(r.complete for r in candidates):
         return ()
-    ranked = sorted(candidates, key=lambda r: -r.mean)
+    # plan.md decision 2: a tie in top-1 is broken by the lower all-[MASK] loss at t = 0.15 (the same prediction)
+    ranked = sorted(candidates, key=lambda r: (-r.mean, r.mean_loss))
     if not any(r.left_unigram for r in ranked):
-        # plan.md decision 2: a tie in top-1 is broken by the lower all-[MASK] loss at t = 0.15 (the same prediction)
-        return tuple(r.name for r in sorted(candidates, key=lambda r: (-r.mean, r.mean_loss))[:2])
+        return tuple(r.name for r in ranked[:2])
     best = ranked[0]
     close = [r for r in ranked if best.mean - r.mean <= PREFER_SIMPLER]
     return (min(close, key=lambda r: (len(cell(r.name).changes()), -r.mean)).name,)
