@@ -15,6 +15,7 @@ of its 3,059-step schedule (600 in the plan), in float32 unless ``--bf16``, and 
 A run writes ``<out>/<cell>-s<seed>.csv`` (the snapshots' rows: the callback log's columns and ``probe``) and then
 ``<out>/<cell>-s<seed>.json`` (its configuration, the evaluations per checkpoint, times); a run whose JSON exists is
 skipped, so the sweep resumes where it stopped. ``--max-minutes`` starts no run after that many minutes;
+a run in progress at ``--max-minutes`` keeps its state (:mod:`run_state`) and resumes on the next call.
 ``--worker i/n`` takes every n-th run (seed 0 of every cell before seed 1: a cut leaves whole seeds).
 
     python -m analyses.diffusion_diagnosis.train --out figures/diffusion-diagnosis/runs --worker 0/2 --max-minutes 100
@@ -33,11 +34,12 @@ from pathlib import Path
 import torch
 
 from analyses.diffusion_diagnosis import cells as cells_mod
+from analyses.diffusion_diagnosis import run_state
 from analyses.diffusion_diagnosis.cells import SCHEDULE_STEPS, WARMUP, Cell
 from analyses.pretraining import objectives, pretrain
 from gradflow.interventions.snapshot import training_snapshot
 
-CHECKPOINTS = (0, 25, 50, 100, 150, 225, 300, 450, 600, 900, 1200, 1800, 2400)
+CHECKPOINTS = (0, 25, 50, 100, 150, 225, 300, 450, 600, 900, 1200, 1800, 2400, 3600, 4800, 7500)
 """The steps measured (0: the initial weights); the plan's cells train 600 steps, rule 4's fallback 3,059 (and the
 last step always)."""
 EVAL_WINDOWS, FINAL_WINDOWS, OWN_WINDOWS, PROBE_WINDOWS = 128, 1024, 256, 32
@@ -188,26 +190,64 @@ def write_rows(path: Path, rows: list[dict]) -> None:
         writer.writerows([{k: (f"{v:.7g}" if isinstance(v, float) else v) for k, v in r.items()} for r in rows])
 
 
-def run_cell(c: Cell, seed: int, steps: int, data, out: Path, bf16: bool = False, save: bool = False) -> dict:
+def run_cell(c: Cell, seed: int, steps: int, data, out: Path, bf16: bool = False, save: bool = False,
+             budgets: Sequence[int] = (), state_every: int | None = None, deadline: float | None = None) -> dict | None:
     """Train cell ``c`` from ``seed`` for ``steps`` steps, measuring it at :data:`CHECKPOINTS`; the run's record.
     ``bf16``: the training steps and evaluations under bfloat16 autocast (mini-en's speed trick; slower than float32
     on CPUs without AMX); the snapshots are float32 either way. ``save``: the trained model (float32 safetensors) and its
-    tokenizer go to ``out/<cell>-s<seed>.model/``."""
+    tokenizer go to ``out/<cell>-s<seed>.model/``.
+
+    ``budgets``: earlier steps measured like the last (1,024 windows and the final measures; rule 5's 1.5x, 2x and 3x
+    budgets of a constant-rate recipe are checkpoints of one run), each saved to ``out/<cell>-s<seed>-<step>.model/``
+    when ``save``. The run's state goes to ``out/<cell>-s<seed>.state.pt`` (:mod:`run_state`) after every checkpoint and
+    every ``state_every`` steps, and a run with a state resumes from it; past ``deadline`` (a ``time.time()``) the run
+    saves its state and returns None. The checkpoints so far are in ``out/<cell>-s<seed>.partial.json`` until the run
+    ends."""
     tokenizer, train, valid = data
     probe = valid[FINAL_WINDOWS : FINAL_WINDOWS + PROBE_WINDOWS]
     csv_path = out / f"{c.name}-s{seed}.csv"
-    csv_path.unlink(missing_ok=True)  # a run cut before its JSON starts again
     model = build(c, seed, tokenizer)
     opt, schedule = optimizer(model, c)
     gen, ratio_gen = torch.Generator().manual_seed(2 * seed), torch.Generator().manual_seed(2 * seed + 1)
-    checkpoints, losses, train_s, start, cpu0 = [], [], 0.0, time.time(), time.process_time()
-    for step in range(steps + 1):
-        if step in CHECKPOINTS or step == steps:
+    spath, ppath = run_state.state_path(out, c.name, seed), run_state.partial_path(out, c.name, seed)
+    state = run_state.load(spath, model, opt, schedule, gen, ratio_gen)
+    if state is None:
+        csv_path.unlink(missing_ok=True)  # a run cut before its first state starts again
+        state = run_state.RunState(0, [], [], 0.0, 0.0, 0.0)
+    else:
+        run_state.truncate_csv(csv_path, state.step if state.measured else state.step - 1)
+        print(f"{c.name} seed {seed}: resuming at step {state.step}", flush=True)
+    start, cpu0 = time.time() - state.wall_s, time.process_time() - state.cpu_s
+    finals = set(budgets) | {steps}
+
+    def keep(step: int) -> None:
+        state.step, state.wall_s, state.cpu_s = step, time.time() - start, time.process_time() - cpu0
+        run_state.save(spath, state, model, opt, schedule, gen, ratio_gen)
+
+    def record() -> dict:
+        return {"cell": c.name, "seed": seed, "steps": steps, "recipe": {k: v for k, v in vars(c).items()},
+                "changes": list(c.changes()), "candidate": c.candidate, "checkpoints": state.checkpoints,
+                "final": state.checkpoints[-1], "budgets": [r for r in state.checkpoints if r["step"] in finals],
+                "train_s": round(state.train_s, 1), "wall_s": round(time.time() - start, 1),
+                "cpu_s": round(time.process_time() - cpu0, 1), "precision": "bf16 autocast" if bf16 else "float32",
+                "torch": torch.__version__,
+                "command": "python -m analyses.diffusion_diagnosis.train " + " ".join(sys.argv[1:])}
+
+    for step in range(state.step, steps + 1):
+        if (step in CHECKPOINTS or step in finals) and not (step == state.step and state.measured):
             measure(model, c, tokenizer, probe, step, csv_path)
+            losses = state.losses
             row = {"step": step, "train_loss": sum(losses[-25:]) / len(losses[-25:]) if losses else None,
-                   "lr": schedule.get_last_lr()[0], **evaluate(model, c, tokenizer, valid, step == steps, bf16)}
-            checkpoints.append(row)
+                   "lr": schedule.get_last_lr()[0], **evaluate(model, c, tokenizer, valid, step in finals, bf16)}
+            state.checkpoints.append(row)
             print(json.dumps({"cell": c.name, "seed": seed, **row}), flush=True)
+            if save and step in finals:
+                where = out / (f"{c.name}-s{seed}.model" if step == steps else f"{c.name}-s{seed}-{step}.model")
+                model.save_pretrained(where, safe_serialization=True)
+                tokenizer.save_pretrained(where)
+            if step < steps:
+                keep(step)
+                run_state.write_partial(ppath, record())
         if step == steps:
             break
         tick = time.perf_counter()
@@ -220,19 +260,18 @@ def run_cell(c: Cell, seed: int, steps: int, data, out: Path, bf16: bool = False
         opt.step()
         schedule.step()
         opt.zero_grad(set_to_none=True)
-        train_s += time.perf_counter() - tick
-        losses.append(float(loss.detach()))
-        if not math.isfinite(losses[-1]):
+        state.train_s += time.perf_counter() - tick
+        state.losses = state.losses[-24:] + [float(loss.detach())]
+        if not math.isfinite(state.losses[-1]):
             raise SystemExit(f"{c.name} seed {seed}: non-finite loss at step {step + 1}")
-    if save:
-        model.save_pretrained(out / f"{c.name}-s{seed}.model", safe_serialization=True)
-        tokenizer.save_pretrained(out / f"{c.name}-s{seed}.model")
-    return {"cell": c.name, "seed": seed, "steps": steps, "recipe": {k: v for k, v in vars(c).items()},
-            "changes": list(c.changes()), "candidate": c.candidate, "checkpoints": checkpoints,
-            "final": checkpoints[-1], "train_s": round(train_s, 1), "wall_s": round(time.time() - start, 1),
-            "cpu_s": round(time.process_time() - cpu0, 1), "precision": "bf16 autocast" if bf16 else "float32",
-            "torch": torch.__version__,
-            "command": "python -m analyses.diffusion_diagnosis.train " + " ".join(sys.argv[1:])}
+        if (state_every and (step + 1) % state_every == 0) or (deadline is not None and time.time() > deadline):
+            keep(step + 1)
+            if deadline is not None and time.time() > deadline:
+                print(f"{c.name} seed {seed}: stopped at step {step + 1}, state kept in {spath}", flush=True)
+                return None
+    result = record()
+    spath.unlink(missing_ok=True)
+    return result
 
 
 def planned_runs(names: Sequence[str], seeds: Sequence[int]) -> list[tuple[Cell, int]]:
@@ -247,7 +286,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     p.add_argument("--steps", type=int, default=600)
     p.add_argument("--worker", default="0/1", help="i/n: run every n-th planned run starting at the i-th")
-    p.add_argument("--max-minutes", type=float, default=None, help="start no run after this many minutes")
+    p.add_argument("--max-minutes", type=float, default=None,
+                   help="stop after this many minutes (a run in progress keeps its state and resumes next time)")
+    p.add_argument("--budgets", type=int, nargs="*", default=[],
+                   help="earlier steps measured and saved like the last (rule 5's budgets of a constant-rate recipe)")
+    p.add_argument("--state-every", type=int, default=100, help="save the run's state every this many steps")
     p.add_argument("--corpus", type=Path, default=Path("data/corpus"))
     p.add_argument("--tokenizer", type=Path, default=Path("src/gradflow/models/gradflow-mini-en"))
     p.add_argument("--threads", type=int, default=1)
@@ -259,6 +302,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         p.error(f"--worker {args.worker}: i/n with 0 <= i < n")
     if args.steps < 1:
         p.error("--steps must be at least 1")
+    if any(not 0 < b < args.steps for b in args.budgets):
+        p.error(f"--budgets {args.budgets}: each must lie between 0 and --steps {args.steps}")
+    decaying = [n for n in args.cells if not cells_mod.cell(n).constant]
+    if args.steps > SCHEDULE_STEPS and decaying:
+        p.error(f"--steps {args.steps} runs past the {SCHEDULE_STEPS}-step schedule, whose learning rate has reached 0 "
+                f"for {', '.join(decaying)}: longer budgets of a decaying schedule are separate, stretched runs")
     torch.set_num_threads(args.threads)
     args.out.mkdir(parents=True, exist_ok=True)
     data = load_data(args.corpus, args.tokenizer)
@@ -270,10 +319,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         if args.max_minutes is not None and time.time() - start > 60 * args.max_minutes:
             print(f"--max-minutes {args.max_minutes:g} reached: stopping before {c.name} seed {seed}", flush=True)
             break
-        record = run_cell(c, seed, args.steps, data, args.out, args.bf16, args.save)
+        deadline = None if args.max_minutes is None else start + 60 * args.max_minutes
+        record = run_cell(c, seed, args.steps, data, args.out, args.bf16, args.save, args.budgets, args.state_every,
+                          deadline)
+        if record is None:
+            break
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
         tmp.replace(path)
+        run_state.partial_path(args.out, c.name, seed).unlink(missing_ok=True)
 
 
 if __name__ == "__main__":

@@ -121,6 +121,51 @@ def test_a_short_run_trains_measures_and_writes_its_files(tmp_path: Path, tokeni
     assert list(last) == [0.0, 0.0]  # no mixing after the last block (both probes)
 
 
+def shrink(monkeypatch, train) -> None:
+    for name, value in (("EVAL_WINDOWS", 4), ("FINAL_WINDOWS", 8), ("OWN_WINDOWS", 4), ("PROBE_WINDOWS", 4)):
+        monkeypatch.setattr(train, name, value)
+    monkeypatch.setattr(train, "CHECKPOINTS", (0, 2, 4))
+    torch.set_num_threads(2)
+
+
+def test_a_run_stopped_and_resumed_equals_one_that_never_stopped(tmp_path: Path, tokenizer, windows,
+                                                                 monkeypatch) -> None:
+    from analyses.diffusion_diagnosis import train
+    from safetensors.torch import load_file
+
+    shrink(monkeypatch, train)
+    data, c = (tokenizer, windows, windows), C.cell("mdlm")
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    whole.mkdir(), cut.mkdir()
+    once = train.run_cell(c, 0, 5, data, whole, save=True, budgets=[3])
+    assert [r["step"] for r in once["budgets"]] == [3, 5] and "own_loss" in once["budgets"][0]
+    assert "own_loss" not in once["checkpoints"][1]  # step 2: an ordinary checkpoint
+    assert not (whole / "mdlm-s0.state.pt").exists()  # a finished run leaves no state
+    # a deadline in the past stops the run after each training step, its state kept; the third call finishes it
+    assert train.run_cell(c, 0, 5, data, cut, save=True, budgets=[3], deadline=0.0) is None
+    partial = json.loads((cut / "mdlm-s0.partial.json").read_text())
+    assert partial["partial"] and [r["step"] for r in partial["checkpoints"]] == [0]
+    assert train.run_cell(c, 0, 5, data, cut, save=True, budgets=[3], deadline=0.0) is None
+    assert torch.load(cut / "mdlm-s0.state.pt", weights_only=True)["step"] == 2
+    resumed = train.run_cell(c, 0, 5, data, cut, save=True, budgets=[3])
+    assert [r["step"] for r in resumed["checkpoints"]] == [0, 2, 3, 4, 5]
+    assert resumed["checkpoints"] == once["checkpoints"]  # every measure, bit for bit
+    for name in ("mdlm-s0-3.model", "mdlm-s0.model"):
+        x, y = load_file(whole / name / "model.safetensors"), load_file(cut / name / "model.safetensors")
+        assert x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x)
+    frames = [__import__("pandas").read_csv(d / "mdlm-s0.csv") for d in (whole, cut)]
+    assert frames[0].equals(frames[1])  # no snapshot row lost or repeated
+
+
+def test_long_runs_of_a_decaying_schedule_and_misplaced_budgets_are_refused(capsys) -> None:
+    from analyses.diffusion_diagnosis import train
+
+    for argv in (["--cells", "base", "--steps", "4000"], ["--cells", "mdlm", "--steps", "100", "--budgets", "100"]):
+        with pytest.raises(SystemExit):
+            train.main(argv)
+        assert "--" in capsys.readouterr().err
+
+
 # ----------------------------------------------------------------------------------------------- rules
 def results_of(scores: dict[str, tuple[float, float]]) -> dict[str, T.CellResult]:
     out = {}
