@@ -277,3 +277,56 @@ def test_pretrain_takes_a_cells_recipe(tokenizer, windows, monkeypatch, capsys) 
         with pytest.raises(SystemExit):
             pretrain.main([*bad, "--out", "unused"])
         assert message in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------------------------- rules 4 and 5
+def _full_run(path: Path, rows: dict[int, tuple[float, float, float]], partial: bool = False) -> None:
+    """A run record with the full measures (top-1, all-[MASK] loss, own loss) at the given steps."""
+    checkpoints = [{"step": 0, "mask15_top1": 0.0, "mask15_loss": 9.0}]
+    for step, (top1, loss, own) in sorted(rows.items()):
+        checkpoints += [{"step": step - 1, "mask15_top1": top1, "mask15_loss": loss},
+                        {"step": step, "mask15_top1": top1, "mask15_loss": loss, "own_loss": own,
+                         "mask50_top1": 0.1, "bert15_top1": 0.2}]
+    name = path.name.replace(".json", ".partial.json") if partial else path.name
+    (path.parent / name).write_text(json.dumps({"checkpoints": checkpoints, "partial": partial}))
+
+
+def test_rule_4_picks_the_better_candidate_and_rule_5_the_first_budget_that_passes(tmp_path: Path) -> None:
+    from analyses.diffusion_diagnosis import member as M
+
+    _full_run(tmp_path / "mdlm-lr-s0.json", {3059: (0.12, 6.0, 6.5), 4589: (0.16, 5.5, 6.2)}, partial=True)
+    assert M.choose(M.load_budgets(tmp_path)) is None  # mdlm has not reached 3,059 steps
+    _full_run(tmp_path / "mdlm-s0.json", {3059: (0.12, 6.1, 6.4)})
+    budgets = M.load_budgets(tmp_path)
+    assert M.choose(budgets) == "mdlm-lr"  # a tie at top-1, broken by the lower all-[MASK] loss
+    member = M.shipped(budgets["mdlm-lr"])
+    assert (member.step, member.share) == (4589, "1.5x")
+    assert member.margin == pytest.approx(M.UNIGRAM_CE - 6.2)
+    assert "ships at **1.5x**" in M.verdict(budgets)
+    # the first budget fails on the loss margin alone: 0.16 top-1 but 6.5 nats is 0.27 below the unigram
+    _full_run(tmp_path / "mdlm-lr-s0.json", {3059: (0.16, 6.0, 6.5)}, partial=True)
+    budgets = M.load_budgets(tmp_path)
+    assert not budgets["mdlm-lr"][0].passes and M.shipped(budgets["mdlm-lr"]) is None
+    assert "undecided" in M.verdict(budgets) and budgets["mdlm-lr"][1].passes is None
+    rows = M.csv_text(budgets).splitlines()
+    assert rows[0].startswith("cell,step,budget,mask15_top1") and len(rows) == 1 + 2 * len(M.BUDGETS)
+
+
+def test_the_unigram_cross_entropy_is_a_hand_count() -> None:
+    from analyses.diffusion_diagnosis import member as M
+
+    train = torch.tensor([[0, 5, 5, 6, 1]])  # 0 and 1 special: counts 5 -> 2, 6 -> 1, add-one over 8 tokens
+    valid = torch.tensor([[0, 5, 7, 1]])
+    expected = -(math.log(3 / 11) + math.log(1 / 11)) / 2
+    assert M.unigram_cross_entropy(train, valid, [0, 1], 8) == pytest.approx(expected, rel=1e-12)
+
+
+def test_the_committed_member_table_is_recomputed_from_the_committed_runs() -> None:
+    from analyses.diffusion_diagnosis import member as M
+
+    committed = COMMITTED / "member.md"
+    if not committed.exists():
+        pytest.skip("the full-length runs have not written figures/diffusion-diagnosis/member.md yet")
+    budgets = M.load_budgets(COMMITTED / "full")
+    assert committed.read_text() == M.markdown(budgets)
+    assert (COMMITTED / "member.csv").read_text() == M.csv_text(budgets)
