@@ -238,7 +238,8 @@ def run_cell(c: Cell, seed: int, steps: int, data, out: Path, bf16: bool = False
             measure(model, c, tokenizer, probe, step, csv_path)
             losses = state.losses
             row = {"step": step, "train_loss": sum(losses[-25:]) / len(losses[-25:]) if losses else None,
-                   "lr": schedule.get_last_lr()[0], **evaluate(model, c, tokenizer, valid, step in finals, bf16)}
+                   "lr": schedule.get_last_lr()[0], **evaluate(model, c, tokenizer, valid, step in finals, bf16),
+                   "wall_s": round(time.time() - start, 1), "cpu_s": round(time.process_time() - cpu0, 1)}
             state.checkpoints.append(row)
             print(json.dumps({"cell": c.name, "seed": seed, **row}), flush=True)
             if save and step in finals:

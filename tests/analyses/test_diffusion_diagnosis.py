@@ -149,7 +149,10 @@ def test_a_run_stopped_and_resumed_equals_one_that_never_stopped(tmp_path: Path,
     assert torch.load(cut / "mdlm-s0.state.pt", weights_only=True)["step"] == 2
     resumed = train.run_cell(c, 0, 5, data, cut, save=True, budgets=[3])
     assert [r["step"] for r in resumed["checkpoints"]] == [0, 2, 3, 4, 5]
-    assert resumed["checkpoints"] == once["checkpoints"]  # every measure, bit for bit
+    untimed = [[{k: v for k, v in r.items() if k not in ("wall_s", "cpu_s")} for r in run["checkpoints"]]
+               for run in (once, resumed)]
+    assert untimed[0] == untimed[1]  # every measure, bit for bit
+    assert all(r["cpu_s"] >= 0 for r in resumed["checkpoints"])  # the times so far, the resumed calls' included
     for name in ("mdlm-s0-3.model", "mdlm-s0.model"):
         x, y = load_file(whole / name / "model.safetensors"), load_file(cut / name / "model.safetensors")
         assert x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x)
@@ -330,3 +333,39 @@ def test_the_committed_member_table_is_recomputed_from_the_committed_runs() -> N
     budgets = M.load_budgets(COMMITTED / "full")
     assert committed.read_text() == M.markdown(budgets)
     assert (COMMITTED / "member.csv").read_text() == M.csv_text(budgets)
+
+
+def test_the_shipped_budget_becomes_a_member_laid_out_as_pretrain_writes_one(tmp_path: Path, tokenizer, windows,
+                                                                             monkeypatch) -> None:
+    from analyses.diffusion_diagnosis import member as M
+    from analyses.diffusion_diagnosis import to_member, train
+
+    shrink(monkeypatch, train)
+    runs, out = tmp_path / "full", tmp_path / "member"
+    runs.mkdir()
+    seen = []  # (windows, real tokens) of every loss the runs compute: training batches have 16 windows
+    real_loss = train.cell_loss
+    monkeypatch.setattr(train, "cell_loss", lambda model, batch, mask: seen.append(tuple(mask.shape[:1]) + (
+        int(mask.sum()),)) or real_loss(model, batch, mask))
+    records = {name: train.run_cell(C.cell(name), 0, 5, (tokenizer, windows, windows), runs, save=True, budgets=[3])
+               for name in M.FALLBACK}
+    for name, record in records.items():
+        (runs / f"{name}-s0.json").write_text(json.dumps(record))
+    monkeypatch.setattr(M, "BUDGETS", {3: "1x", 5: "1.5x"})
+    monkeypatch.setattr(M, "SHIP_TOP1", -1.0)  # every budget passes: the first ships
+    monkeypatch.setattr(M, "SHIP_MARGIN", -100.0)
+    monkeypatch.setattr(to_member, "load_data", lambda corpus, tok: (tokenizer, windows, windows))
+    recipe = to_member.build_member(runs, out, Path("unused"), TOKENIZER)
+    chosen = M.choose(M.load_budgets(runs))
+    assert recipe["recipe"] == chosen and recipe["steps"] == 3 and recipe["budget"]["label"] == "1x"
+    # the tokens replayed from the run's generators are the tokens it trained on
+    trained = [n for windows_, n in seen if windows_ == 16]
+    own = trained[:5] if chosen == M.FALLBACK[0] else trained[5:]
+    assert len(trained) == 10 and to_member.replay_tokens(C.cell(chosen), 0, 5, windows, tokenizer) == [
+        sum(own[:k]) for k in range(6)]
+    log = __import__("pandas").read_csv(out / "training_log.csv")
+    assert list(log.columns) == list(to_member.FIELDS) and list(log.step) == [2, 3]
+    assert log.valid_top1.isna().tolist() == [True, False]  # measured at the saved budget only
+    assert recipe["final"]["valid_positions"] > 0 and recipe["cpu_s"] is not None
+    shipped = __import__("transformers").AutoModelForMaskedLM.from_pretrained(out)
+    assert next(shipped.parameters()).dtype == torch.float16
