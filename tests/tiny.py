@@ -129,3 +129,89 @@ def tiny_batch(seed: int = 0, b: int = 3, t: int = 12) -> MaskedBatch:
     inputs[roles == Role.RANDOM] = 7
     labels = torch.where(roles <= Role.KEPT, original, torch.full_like(original, -100))
     return MaskedBatch(inputs, original, labels, roles, attention, torch.arange(b))
+
+
+# mixtures of experts (causal LMs of transformers 5.x, recorded as they are): 4 experts, 2 per position, 2 blocks
+MOE_COMMON = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=2,
+                  head_dim=16, intermediate_size=48, max_position_embeddings=64, pad_token_id=0, num_experts_per_tok=2)
+MOE_CONFIGS: dict[str, dict] = {
+    "olmoe": dict(num_experts=4, norm_topk_prob=True),
+    "mixtral": dict(num_local_experts=4),
+    "qwen3_moe": dict(num_experts=4, moe_intermediate_size=24, norm_topk_prob=True),
+    "qwen2_moe": dict(num_experts=4, moe_intermediate_size=24, shared_expert_intermediate_size=40),
+}
+MOE_FAMILIES = tuple(MOE_CONFIGS)
+EXPERTS_IMPLEMENTATIONS = ("eager", "batched_mm", "grouped_mm")
+
+
+def tiny_moe_model(family: str, seed: int = 0, experts_implementation: str = "eager",
+                   dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    """A random-init ForCausalLM of an MoE ``family`` (2 blocks, hidden 32, 4 experts, top-2), in eval mode, whose
+    experts run ``experts_implementation`` (transformers' eager loop, ``batched_mm`` or ``grouped_mm``)."""
+    from transformers import AutoModelForCausalLM
+
+    config = AutoConfig.for_model(family)
+    for key, value in {**MOE_COMMON, **MOE_CONFIGS[family]}.items():
+        setattr(config, key, value)
+    config._experts_implementation = experts_implementation
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():  # routers and gains away from their zero/one initialisation
+        for name, param in model.named_parameters():
+            if "norm" in name or name.endswith("gate.weight"):
+                param.add_(0.1 * torch.randn_like(param))
+    return model.to(dtype)
+
+
+class ListExpert(torch.nn.Module):
+    """One expert of :class:`ListMoe`: w2(silu(w1 x) * w3 x), from a fused slab pair."""
+
+    def __init__(self, gate_up: torch.Tensor, down: torch.Tensor):
+        super().__init__()
+        inner = down.shape[1]
+        self.w1 = torch.nn.Linear(gate_up.shape[1], inner, bias=False)
+        self.w3 = torch.nn.Linear(gate_up.shape[1], inner, bias=False)
+        self.w2 = torch.nn.Linear(inner, down.shape[0], bias=True)
+        with torch.no_grad():
+            self.w1.weight.copy_(gate_up[:inner])
+            self.w3.weight.copy_(gate_up[inner:])
+            self.w2.weight.copy_(down)
+            self.w2.bias.normal_()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(torch.nn.functional.silu(self.w1(x)) * self.w3(x))
+
+
+class ListMoe(torch.nn.Module):
+    """Mixtral's pre-5.x layout: a Linear router, a ModuleList of experts each called on the rows routed to it."""
+
+    def __init__(self, fused: torch.nn.Module, k: int = 2):
+        super().__init__()
+        experts, hidden = fused.experts.gate_up_proj.shape[0], fused.experts.gate_up_proj.shape[2]
+        self.k = k
+        self.gate = torch.nn.Linear(hidden, experts, bias=False)
+        with torch.no_grad():
+            self.gate.weight.copy_(fused.gate.weight)
+        self.experts = torch.nn.ModuleList(
+            ListExpert(fused.experts.gate_up_proj[e].detach(), fused.experts.down_proj[e].detach())
+            for e in range(experts))
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        b, t, h = hidden.shape
+        x = hidden.view(-1, h)
+        weights, index = torch.topk(torch.nn.functional.softmax(self.gate(x), dim=-1), self.k, dim=-1)
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+        out = torch.zeros_like(x)
+        for e, expert in enumerate(self.experts):
+            token, slot = torch.where(index == e)
+            if token.numel():
+                out.index_add_(0, token, expert(x[token]) * weights[token, slot, None])
+        return out.view(b, t, h)
+
+
+def list_moe_model(dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    """The tiny OLMoE with each block's MoE replaced by :class:`ListMoe` holding the same weights (a bias on w2)."""
+    model = tiny_moe_model("olmoe", dtype=torch.float64)
+    for layer in model.model.layers:
+        layer.mlp = ListMoe(layer.mlp).double()
+    return model.to(dtype)

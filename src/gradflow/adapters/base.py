@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from gradflow.adapters.experts import ExpertsSpec
+
 SUBLAYER_NAMES: tuple[str, ...] = (
     "attn.q", "attn.k", "attn.v", "attn.out", "attn.norm", "ffn.in", "ffn.gate", "ffn.out", "ffn.norm",
 )
@@ -43,6 +45,8 @@ class SublayerSpec:
     call: int | None = None
     """Only the module's ``call``-th call (0-based) in a block, on the block's positions, is this sublayer (X-MOD's
     ``output.LayerNorm`` runs twice per block: one name per call); None: its first call (later calls: ``relpos``)."""
+    flat: bool = False
+    """The module reads the block's positions as (B * T, D) rows (an MoE router reads the flattened hidden states)."""
 
     def groups(self, config: object) -> int:
         """G of ``interleave`` read from ``config`` (1 without ``interleave``: one contiguous chunk)."""
@@ -185,6 +189,10 @@ class Adapter:
     shifts the logits right by one), so only a shifted objective (labels and roles on the loss side: position p
     carries the loss of the token at p + 1) matches its training; False: the logits at p predict the token at p;
     None: unknown (the generic adapter), so either objective is taken."""
+    experts: dict[str, ExpertsSpec] = field(default_factory=dict)
+    """Mixture-of-experts blocks: name (``ffn.experts``) -> where the experts are and how they are called
+    (:mod:`gradflow.adapters.experts`); each weight is split by the role of the rows routed to each expert, recorded
+    as ``<name>.<parameter or Linear>``. An experts name in ``after_mixing_extra`` puts those in the after-mixing set."""
 
     def after_mixing(self) -> tuple[str, ...]:
         """Sublayers of a block that see only the channel's own post-attention state.
@@ -195,7 +203,9 @@ class Adapter:
         if self.attn_norm == "post":
             names.append("attn.norm")
         standard = tuple(n for n in SUBLAYER_NAMES if n in names and n in self.sublayers)
-        return standard + tuple(n for n in self.after_mixing_extra if n in self.sublayers)
+        experts = tuple(n for name, spec in self.experts.items() if name in self.after_mixing_extra
+                        for n in spec.names(name))
+        return standard + tuple(n for n in self.after_mixing_extra if n in self.sublayers) + experts
 
     def position_offset(self, config) -> int:
         """Learned position embeddings before the first one a token uses (RoBERTa: ``pad_token_id + 1``)."""

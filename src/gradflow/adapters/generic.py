@@ -33,6 +33,8 @@ import torch
 from torch import nn
 
 from gradflow.adapters.base import Adapter, HeadSpec, SublayerSpec
+from gradflow.adapters.experts import ExpertsSpec
+from gradflow.adapters.generic_experts import ExpertProbe, computes_linear, find_experts, inside, router_like
 from gradflow.adapters.norms import norm_like
 from gradflow.adapters.refusals import refusal
 from gradflow.adapters.registry import registered_family
@@ -125,7 +127,7 @@ class _Probe:
         self.tick = 0
         self.embed_end: int | None = None
         self.head_start: int | None = None
-        self.leaf_calls: dict[int, list[tuple[int, bool, bool]]] = {id(m): [] for m in leaves}
+        self.leaf_calls: dict[int, list[tuple[int, bool, bool, bool]]] = {id(m): [] for m in leaves}
 
     def _next(self) -> int:
         self.tick += 1
@@ -165,7 +167,10 @@ class _Probe:
     def _leaf(self, module, args, output):
         x = args[0] if args and isinstance(args[0], torch.Tensor) else None
         lead = x is not None and tuple(x.shape[:2]) == PROBE_SHAPE
-        self.leaf_calls[id(module)].append((self._next(), lead and x.dim() == 3, lead and x.dim() > 3))
+        # (B * T, D) rows: an MoE router, a shared expert; a module that is no Linear must compute one of them
+        flat = (x is not None and x.dim() == 2 and x.shape[0] == PROBE_SHAPE[0] * PROBE_SHAPE[1]
+                and (isinstance(module, nn.Linear) or computes_linear(module, x, output)))
+        self.leaf_calls[id(module)].append((self._next(), lead and x.dim() == 3, lead and x.dim() > 3, flat))
 
     def _embedded(self, module, args, output):
         if self.embed_end is None:
@@ -212,31 +217,51 @@ def _stack(probe: _Probe) -> tuple[_Group, list[_Call]] | None:
     return best
 
 
-def _sublayers(probe: _Probe, calls: list[_Call], width: int) -> tuple[list[str], list[str]]:
-    """(module paths split by role, 'path (Class)' of the parameter holders not split).
+def _sublayers(probe: _Probe, calls: list[_Call], width: int, experts: dict[str, ExpertsSpec]
+               ) -> tuple[dict[str, SublayerSpec], list[str]]:
+    """(module path -> its spec, for the paths split by role; 'path (Class)' of the parameter holders not split).
 
     A path is split when every distinct block has it and, wherever it holds parameters, it is a
     Linear, a LayerNorm or an RMSNorm-like module of the hidden width that ran on the positions
-    exactly once per block call (ModernBERT's first block has a parameter-free Identity there).
+    exactly once per block call (ModernBERT's first block has a parameter-free Identity there), or a Linear or
+    router-like module (:func:`~gradflow.adapters.generic_experts.router_like`) that ran once per block call on the
+    (B * T, D) rows (``flat``). Modules inside ``experts`` are the experts' (split there).
     """
     blocks = list(dict.fromkeys(c.module for c in calls))
     verdicts: dict[str, list[bool]] = {}
+    flat: dict[str, bool] = {}
     kinds: dict[str, str] = {}
     for block in blocks:
         spans = [(c.start, c.end) for c in calls if c.module is block]
         for name, mod in block.named_modules():
-            if not name or next(mod.parameters(recurse=False), None) is None:
+            if not name or next(mod.parameters(recurse=False), None) is None or inside(name, experts):
                 continue
             kind = isinstance(mod, nn.Linear) or (norm_like(mod) and (isinstance(mod, nn.LayerNorm)
                                                                       or mod.weight.numel() == width))
             seen = probe.leaf_calls.get(id(mod), [])
-            per_block = [sum(1 for tick, token, _ in seen if token and s < tick < e) for s, e in spans]
-            good = kind and all(n == 1 for n in per_block) and not any(deep for _, _, deep in seen)
+            per_block = [sum(1 for tick, token, _, _ in seen if token and s < tick < e) for s, e in spans]
+            per_flat = [sum(1 for tick, _, _, rows in seen if rows and s < tick < e) for s, e in spans]
+            rows = (isinstance(mod, nn.Linear) or router_like(mod)) and all(n == 1 for n in per_flat) \
+                and not any(per_block)
+            good = (kind and all(n == 1 for n in per_block) or rows) and not any(deep for _, _, deep, _ in seen)
             verdicts.setdefault(name, []).append(good)
+            flat[name] = flat.get(name, True) and rows
             kinds.setdefault(name, type(mod).__name__)
-    split = [n for n, v in verdicts.items() if all(v) and all(_has(b, n) for b in blocks)]
+    split = {n: SublayerSpec(n, flat=flat[n], acts_as="linear" if flat[n] and not isinstance(
+        blocks[0].get_submodule(n), nn.Linear) else None)
+        for n, v in verdicts.items() if all(v) and all(_has(b, n) for b in blocks)}
     skipped = [f"{n} ({kinds[n]})" for n in verdicts if n not in split]
     return split, skipped
+
+
+def _experts(blocks: tuple[nn.Module, ...], probe: ExpertProbe) -> tuple[dict[str, ExpertsSpec], list[str]]:
+    """The experts every distinct block holds alike (:func:`~gradflow.adapters.generic_experts.find_experts`), and
+    'path (Class: why)' of those not split."""
+    distinct = list(dict.fromkeys(blocks))
+    found = [find_experts(block, probe, PROBE_SHAPE[0] * PROBE_SHAPE[1]) for block in distinct]
+    experts = {name: spec for name, spec in found[0][0].items() if all(f[0].get(name) == spec for f in found)}
+    refused = list(dict.fromkeys(r for f in found for r in f[1]))
+    return experts, refused
 
 
 def _has(block: nn.Module, path: str) -> bool:
@@ -271,9 +296,10 @@ def discover_adapter(model: nn.Module, notice: bool = True) -> Adapter:
                                            "(no get_input_embeddings() and no nn.Embedding): it needs a model "
                                            "that embeds input_ids; write an Adapter for it instead")
     groups = _groups(base, [m for m in (embed, head) if m is not None])
-    leaves = [m for m in base.modules() if isinstance(m, nn.Linear) or norm_like(m)]
+    leaves = [m for m in base.modules() if isinstance(m, nn.Linear) or norm_like(m) or router_like(m)]
     probe = _Probe(groups, leaves)
-    handles = probe.install(embed, head)
+    expert_probe = ExpertProbe()
+    handles = probe.install(embed, head) + expert_probe.install(base)
     try:
         _run_probe(model, embed)
     except Exception as err:  # noqa: BLE001 - any failure of the probe forward is reported as a refusal
@@ -292,14 +318,16 @@ def discover_adapter(model: nn.Module, notice: bool = True) -> Adapter:
             "Describe the model with gradflow.adapters.Adapter instead (README: 'Adding an architecture').")
     group, calls = found
     width = int(calls[0].width)
-    split, skipped = _sublayers(probe, calls, width)
     modules = tuple(c.module for c in calls)
-    notes = _describe(model_type, group, modules, split, skipped)
+    experts, refused = _experts(modules, expert_probe)
+    split, skipped = _sublayers(probe, calls, width, experts)
+    notes = _describe(model_type, group, modules, [*split, *(n for name, spec in experts.items() if spec.unsplittable
+                                                                is None for n in spec.names(name))], skipped + refused)
     if notice:
         print(f"gradflow: {notes}", file=sys.stderr)
     return Adapter(
         family="generic", model_types=(), embeddings="", blocks=group.parent, mid=None, shifted_head=None,
-        sublayers={name: SublayerSpec(name) for name in split}, attn_norm="unknown",
+        sublayers=split, experts=experts, attn_norm="unknown",
         expand_blocks=lambda _base: list(modules), notes=notes, head=HeadSpec(call=_no_head),
         head_mixes_positions="not known: the generic adapter does not know the model's MLM head",
         embeddings_at="blocks", drop_blocks=_no_surgery,

@@ -12,6 +12,7 @@ from gradflow.adapters.extra_inputs import NYSTROMFORMER, ROC_BERT, TAPAS
 from gradflow.adapters.gte import GTE, JINA_EMBEDDINGS_V3, NOMIC_BERT
 from gradflow.adapters.llada import LLADA
 from gradflow.adapters.llamalike import EUROBERT, ULTRABERT
+from gradflow.adapters.moe import MIXTRAL, OLMOE, QWEN2_MOE, QWEN3_MOE
 from gradflow.adapters.multimodal import MODERNVBERT, ULTRAVBERT
 from gradflow.adapters.others import DEBERTA_V2, DISTILBERT, MODERNBERT, MPNET
 from gradflow.adapters.prenorm import MEGATRON_BERT, ROBERTA_PRELAYERNORM, XLM_ROBERTA_XL
@@ -77,5 +78,6 @@ for _adapter in (BERT, ROBERTA, ELECTRA, DISTILBERT, ALBERT, DEBERTA_V2, MODERNB
                  GTE, NOMIC_BERT, JINA_EMBEDDINGS_V3, ESMC, EUROBERT, ULTRABERT,
                  MOBILEBERT, LONGFORMER, FNET, XLM, XMOD, DEBERTA, SQUEEZEBERT, IBERT,
                  TAPAS, ROC_BERT, NYSTROMFORMER, MODERNVBERT, ULTRAVBERT,
-                 LLADA, DREAM):  # masked diffusion LMs (remote code)
+                 LLADA, DREAM,  # masked diffusion LMs (remote code)
+                 OLMOE, MIXTRAL, QWEN3_MOE, QWEN2_MOE):  # mixtures of experts (causal LMs recorded as they are)
     register_adapter(_adapter)

@@ -61,7 +61,10 @@ class BatchState:
     that wait for the largest role's product, computed by the weight gradient's backward
     (:mod:`gradflow.hooks.split_linear`); ``finish(None)`` computes it directly instead; ``inputs``: the
     input side of the last Linear input (shared by the modules that read it, :mod:`gradflow.hooks.linear_inputs`);
-    ``scratch``: float32 buffers reused by the calls of the batch (:meth:`buffer`).
+    ``scratch``: float32 buffers reused by the calls of the batch (:meth:`buffer`); ``experts``: (depth, sublayer,
+    param) -> the expert weights' sums accumulated over experts (:class:`~gradflow.hooks.experts.ExpertSums`, turned
+    into ``sublayers`` entries when the record is made); ``expert_counts``: (depth, experts name) -> (E, NUM_ROLES)
+    long, the rows of each role routed to each expert.
     """
 
     config: RecorderConfig
@@ -80,6 +83,8 @@ class BatchState:
     deferred: dict[int, DirectSplit] = field(default_factory=dict)
     inputs: InputSlot = field(default_factory=InputSlot)
     scratch: dict[tuple, torch.Tensor] = field(default_factory=dict)
+    experts: dict[tuple[int, str, str], object] = field(default_factory=dict)
+    expert_counts: dict[tuple[int, str], torch.Tensor] = field(default_factory=dict)
 
     @classmethod
     def start(cls, config: RecorderConfig, roles: torch.Tensor, sequence_index: torch.Tensor | None,

@@ -30,6 +30,7 @@ from torch.autograd.graph import get_gradient_edge
 from gradflow.adapters import Adapter, get_module
 from gradflow.errors import RecorderError
 from gradflow.hooks.batch_state import BatchState, RolePartition
+from gradflow.hooks.experts import expert_hooks, finish_experts
 from gradflow.hooks.records import BatchRecord, RecorderConfig, SublayerRecord
 from gradflow.hooks.safe_norms import safe_norm
 from gradflow.hooks.sites import (
@@ -95,6 +96,8 @@ class GradFlowRecorder:
             sublayer_hooks = self._sublayer_hooks()
             hooks.enter_context(self.sites.hooks(self._on_site, extra=sublayer_hooks))
             hooks.callback(self._weight_nodes.clear)
+            if self.config.sublayers and self.adapter.experts:
+                hooks.enter_context(expert_hooks(distinct_blocks(self.blocks), self.adapter.experts, self._current))
             self._split_weights([module for module, _ in sublayer_hooks], hooks)
         except BaseException:
             hooks.close()
@@ -124,6 +127,9 @@ class GradFlowRecorder:
             linears.append(module)
         hooks.enter_context(split_linear_forwards(linears, self._take_split, self._weight_runs))
 
+    def _current(self) -> tuple[BatchState | None, int | None]:
+        return self._batch, self.sites.depths.current
+
     def _take_split(self, weight: nn.Parameter) -> DirectSplit | None:
         state = self._batch
         return state.deferred.pop(id(weight), None) if state is not None else None
@@ -145,7 +151,7 @@ class GradFlowRecorder:
                 if not split_by_role(module, spec):
                     continue  # e.g. ModernBERT's first block has nn.Identity as its attention norm
                 entry = SublayerEntry(name, spec.chunk, spec.groups(config), spec.bias is not None, spec.acts_as,
-                                      call=spec.call)
+                                      call=spec.call, flat=spec.flat)
                 by_module.setdefault(id(module), (module, []))[1].append(entry)
             first = self.adapter.sequence_first
             hooks += [(module, self._make_sublayer_hook(entries, any(e.name in first for e in entries)))
@@ -179,6 +185,7 @@ class GradFlowRecorder:
         if missing:
             raise RecorderError(f"sites never ran in the forward pass: {', '.join(missing[:4])}; "
                                 "was the forward run inside `rec.capture(...)`?")
+        finish_experts(state)
         # each kind of statistic stacked on the device and copied to the host once (every copy waits for the device)
         zeros = torch.zeros_like(state.act[0])
         grad = torch.stack([g if g is not None else zeros for g in state.grad]).cpu()
@@ -194,7 +201,8 @@ class GradFlowRecorder:
                                             position_magnitude=s[4].cpu() if s[4] is not None else None))
         record = BatchRecord(self.site_names, self.site_layers, self.site_points, grad, act,
                              state.roles.cpu(), state.sequence_index.cpu(), state.loss,
-                             self.num_blocks, sublayers, state.matrices)
+                             self.num_blocks, sublayers, state.matrices,
+                             {key: value.cpu() for key, value in state.expert_counts.items()})
         self._batch = None
         return record
 
@@ -299,7 +307,10 @@ class GradFlowRecorder:
                 x = x.transpose(0, 1)
             named = [e for e in entries if e.call == call]  # names of this very call (X-MOD: one per LayerNorm call)
             served = named or [e for e in entries if e.call is None]
-            token = (call == 0 or bool(named)) and tuple(x.shape[:2]) == (state.b, _model_positions(state))
+            positions = _model_positions(state)
+            if x.dim() == 2 and any(e.flat for e in entries) and x.shape[0] == state.b * positions:
+                x = x.reshape(state.b, positions, -1)  # an MoE router's (B * T, H) rows
+            token = (call == 0 or bool(named)) and tuple(x.shape[:2]) == (state.b, positions)
             if not served or not output.requires_grad:
                 return None
 
@@ -308,6 +319,8 @@ class GradFlowRecorder:
                 node = self._weight_nodes.get(id(mod))
                 direct = (token and not sequence_first and node is not None and state.module_calls[id(mod)] == 1
                           and _engine_runs(node))  # rows in the order RoleSplitLinear sees them
+                if grad.dim() == 2 and x.dim() == 3:  # a flat module's (B * T, D) rows
+                    grad = grad.reshape(*x.shape[:2], -1)
                 sublayer_stats(state, depth, mod, served, x, grad.transpose(1, 2) if channels_first else grad, token,
                                direct=direct)
 

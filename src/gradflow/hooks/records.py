@@ -51,7 +51,9 @@ class BatchRecord:
 
     ``grad_norm`` and ``act_norm``: (S, B, T) over ``site_names``; ``roles``: (B, T) int8;
     ``sublayers``: one :class:`SublayerRecord` per (depth, sublayer, parameter);
-    ``matrices``: (depth, sublayer, param, role) -> summed gradient of that role, when materialised.
+    ``matrices``: (depth, sublayer, param, role) -> summed gradient of that role, when materialised;
+    ``expert_counts``: (depth, experts name) -> (E, NUM_ROLES) long, the rows of each role routed to each expert
+    (mixture-of-experts blocks; :mod:`gradflow.hooks.experts`).
     """
 
     site_names: tuple[str, ...]
@@ -65,6 +67,7 @@ class BatchRecord:
     num_blocks: int
     sublayers: list[SublayerRecord] = field(default_factory=list)
     matrices: dict[tuple[int, str, str, str], torch.Tensor] = field(default_factory=dict)
+    expert_counts: dict[tuple[int, str], torch.Tensor] = field(default_factory=dict)
 
     def site(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
         """(grad_norm, act_norm) of one site, each (B, T)."""

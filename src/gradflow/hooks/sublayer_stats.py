@@ -55,6 +55,7 @@ class SublayerEntry:
     outside_bias: bool = False  # a Parameter added to these rows outside the module is this sublayer's bias
     acts_as: str | None = None  # "linear"/"layer_norm": a module computing one though not of that class (I-BERT)
     call: int | None = None  # only this call (0-based) of the module in a block (X-MOD); None: the first, later relpos
+    flat: bool = False  # the module reads the positions as (B * T, D) rows (an MoE router)
 
 
 def sublayer_stats(state: BatchState, depth: int, mod: nn.Module, entries: list[SublayerEntry], x: torch.Tensor,
@@ -112,7 +113,7 @@ def _linear_stats(state: BatchState, depth: int, mod: nn.Linear, entries: list[S
         mag = gn * xn
         calls.append((g, gn, g_nonzero, contributes, mag, len(columns)))
         columns += [contributes, mag, inputs.unsafe | flag_unsafe(torch.stack([gn, mag])).any(dim=0)]
-        if mod.bias is not None or entry.outside_bias:
+        if getattr(mod, "bias", None) is not None or entry.outside_bias:
             columns += [g_nonzero, gn]
     sums = _scatter_columns(columns, part.codes)  # (NUM_ROLES, K)
     table = sums.T.tolist()  # one sync for every count of the call
@@ -171,7 +172,7 @@ def _linear_stats(state: BatchState, depth: int, mod: nn.Linear, entries: list[S
                 rest_rows = (g_rest, rest.native)
         else:
             _store(state, depth, entry.name, "weight", part, *weight_sums, norms, mag)
-        if mod.bias is not None or entry.outside_bias:
+        if getattr(mod, "bias", None) is not None or entry.outside_bias:
             role_sums = _role_sums(g, part, state)
             _store(state, depth, entry.name, "bias", part, sums[:, col + 3], sums[:, col + 4],
                    role_norms(role_sums, part.present), gn)
