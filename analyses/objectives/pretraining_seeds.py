@@ -22,7 +22,8 @@
 
 Jobs come seed by seed (seed 1 of every member before seed 2: a cut leaves whole seeds); ``--worker i/n`` takes
 every n-th job from the i-th, ``--max-minutes`` starts no job after that many minutes (``train``, ``measure``;
-``finetune`` resumes run by run instead). The default members are the
+``finetune`` resumes run by run instead), and ``train`` stops the job in progress then with its state
+(``pretrain.py --max-minutes``), resumed by the next call. The default members are the
 configured ones: the new diffusion member's recipe waits for its diagnosis, and naming it is refused until
 :data:`MEMBERS` carries it.
 """
@@ -230,11 +231,19 @@ def each(jobs: list[Job], step: Callable[[Job], bool], max_minutes: float | None
 
 def train(jobs: list[Job], build: Path = BUILD, out: Path = OUT, max_minutes: float | None = None,
           runner: Runner = subprocess.run, clock: Callable[[], float] = time.monotonic) -> list[str]:
-    """Train each unfinished job's model (one subprocess each); copy every finished model's small files."""
+    """Train each unfinished job's model (one subprocess each); copy every finished model's small files. With
+    ``max_minutes``, the job running at the limit stops there with its state (``pretrain.py --max-minutes``) and
+    resumes on the next call."""
+    start = clock()
+
     def step(job: Job) -> bool:
         trained = not finished(job, build)
         if trained:
-            execute(pretrain_command(job, build), runner)
+            left = [] if max_minutes is None else ["--max-minutes", f"{max(max_minutes - (clock() - start) / 60, 0):g}"]
+            execute(pretrain_command(job, build) + left, runner)
+            if not finished(job, build):
+                print(f"{job.name}: stopped at --max-minutes with its state; rerun to resume", flush=True)
+                return False
         else:
             print(f"{job.name}: finished ({relative(model_dir(job, build) / 'recipe.json')}), skipped", flush=True)
         keep_small_files(job, build, out)
@@ -372,7 +381,8 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help="default: every configured member (the diffusion member once configured)")
     parser.add_argument("--seeds", type=int, nargs="+", default=list(SEEDS), help="pretraining seeds (default 1 2)")
     parser.add_argument("--worker", default="0/1", help="i/n: every n-th job from the i-th")
-    parser.add_argument("--max-minutes", type=float, default=None, help="start no job after this many minutes")
+    parser.add_argument("--max-minutes", type=float, default=None,
+                        help="start no job after this many minutes (train: stop the one in progress, resumably)")
     parser.add_argument("--ft-seeds", type=int, nargs="+", default=list(FT_SEEDS), help="fine-tuning seeds")
     parser.add_argument("--workers", type=int, default=1, help="fine-tuning processes (one thread each)")
     parser.add_argument("--force", action="store_true", help="measure a measured model again")

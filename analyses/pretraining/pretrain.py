@@ -58,7 +58,7 @@ import torch.nn.functional as F
 from tokenizers import BertWordPieceTokenizer
 from transformers import BertConfig, BertForMaskedLM, BertTokenizerFast
 
-from analyses.pretraining import objectives
+from analyses.pretraining import objectives, pretrain_state
 from gradflow.training import sparse_mlm
 
 MAX_LEN = 128
@@ -303,6 +303,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--recipe", metavar="CELL", default=None,
                    help="--loss diffusion with a diagnosis cell's recipe (analyses/diffusion_diagnosis/cells.py: "
                         "embeddings, output init, kept tokens, t sampler, lr and schedule; figures/diffusion-diagnosis)")
+    p.add_argument("--max-minutes", type=float, default=None,
+                   help="stop after this many minutes with the run's state in OUT/checkpoint.pt; rerun to resume")
+    p.add_argument("--state-every", type=int, default=200, help="save the run's state every this many steps")
     p.add_argument("--fp32", action="store_true",
                    help="train in float32 (default: bfloat16 autocast, faster only on CPUs with AMX)")
     p.add_argument("--sparse", action="store_true",
@@ -355,13 +358,14 @@ def _train(args: argparse.Namespace) -> None:
     opt, schedule = make_optimizer(model, args)
     gen = torch.Generator().manual_seed(args.seed)
     ratio_gen = torch.Generator().manual_seed(args.seed + 1)  # diffusion's ratios t (mini-en's draws untouched)
-    log_rows = []
-    start, cpu_start = time.time(), time.process_time()
-    tokens_seen = 0
+    progress = pretrain_state.resume(args, model, opt, schedule, gen, ratio_gen)
+    log_rows, tokens_seen = progress.log_rows, progress.tokens_seen
+    start, cpu_start = time.time() - progress.wall_s, time.process_time() - progress.cpu_s
+    deadline = None if args.max_minutes is None else time.time() + 60 * args.max_minutes
     # head rows per step: every position for the all-token loss, else 1/4 of them (15% are selected)
     capacity = args.batch_size * MAX_LEN if args.loss == "alltoken" else args.batch_size * MAX_LEN // 4
     model.train()
-    for step in range(1, args.steps + 1):
+    for step in range(progress.step, args.steps + 1):
         source, rows_per_step = ((train_short, args.batch_size * MAX_LEN // args.short_length) if step <= short_steps
                                  else (train, args.batch_size))
         ids = source[torch.randint(len(source), (rows_per_step,), generator=gen)]
@@ -382,6 +386,14 @@ def _train(args: argparse.Namespace) -> None:
             raise SystemExit(f"non-finite loss at step {step}")
         if args.stop_after is not None and step >= args.stop_after:
             break
+        stop = deadline is not None and time.time() > deadline
+        if step < args.steps and (stop or step % args.state_every == 0):
+            progress = pretrain_state.Progress(step + 1, tokens_seen, log_rows, time.time() - start,
+                                               time.process_time() - cpu_start)
+            where = pretrain_state.keep(args, progress, model, opt, schedule, gen, ratio_gen)
+            if stop:
+                print(f"--max-minutes {args.max_minutes:g}: stopped after step {step}; rerun to resume ({where})")
+                return
     final = evaluate(model, tokenizer, valid, args.seed)
     if args.loss in ("mask40", "diffusion"):
         final.update(evaluate_own(model, tokenizer, valid, args.seed, args.loss, recipe=args.recipe))
@@ -399,6 +411,7 @@ def _train(args: argparse.Namespace) -> None:
                   cpu_s=round(time.process_time() - cpu_start, 1),
                   torch=torch.__version__, tokens_seen=tokens_seen)
     (args.out / "recipe.json").write_text(json.dumps(recipe, indent=2))
+    pretrain_state.finish(args)
     print(json.dumps(recipe), flush=True)
 
 

@@ -7,6 +7,7 @@ documented, and the diffusion loss equal to the library's ``weighted_cross_entro
 from __future__ import annotations
 
 import csv
+import json
 import random
 from pathlib import Path
 from types import SimpleNamespace
@@ -162,6 +163,35 @@ def test_pretrain_py_trains_the_objective_and_logs_its_own_metrics(objective: st
     assert float(rows[-1]["valid_loss"]) > 0  # BERT 15% validation, as mini-en's log
     with pytest.raises(SystemExit):
         pretrain.main(["--out", str(out), "--loss", objective, "--sparse"])
+
+
+def test_a_pretraining_run_stopped_and_resumed_equals_one_that_never_stopped(corpus: Path, tmp_path: Path,
+                                                                              capsys) -> None:
+    from safetensors.torch import load_file
+
+    def run(out: Path, *extra: str) -> None:
+        pretrain.main(["--corpus", str(corpus), "--tokenizer", str(corpus / "tok"), "--out", str(out),
+                       "--vocab-size", "256", "--steps", "5", "--warmup", "2", "--batch-size", "2", "--valid-windows",
+                       "4", "--eval-every", "2", "--loss", "diffusion", *extra])
+
+    run(tmp_path / "whole")
+    assert not (tmp_path / "whole/checkpoint.pt").exists()  # a finished run leaves no state
+    cut = tmp_path / "cut"
+    run(cut, "--max-minutes", "0")  # past its deadline at once: stops after step 1 with its state
+    assert torch.load(cut / "checkpoint.pt", weights_only=True)["step"] == 2
+    assert "rerun to resume" in capsys.readouterr().out and not (cut / "model.safetensors").exists()
+    with pytest.raises(SystemExit, match="flags lr differ"):
+        run(cut, "--lr", "5e-4")
+    run(cut, "--max-minutes", "0", "--state-every", "1")  # step 2, then stops again
+    run(cut, "--state-every", "1")
+    logs = [list(csv.DictReader(open(d / "training_log.csv"))) for d in (tmp_path / "whole", cut)]
+    for row in logs[0] + logs[1]:
+        row.pop("elapsed_s")
+    assert logs[0] == logs[1] and len(logs[0]) == 5  # every step's loss, rate, tokens and evaluation
+    a, b = (load_file(d / "model.safetensors") for d in (tmp_path / "whole", cut))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    recipes = [json.loads((d / "recipe.json").read_text()) for d in (tmp_path / "whole", cut)]
+    assert recipes[0]["final"] == recipes[1]["final"] and recipes[0]["tokens_seen"] == recipes[1]["tokens_seen"]
 
 
 @pytest.mark.parametrize("variant, unchanged_share, random_share", [

@@ -122,11 +122,25 @@ def test_train_runs_each_unfinished_model_once_and_keeps_its_small_files(tmp_pat
 
 
 def test_max_minutes_starts_no_job_after_the_limit(tmp_path):
-    times = iter([0.0, 0.0, 61.0, 200.0])  # start; before job 1; before job 2 (over one minute); ...
-    runner = FakeRunner()
+    times = iter([0.0, 0.0, 0.0, 12.0, 61.0, 200.0])  # train's start; each's start; before job 1; its minutes
+    runner = FakeRunner()  # left (12 s in); before job 2 (over one minute); ...
     ran = ps.train(ps.select(["mini-en", "twin"], [1]), tmp_path / "b", tmp_path / "o", max_minutes=1,
                    runner=runner, clock=lambda: next(times))
     assert ran == ["mini-en-s1"] and len(runner.calls) == 1
+    assert runner.calls[0][-2:] == ["--max-minutes", "0.8"]  # the job gets the chunk's remaining minutes
+
+
+def test_a_job_stopped_at_the_limit_keeps_no_files_and_stops_the_chunk(tmp_path):
+    calls = []
+
+    def stops(command, cwd, env, check):  # pretrain.py at its --max-minutes: state kept, no recipe.json
+        calls.append(command)
+        Path(command[command.index("--out") + 1]).mkdir(parents=True, exist_ok=True)
+
+    times = iter([0.0, 0.0, 0.0, 0.0, 90.0])
+    ran = ps.train(ps.select(["mini-en", "twin"], [1]), tmp_path / "b", tmp_path / "o", max_minutes=1,
+                   runner=stops, clock=lambda: next(times))
+    assert ran == [] and len(calls) == 1 and not (tmp_path / "o" / "models").exists()
 
 
 def test_measure_commands_are_part_1s():
