@@ -220,7 +220,9 @@ over sequences it gives ``sublayers.csv``'s ``n_positions`` and (to float32 roun
 lack it, and :func:`gradflow.analysis.load_run` does not read it (it can be large)."""
 MASK_RATIOS_FILE = "mask_ratios.parquet"  # masked diffusion only: each sequence's ratio t (optional, joins on index)
 MASK_RATIO_DTYPES: dict[str, str] = {"sequence_index": "int64", "mask_ratio": "float64"}
-OPTIONAL_RUN_FILES: tuple[str, ...] = (SUBLAYER_SEQUENCES_FILE, MASK_RATIOS_FILE)
+EXPERTS_FILE = "experts.csv"  # mixtures of experts only: the rows of each role routed to each expert (optional)
+EXPERT_DTYPES = {"layer": "int64", "experts": "str", "expert": "int64", "role": "str", "n_rows": "int64"}
+OPTIONAL_RUN_FILES: tuple[str, ...] = (SUBLAYER_SEQUENCES_FILE, MASK_RATIOS_FILE, EXPERTS_FILE)
 """Run files a record run may lack; ``--overwrite`` removes them with :data:`RUN_FILES`."""
 SUBLAYER_SEQUENCE_DTYPES: dict[str, str] = {"sequence_index": "int64", "layer": "int64", "sublayer": "str",
                                             "param": "str", "role": "str", "n_positions": "int64",
@@ -308,10 +310,8 @@ ATLAS_DONE_FILE = "atlas_done.json"
 """Completion marker of one model's atlas directory, written last (a directory without it is redone)."""
 ATLAS_STARTED_FILE = "atlas_started.json"
 """Written first into a model's atlas directory: marks it as the atlas's own (safe to replace when unfinished)."""
-ATLAS_DTYPES: dict[str, str] = {
-    "model": "str", "family": "str", "n_layers": "int64", "depth_fraction": "float64", "metric": "str",
-    "value": "float64", "ci_low": "float64", "ci_high": "float64",
-}
+ATLAS_DTYPES: dict[str, str] = {"model": "str", "family": "str", "n_layers": "int64", "depth_fraction": "float64",
+                                "metric": "str", "value": "float64", "ci_low": "float64", "ci_high": "float64"}
 """One row per (model, metric, depth) of ``atlas.csv``: ``depth_fraction`` = layer / n_layers (0 = embeddings
 output, 1 = the last block); ``ci_low``/``ci_high`` NaN where the metric has no interval."""
 ATLAS_COLUMNS: tuple[str, ...] = tuple(ATLAS_DTYPES)
@@ -393,9 +393,8 @@ EVAL_COLUMNS: tuple[str, ...] = tuple(EVAL_FIELDS)
 FINETUNE_RESULT_FILE = "result.json"
 """A fine-tuning run's config, surgery, parameter counts and final metrics (paths portable)."""
 MLM_LOG_FILE = "mlm_log.csv"
-MLM_LOG_FIELDS: dict[str, str] = {
-    "step": "optimizer step", "loss": "training MLM loss of one micro-batch", "learning_rate": "the rate it used",
-}
+MLM_LOG_FIELDS: dict[str, str] = {"step": "optimizer step", "loss": "training MLM loss of one micro-batch",
+                                  "learning_rate": "the rate it used"}
 """Continued MLM's loss log: one row per training micro-batch."""
 MLM_LOG_COLUMNS: tuple[str, ...] = tuple(MLM_LOG_FIELDS)
 CONTINUED_META_FILE = "continued.json"
@@ -403,18 +402,18 @@ CONTINUED_META_FILE = "continued.json"
 
 __all__ = [
     "ANALYSIS_COLUMNS", "ANALYSIS_NOTES", "ATLAS_COLUMNS", "ATLAS_DONE_FILE", "ATLAS_DTYPES", "ATLAS_FILE",
-    "ATLAS_METRICS", "ATLAS_STARTED_FILE", "ATLAS_STEP_DIRS", "CALLBACK_COLUMNS", "CALLBACK_FIELDS",
-    "CALLBACK_FILE", "CALLBACK_QUANTITIES", "CALLBACK_SUMMARY_SCALARS", "CHANNELS_FILE", "CHANNEL_COLUMNS",
-    "CHANNEL_DTYPES", "CHANNEL_VIEW_COLUMNS", "CHECK_FILE", "COMPARISON_TABLES", "CONTINUED_META_FILE",
-    "DIAGNOSTIC_COLUMNS", "DIAGNOSTIC_GROUPS", "DIAGNOSTIC_ROLES", "EVAL_COLUMNS", "EVAL_FIELDS", "EVAL_FILE",
-    "EXPLORE_SUBLAYER_COLUMNS", "FINETUNE_RESULT_FILE", "LOSS", "LOSS_ROLES", "MASK_RATIOS_FILE",
+    "ATLAS_METRICS", "ATLAS_STARTED_FILE", "ATLAS_STEP_DIRS", "CALLBACK_COLUMNS", "CALLBACK_FIELDS", "CALLBACK_FILE",
+    "CALLBACK_QUANTITIES", "CALLBACK_SUMMARY_SCALARS", "CHANNELS_FILE", "CHANNEL_COLUMNS", "CHANNEL_DTYPES",
+    "CHANNEL_VIEW_COLUMNS", "CHECK_FILE", "COMPARISON_TABLES", "CONTINUED_META_FILE", "DIAGNOSTIC_COLUMNS",
+    "DIAGNOSTIC_GROUPS", "DIAGNOSTIC_ROLES", "EVAL_COLUMNS", "EVAL_FIELDS", "EVAL_FILE", "EXPERTS_FILE",
+    "EXPERT_DTYPES", "EXPLORE_SUBLAYER_COLUMNS", "FINETUNE_RESULT_FILE", "LOSS", "LOSS_ROLES", "MASK_RATIOS_FILE",
     "MASK_RATIO_DTYPES", "META_FILE", "MLM_LOG_COLUMNS", "MLM_LOG_FIELDS", "MLM_LOG_FILE", "NEW_ROWS_COLUMNS",
     "NEW_ROWS_FIELDS", "NEW_ROWS_FILE", "OPTIONAL_RUN_FILES", "PARAMS", "POINTS", "PRESSURE_COLUMNS", "PROBES_FILE",
     "PROBE_COLUMNS", "PROBE_DIFFERENCES_FILE", "PROBE_DIFFERENCE_COLUMNS", "PROBE_DROPS_FILE", "PROBE_DROP_COLUMNS",
-    "PROBE_DROP_DTYPES", "PROBE_DTYPES", "PROBE_REGIMES", "PROBE_WORDS_FILE", "PROBE_WORD_COLUMNS",
-    "PROVENANCE_KEYS", "REPORTED_ROLES", "REPORT_TABLES", "REQUIRED_META_KEYS", "RUN_FILES", "SEQUENCES_FILE",
-    "SEQUENCE_COLUMNS", "SEQUENCE_DTYPES", "SUBLAYERS_FILE", "SUBLAYER_COLUMNS", "SUBLAYER_DTYPES",
-    "SUBLAYER_ORDER", "SUBLAYER_SEQUENCES_FILE", "SUBLAYER_SEQUENCE_COLUMNS", "SUBLAYER_SEQUENCE_DTYPES",
-    "TABLE_DTYPES", "WEIGHT_SHARING_META_KEY", "arrow_schema", "conform", "role_rank", "sorted_sublayers",
-    "sublayer_key", "sublayer_rank",
+    "PROBE_DROP_DTYPES", "PROBE_DTYPES", "PROBE_REGIMES", "PROBE_WORDS_FILE", "PROBE_WORD_COLUMNS", "PROVENANCE_KEYS",
+    "REPORTED_ROLES", "REPORT_TABLES", "REQUIRED_META_KEYS", "RUN_FILES", "SEQUENCES_FILE", "SEQUENCE_COLUMNS",
+    "SEQUENCE_DTYPES", "SUBLAYERS_FILE", "SUBLAYER_COLUMNS", "SUBLAYER_DTYPES", "SUBLAYER_ORDER",
+    "SUBLAYER_SEQUENCES_FILE", "SUBLAYER_SEQUENCE_COLUMNS", "SUBLAYER_SEQUENCE_DTYPES", "TABLE_DTYPES",
+    "WEIGHT_SHARING_META_KEY", "arrow_schema", "conform", "role_rank", "sorted_sublayers", "sublayer_key",
+    "sublayer_rank",
 ]

@@ -26,6 +26,8 @@ from gradflow.schema import (
     CHANNELS_FILE,
     COMPARISON_TABLES,
     DIAGNOSTIC_COLUMNS,
+    EXPERT_DTYPES,
+    EXPERTS_FILE,
     MASK_RATIO_DTYPES,
     MASK_RATIOS_FILE,
     REPORT_TABLES,
@@ -101,6 +103,12 @@ COLUMNS: dict[str, Column] = {
                                                        "the batch size)"),
     "contribution_norm_std": _c("float64", MAGNITUDE, "spread across batches of the per-batch ||G_r||_F"),
     "n_batches": _c("int64", "count", "batches behind the row"),
+    # experts.csv (mixtures of experts)
+    "experts": _c("str", "-", "the experts module of the block, by the adapter's name (``ffn.experts``; the generic "
+                              "adapter: its path in the block)"),
+    "expert": _c("int64", "-", "the expert's index (0..E-1) in its experts module"),
+    "n_rows": _c("int64", "count", "rows of the role routed to the expert, summed over the recorded batches (a "
+                                   "position routed to k experts is one row of each)"),
     # sequences.parquet
     "grad_norm_sum": _c("float64", GRAD, "sum of the gradient norms over the sequence's positions of the role"),
     "grad_norm_sq_sum": _c("float64", f"({GRAD})^2", "sum of the squared gradient norms (same positions)"),
@@ -213,6 +221,8 @@ TABLE_OVERRIDES: dict[str, dict[str, Column]] = {
     "sequences.parquet": {"role": _c("str", "-", TOKEN_ROLE_TEXT)},
     "sublayers.csv": {"layer": _c("int64", "-", "block i is layer i + 1 (1..L)"),
                       "role": _c("str", "-", "position role (``relpos``: relative-position inputs, not tokens)")},
+    "experts.csv": {"layer": _c("int64", "-", "block i is layer i + 1 (1..L)"),
+                    "role": _c("str", "-", TOKEN_ROLE_TEXT)},
     "sublayer_sequences.parquet": {"layer": _c("int64", "-", "block i is layer i + 1 (1..L)"),
                                    "role": _c("str", "-", TOKEN_ROLE_TEXT)},
 }
@@ -233,6 +243,7 @@ TABLE_FILES: dict[str, tuple[str, str, tuple[str, ...]]] = {
     **{name: (name, "gradflow record", tuple(dtypes)) for name, dtypes in TABLE_DTYPES.items()},
     SUBLAYER_SEQUENCES_FILE: (SUBLAYER_SEQUENCES_FILE, "gradflow record", SUBLAYER_SEQUENCE_COLUMNS),
     MASK_RATIOS_FILE: (MASK_RATIOS_FILE, "gradflow record", tuple(MASK_RATIO_DTYPES)),  # --objective diffusion
+    EXPERTS_FILE: (EXPERTS_FILE, "gradflow record", tuple(EXPERT_DTYPES)),  # mixtures of experts
     **{name: (f"{name}.csv", "gradflow diagnose", columns) for name, columns in DIAGNOSTIC_COLUMNS.items()},
     **{f"report:{name}": (f"tables/{name}.csv", "gradflow report", columns) for name, columns in REPORT_TABLES.items()},
     **{f"compare:{name}": (f"tables/{name}.csv", "gradflow compare", columns)
@@ -243,6 +254,7 @@ TABLE_KEYS: dict[str, str] = {
     CHANNELS_FILE: "site, role", SUBLAYERS_FILE: "layer, sublayer, param, role",
     SEQUENCES_FILE: "sequence_index, site, role",
     SUBLAYER_SEQUENCES_FILE: "sequence_index, layer, sublayer, param, role", MASK_RATIOS_FILE: "sequence_index",
+    EXPERTS_FILE: "layer, experts, expert, role",
     "logit_lens": "layer, site, role", "input_shift": "layer", "anisotropy": "layer, site, role",
     "transformation": "layer, role",
     **{f"report:{name}": keys for name, keys in (

@@ -48,6 +48,8 @@ from gradflow.runs.resume import (
 from gradflow.schema import (
     CHANNEL_COLUMNS,
     CHANNELS_FILE,
+    EXPERT_DTYPES,
+    EXPERTS_FILE,
     META_FILE,
     SUBLAYER_COLUMNS,
     SUBLAYERS_FILE,
@@ -344,6 +346,8 @@ def _write_tables(job: _Job, rank: int | None = None) -> dict:
     unfinished process's own partial tables under torchrun, ``<name>.rank<r>.<ext>``."""
     write_csv(job.sites.frame(), job.out / _ranked(CHANNELS_FILE, rank), CHANNEL_COLUMNS)
     write_csv(job.subs.frame(), job.out / _ranked(SUBLAYERS_FILE, rank), SUBLAYER_COLUMNS)
+    if job.stats.expert_rows:  # mixtures of experts: the rows of each role routed to each expert
+        write_csv(job.stats.expert_frame(), job.out / _ranked(EXPERTS_FILE, rank), tuple(EXPERT_DTYPES))
     meta = _meta(job)
     write_meta(job.out / _ranked(META_FILE, rank), meta)
     return meta

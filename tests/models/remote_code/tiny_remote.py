@@ -10,7 +10,9 @@ the shared sample lines:
   126336 sits near the end of LLaDA's vocabulary); the tokenizer declares no mask token (as some LLaDA tokenizer
   configs), ``config.json`` has ``mask_token_id``;
 - Dream: ``<|endoftext|>`` (pad, eos), ``<|beginoftext|>`` (bos) and ``<|mask|>``, declared as the mask token;
-- a model type gradflow has no adapter for (:func:`build_unknown_type_tiny`): Dream's code under another ``model_type``.
+- a model type gradflow has no adapter for (:func:`build_unknown_type_tiny`): Dream's code under another ``model_type``;
+- a mixture-of-experts masked diffusion LM gradflow has no adapter for (:func:`build_moe_tiny`, ``moe_tiny/``: LLaDA-MoE's
+  shape, its experts fused, a ModuleList, or routed inside their own forward).
 
 Building one runs the checkpoint's code (``trust_remote_code=True``): it is how the weights are made.
 """
@@ -29,6 +31,7 @@ HERE = Path(__file__).resolve().parent
 AUTO_MAPS = {
     "llada": {"AutoConfig": "configuration_llada.LLaDAConfig", "AutoModel": "modeling_llada.LLaDAModelLM"},
     "dream": {"AutoConfig": "configuration_dream.DreamConfig", "AutoModel": "modeling_dream.DreamModel"},
+    "moe": {"AutoConfig": "configuration_tinymoe.TinyMoeConfig", "AutoModel": "modeling_tinymoe.TinyMoeModel"},
 }
 
 
@@ -111,3 +114,16 @@ def build_unknown_type_tiny(path: Path, model_type: str = "tinydiff", seed: int 
     config = json.loads((path / "config.json").read_text(encoding="utf-8"))
     (path / "config.json").write_text(json.dumps({**config, "model_type": model_type}, indent=2), encoding="utf-8")
     return path
+
+
+def build_moe_tiny(path: Path, experts_layout: str = "fused", seed: int = 0) -> Path:
+    """A tiny remote-code MoE checkpoint (model_type ``tinymoe``, no gradflow adapter: ``--adapter auto``): 2 blocks,
+    hidden 32, 4 experts, top-2, bidirectional attention; Dream's tokenizer (``<|mask|>`` declared)."""
+    tokenizer = _tokenizer(["<|endoftext|>", "<|beginoftext|>"], "<|mask|>", declare_mask=True,
+                           bos_token="<|beginoftext|>", eos_token="<|endoftext|>", pad_token="<|endoftext|>")
+    config = {"model_type": "tinymoe", "architectures": ["TinyMoeModel"], "hidden_size": 32, "num_hidden_layers": 2,
+              "num_attention_heads": 2, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 24,
+              "experts_layout": experts_layout, "max_position_embeddings": 64, "vocab_size": len(tokenizer),
+              "mask_token_id": tokenizer.mask_token_id, "pad_token_id": tokenizer.pad_token_id,
+              "bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id}
+    return _save(path, "moe", config, tokenizer, seed)
