@@ -116,3 +116,10 @@ def test_auto_names_experts_it_cannot_split_and_recording_refuses(capsys):
     with GradFlowRecorder(model, RecorderConfig(sublayers=False), adapter=adapter) as rec:  # sites only: records
         record = rec.record(tiny_batch())
     assert record.sublayers == [] and record.grad_norm.shape[0] == 3
+
+
+def test_coverage_lists_the_tested_moe_families():
+    from gradflow.adapters.coverage import MOE_FAMILIES as LISTED
+    from tiny import MOE_FAMILIES
+
+    assert LISTED == MOE_FAMILIES

@@ -63,9 +63,13 @@ def test_coverage_doc_is_current():
     assert _without_version("transformers 5.24.0 maps 51") == "transformers <version> maps 51"
     page = coverage_markdown()
     table, diffusion = page.split("\n## Masked diffusion LMs\n")
+    diffusion, experts = diffusion.split("\n## Mixtures of experts\n")
     assert len(table.splitlines()) == 10 + len(MLM_TYPES)  # a fixed header and one row per mapped type
     rows = [line for line in diffusion.splitlines() if line.startswith("| `")]
     assert [r.split("`")[1] for r in rows] == ["llada", "Dream", "diffusion_gemma"]
+    moe = [line for line in experts.splitlines() if line.startswith("| `")]
+    assert [r.split("`")[1] for r in moe] == ["olmoe", "mixtral", "qwen3_moe", "qwen2_moe"]
+    assert all("ffn.router" in r and r.endswith("ffn.experts.gate_up_proj, ffn.experts.down_proj |") for r in moe)
     assert "shifted (p predicts p + 1)" in rows[1] and "| unshifted |" in rows[0] and "| refused |" in rows[2]
 
 

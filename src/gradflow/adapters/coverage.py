@@ -4,7 +4,8 @@ The table behind ``docs/mlm-coverage.md`` (``python -m analyses.maintenance.make
 (:mod:`gradflow.adapters.registry`) and the refusals (:mod:`gradflow.adapters.refusals`, re-exported
 here); a test checks that every type transformers maps is in one of them. Refused types outside the masked-LM
 mapping (``REFUSED_BEYOND_MLM``: DiffusionGemma) and the remote-code diffusion families with an adapter
-(:data:`DIFFUSION_FAMILIES`: LLaDA, Dream) have the page's last section, "Masked diffusion LMs".
+(:data:`DIFFUSION_FAMILIES`: LLaDA, Dream) have the section "Masked diffusion LMs"; the mixture-of-experts families
+(:data:`MOE_FAMILIES`, causal LMs) and the expert layouts the split covers the last one, "Mixtures of experts".
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ def coverage_markdown() -> str:
         "|---|---|---|---|",
     ]
     lines += [f"| `{t}` | `{c}` | {status} | {text.replace('|', '/')} |" for t, c, status, text in rows]
-    return "\n".join([*lines, *_diffusion_section()]) + "\n"
+    return "\n".join([*lines, *_diffusion_section(), *_experts_section()]) + "\n"
 
 
 def _diffusion_section() -> list[str]:
@@ -86,6 +87,33 @@ def _diffusion_section() -> list[str]:
     return lines
 
 
+def _experts_section() -> list[str]:
+    """``## Mixtures of experts``: the MoE families with an adapter (causal LMs recorded as they are) and the expert
+    layouts the split covers (:mod:`gradflow.adapters.experts`, :mod:`gradflow.hooks.experts`)."""
+    lines = ["", "## Mixtures of experts", "",
+             "An expert's weight gradient is a sum over the rows routed to it; gradflow splits it by the role of the "
+             "position each row came from, and counts the rows of each role routed to each expert (`experts.csv`). "
+             "Covered layouts: fused 3-D experts (`gate_up_proj` (E, 2I, H), `down_proj` (E, H, I), called with the "
+             "rows, top-k indices and weights: transformers 5.x's, whichever experts implementation runs: `eager`, "
+             "`batched_mm`, `grouped_mm`, the last also on a CPU with torch >= 2.10), and a ModuleList of experts "
+             "each called on the rows routed to it (older OLMoE/Mixtral code, LLaDA-MoE-style remote code; rows "
+             "found among the MoE block's input rows). The router (a Linear, or transformers 5's `TopKRouter`) is "
+             "split like any Linear. `--adapter auto` finds both layouts; experts that route inside their own "
+             "forward (the rows each expert got are not visible) are named in its notice, and recording their "
+             "split stops with one sentence (sites only with `--norms-only`). These families are causal LMs "
+             "without a masked-LM class: gradflow records them as they are, under the MLM loss on their "
+             "`lm_head`.", "",
+             "| model type | status | exact zero |", "|---|---|---|"]
+    for model_type in MOE_FAMILIES:
+        adapter = adapter_for(_Config(model_type))
+        lines.append(f"| `{model_type}` | supported ({adapter.family}) | last block, exactly zero from positions "
+                     f"without loss: {', '.join(adapter.after_mixing())} |")
+    return lines
+
+
+MOE_FAMILIES: tuple[str, ...] = ("olmoe", "mixtral", "qwen3_moe", "qwen2_moe")
+"""Mixture-of-experts model types with a registered adapter (:mod:`gradflow.adapters.moe`)."""
+
 DIFFUSION_FAMILIES: tuple[tuple[str, str], ...] = (
     ("llada", "LLaDA (GSAI-ML/LLaDA-8B-Base, -Instruct, 1.5)"),
     ("Dream", "Dream (Dream-org/Dream-v0-Base-7B, -Instruct)"),
@@ -100,4 +128,4 @@ class _Config:
         self.model_type = model_type
 
 
-__all__ = ["DIFFUSION_FAMILIES", "REFUSED", "REFUSED_BEYOND_MLM", "coverage_markdown", "coverage_rows", "masked_lm_model_types", "refusal"]
+__all__ = ["DIFFUSION_FAMILIES", "MOE_FAMILIES", "REFUSED", "REFUSED_BEYOND_MLM", "coverage_markdown", "coverage_rows", "masked_lm_model_types", "refusal"]
