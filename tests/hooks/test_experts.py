@@ -22,7 +22,7 @@ from gradflow.adapters.experts import ExpertsSpec
 from gradflow.adapters.moe import OLMOE
 from gradflow.errors import ExpertLayoutError
 from gradflow.hooks.batch_state import BatchState
-from gradflow.hooks.experts import finish_experts, fused_stats
+from gradflow.hooks.experts import finish_experts, fused_stats, gram_cheaper
 from gradflow.losses import get_loss
 from gradflow.roles import ALL_ROLES, Role
 from rounding import gamma
@@ -158,6 +158,29 @@ def test_last_block_experts_and_router_exactly_zero_off_loss(family, implementat
     first = {s.sublayer: s for s in record.sublayers if s.depth == 0}
     for name in FUSED:  # earlier blocks: context positions do send gradient to the experts
         assert first[name].contribution_norm[int(Role.CONTEXT)].item() > 0
+
+
+@pytest.mark.parametrize("model_fn", [tiny_moe_model, list_moe_model], ids=["fused", "list"])
+def test_gram_norms_equal_materialised_norms(model_fn):
+    """Without materialised matrices a role's norm comes from its Gram matrices where cheaper: the same norms (1e-4
+    relative, as the family tests), the same exact zeros."""
+    model = model_fn("olmoe") if model_fn is tiny_moe_model else model_fn()
+    adapter = LIST_ADAPTER if model_fn is list_moe_model else None
+    batch = tiny_batch()
+    frames = []
+    for materialize in (True, False):
+        with GradFlowRecorder(model, RecorderConfig(materialize=materialize), adapter=adapter) as rec:
+            frames.append(rec.record(batch).sublayer_frame().set_index(["layer", "sublayer", "param", "role"]))
+    a, b = frames
+    assert a.index.equals(b.index) and any("experts" in name for name in a.index.get_level_values("sublayer"))
+    torch.testing.assert_close(torch.tensor(b.contribution_norm.values), torch.tensor(a.contribution_norm.values),
+                               rtol=1e-4, atol=1e-12)
+    assert ((a.contribution_norm == 0) == (b.contribution_norm == 0)).all()
+    torch.testing.assert_close(torch.tensor(b.magnitude_sum.values), torch.tensor(a.magnitude_sum.values))
+
+
+def test_gram_is_cheaper_for_few_rows():
+    assert gram_cheaper(10, 64, 32) and not gram_cheaper(100, 64, 32)
 
 
 @pytest.mark.parametrize("implementation", EXPERTS_IMPLEMENTATIONS)

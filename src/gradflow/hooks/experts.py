@@ -8,17 +8,19 @@ An expert's weight gradient is a sum over the rows routed to it: for the fused l
 A pair's role is its position's. Per role r and parameter, ``G_r`` is the (E, ...) tensor of the per-expert
 sums over r's pairs; the roles' ``G_r`` sum to the parameter's gradient, and ``||G_r||^2 = sum_e ||G_{e,r}||^2``.
 
-The fused split recomputes these per-pair products in float32 (float64 for a float64 model) from what the experts' call received (the rows,
-top-k indices and weights, captured by a forward hook) and the gradient of its output (a tensor hook): it does
-not depend on the experts implementation transformers runs inside (eager loop, ``batched_mm``, ``grouped_mm``),
-costs about two thirds of the experts' own forward and backward more, and agrees with autograd's gradient to
-float32 rounding. The list layout (``nn.ModuleList`` of expert modules, each called on the rows routed to it)
+The fused split recomputes these per-pair products in float32 (float64 for a float64 model) from what the experts'
+call received (the rows, top-k indices and weights, captured by a forward hook) and the gradient of its output (a
+tensor hook): it does not depend on the experts implementation transformers runs inside (eager loop,
+``batched_mm``, ``grouped_mm``), recomputes two products of the experts' size (the gate/up output and the
+down-side gradient) and agrees with autograd's gradient to float32 rounding (docs/benchmarks.md: its cost). The list layout (``nn.ModuleList`` of expert modules, each called on the rows routed to it)
 finds each expert's rows among the MoE block's input rows (exact equality), so each row's role is its position's;
 each expert Linear's ``sum_t g_t x_t^T`` is then split by those roles from its own input and output gradient.
 
 Per block and experts module the recorder also counts the rows of each role routed to each expert
 (:attr:`BatchState.expert_counts`). A role none of whose rows has a nonzero contribution gets exactly zero (no
-arithmetic on it), so the last block's experts get exactly 0.0 from positions without a loss.
+arithmetic on it), so the last block's experts get exactly 0.0 from positions without a loss. A role's norm comes
+from its Gram matrices, ``||G_{e,r}||^2 = <g_r g_r^T, x_r x_r^T>``, where that is cheaper than its product (few
+rows; float32, unless a row's norm is outside the safe range: then from the product), else from the product.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from gradflow.adapters.experts import FUSED_PARAMS, ExpertsSpec
 from gradflow.errors import ExpertLayoutError
 from gradflow.hooks.batch_state import BatchState
 from gradflow.hooks.linear_inputs import float32
-from gradflow.hooks.safe_norms import safe_norm
+from gradflow.hooks.safe_norms import flag_unsafe, safe_norm
 from gradflow.roles import ALL_ROLES, NUM_ROLES
 
 StateFn = Callable[[], "tuple[BatchState | None, int | None]"]
@@ -80,19 +82,34 @@ class ExpertSums:
         mag = (gn * xn).double()
         self.position_squares.index_add_(0, tokens, mag * mag)
         self.position_live.index_add_(0, tokens, live.float())
+        unsafe = (flag_unsafe(torch.stack([gn, xn])).any(dim=0) if g.dtype != torch.float64
+                  else torch.zeros_like(live))  # float64 Gram products of float32-range values are safe
+        flags = torch.stack([live, unsafe], dim=1).float()
+        per_role = torch.zeros(NUM_ROLES, 2, device=g.device).index_add_(0, codes, flags)
         counts = torch.bincount(codes, minlength=NUM_ROLES).tolist()
-        n_live = torch.zeros(NUM_ROLES, device=g.device).index_add_(0, codes, live.float()).tolist()
+        n_live, n_unsafe = per_role.T.tolist()
         start = 0
         for code in range(NUM_ROLES):
             rows = slice(start, start + counts[code])
             start += counts[code]
             if n_live[code] == 0:  # every term of this role is exactly zero: so is its sum
                 continue
-            product = g[rows].T @ x[rows] if x is not None else g[rows].sum(dim=0)
+            gr, xr = g[rows], x[rows] if x is not None else None
+            if xr is not None and not state.config.materialize and n_unsafe[code] == 0 and gram_cheaper(
+                    counts[code], gr.shape[1], xr.shape[1]):  # ||gr^T xr||^2 = <gr gr^T, xr xr^T>
+                self.squares[code] += ((gr @ gr.T) * (xr @ xr.T)).sum(dtype=torch.float64).clamp(min=0)
+                continue
+            product = gr.T @ xr if xr is not None else gr.sum(dim=0)
             self.squares[code] += _norm(product.reshape(1, -1))[0].double() ** 2
             if state.config.materialize:
                 full = self.matrices.setdefault(code, torch.zeros(shape, dtype=g.dtype, device=g.device))
                 where(full).add_(product)
+
+
+def gram_cheaper(rows: int, d_out: int, d_in: int) -> bool:
+    """Whether a role's norm costs less from its Gram matrices (``rows^2 (d_out + d_in)`` multiply-adds) than from
+    its product (``rows d_out d_in``)."""
+    return rows * (d_out + d_in) < d_out * d_in
 
 
 def _norm(values: torch.Tensor) -> torch.Tensor:
@@ -356,4 +373,4 @@ def _fused_hook(name: str, spec: ExpertsSpec, current: StateFn):
     return hook
 
 
-__all__ = ["ExpertSums", "expert_hooks", "finish_experts", "fused_stats", "match_rows"]
+__all__ = ["ExpertSums", "expert_hooks", "finish_experts", "fused_stats", "gram_cheaper", "match_rows"]
