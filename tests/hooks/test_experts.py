@@ -308,3 +308,29 @@ def test_fused_experts_without_routing_arguments_refused():
     with GradFlowRecorder(model, adapter=adapter) as rec:
         with pytest.raises(ExpertLayoutError, match="was not called with the routing"):
             rec.record(tiny_batch())
+
+
+@pytest.mark.parametrize("model_fn", [tiny_moe_model, list_moe_model], ids=["fused", "list"])
+def test_split_under_loss_backward_sums_to_the_same_backwards_gradient(model_fn):
+    """Under ``rec.capture`` and ``loss.backward()`` (the Linear router's weight gradient computed in the split
+    products of :mod:`gradflow.hooks.split_linear`): the roles sum to the ``.grad`` of that very backward."""
+    model = model_fn("olmoe") if model_fn is tiny_moe_model else model_fn()
+    adapter = LIST_ADAPTER if model_fn is list_moe_model else None
+    batch = tiny_batch()
+    model.zero_grad(set_to_none=True)
+    with GradFlowRecorder(model, RecorderConfig(materialize=True), adapter=adapter) as rec:
+        with rec.capture(batch.roles):
+            get_loss("mlm", "batch")(model(**batch.model_inputs()).logits, batch).backward()
+        record = rec.result()
+    for depth, layer in enumerate(model.model.layers):
+        if model_fn is tiny_moe_model:
+            params = {"ffn.router": layer.mlp.gate.weight, **{f"ffn.experts.{n}": getattr(layer.mlp.experts, n)
+                                                              for n in ("gate_up_proj", "down_proj")}}
+        else:
+            params = {"ffn.router": layer.mlp.gate.weight}
+            params.update({f"ffn.experts.{p}": torch.stack([_grad(getattr(e, p).weight) for e in layer.mlp.experts])
+                           for p in ("w1", "w3", "w2")})
+        for name, param in params.items():
+            grad = param.grad if isinstance(param, nn.Parameter) else param
+            error = float((_total(record, depth, name) - grad).norm())
+            assert error <= 1e-5 * float(grad.norm()), (depth, name, error)
