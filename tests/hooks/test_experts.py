@@ -15,8 +15,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
+from transformers import AutoConfig
 
 from gradflow import GradFlowRecorder, RecorderConfig
+from gradflow.adapters import adapter_for
 from gradflow.adapters.base import SublayerSpec
 from gradflow.adapters.experts import ExpertsSpec
 from gradflow.adapters.moe import OLMOE
@@ -29,6 +31,15 @@ from rounding import gamma
 from tiny import EXPERTS_IMPLEMENTATIONS, MOE_FAMILIES, list_moe_model, tiny_batch, tiny_moe_model
 
 NON_LOSS = ("context", "special", "pad")
+MODES = ("gradflow-forward", "recompute")  # gradflow runs the fused experts itself, or the model's implementation
+
+
+def _adapter(family: str, mode: str):
+    """None (the registered adapter: gradflow runs the experts) or the same with ``own_forward=False``."""
+    if mode == "gradflow-forward":
+        return None
+    registered = adapter_for(AutoConfig.for_model(family))
+    return replace(registered, experts={n: replace(e, own_forward=False) for n, e in registered.experts.items()})
 FUSED = ("ffn.experts.gate_up_proj", "ffn.experts.down_proj")
 
 
@@ -117,15 +128,16 @@ def test_fused_experts_split_sums_to_autograd_float64(family, implementation):
                     assert torch.count_nonzero(matrices[(depth, name, "weight", role)]) == 0
 
 
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("implementation", EXPERTS_IMPLEMENTATIONS)
 @pytest.mark.parametrize("family", MOE_FAMILIES)
-def test_recorded_split_sums_to_autograd_float32(family, implementation):
+def test_recorded_split_sums_to_autograd_float32(family, implementation, mode):
     """The recorder on a float32 model (experts recomputed in float32, the router split by the Linear machinery):
     the roles' sum is autograd's gradient to the family tests' tolerance (1e-5 of its norm: float32 products whose
     upstream gradients ``rec.record()``'s sparse head computes on other rows)."""
     model = tiny_moe_model(family, experts_implementation=implementation)
     batch = tiny_batch()
-    with GradFlowRecorder(model, RecorderConfig(materialize=True)) as rec:
+    with GradFlowRecorder(model, RecorderConfig(materialize=True), adapter=_adapter(family, mode)) as rec:
         record = rec.record(batch)
     _autograd(model, batch)
     for depth in range(2):
@@ -134,12 +146,13 @@ def test_recorded_split_sums_to_autograd_float32(family, implementation):
             assert error <= 1e-5 * float(param.grad.norm()), (family, implementation, depth, name, error)
 
 
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("implementation", EXPERTS_IMPLEMENTATIONS)
 @pytest.mark.parametrize("family", MOE_FAMILIES)
-def test_last_block_experts_and_router_exactly_zero_off_loss(family, implementation):
+def test_last_block_experts_and_router_exactly_zero_off_loss(family, implementation, mode):
     model = tiny_moe_model(family, experts_implementation=implementation)
     batch = tiny_batch()
-    with GradFlowRecorder(model, RecorderConfig(materialize=True)) as rec:
+    with GradFlowRecorder(model, RecorderConfig(materialize=True), adapter=_adapter(family, mode)) as rec:
         record = rec.record(batch)
     last = [s for s in record.sublayers if s.depth == 1]
     names = {s.sublayer for s in last}
@@ -161,11 +174,11 @@ def test_last_block_experts_and_router_exactly_zero_off_loss(family, implementat
 
 
 @pytest.mark.parametrize("model_fn", [tiny_moe_model, list_moe_model], ids=["fused", "list"])
-def test_gram_norms_equal_materialised_norms(model_fn):
+def test_gram_norms_equal_materialised_norms(model_fn):  # fused: the recompute mode (Gram norms are its own)
     """Without materialised matrices a role's norm comes from its Gram matrices where cheaper: the same norms (1e-4
     relative, as the family tests), the same exact zeros."""
     model = model_fn("olmoe") if model_fn is tiny_moe_model else model_fn()
-    adapter = LIST_ADAPTER if model_fn is list_moe_model else None
+    adapter = LIST_ADAPTER if model_fn is list_moe_model else _adapter("olmoe", "recompute")
     batch = tiny_batch()
     frames = []
     for materialize in (True, False):
@@ -183,12 +196,13 @@ def test_gram_is_cheaper_for_few_rows():
     assert gram_cheaper(10, 64, 32) and not gram_cheaper(100, 64, 32)
 
 
+@pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("implementation", EXPERTS_IMPLEMENTATIONS)
-def test_per_expert_role_counts_equal_a_hand_count(implementation):
+def test_per_expert_role_counts_equal_a_hand_count(implementation, mode):
     model = tiny_moe_model("olmoe", experts_implementation=implementation)
     batch = tiny_batch()
     routing = _routing(model, batch)
-    with GradFlowRecorder(model) as rec:
+    with GradFlowRecorder(model, adapter=_adapter("olmoe", mode)) as rec:
         record = rec.record(batch)
     assert set(record.expert_counts) == {(0, "ffn.experts"), (1, "ffn.experts")}
     for depth, index in routing.items():
@@ -197,9 +211,11 @@ def test_per_expert_role_counts_equal_a_hand_count(implementation):
         assert int(expected.sum()) == batch.roles.numel() * 2
 
 
-def test_grouped_mm_runs_on_this_cpu(monkeypatch):
+@pytest.mark.parametrize("mode", MODES)
+def test_grouped_mm_runs_on_this_cpu(monkeypatch, mode):
     """The grouped implementation calls torch's grouped matmul here (torch >= 2.10 has a CPU kernel), so the tests
-    above cover it, not a fallback."""
+    above cover it, not a fallback, where the model's implementation runs (``own_forward=False``); when gradflow runs
+    the experts itself during the capture, it does not run (and runs again after the capture)."""
     calls = []
     grouped = F.grouped_mm
 
@@ -209,9 +225,12 @@ def test_grouped_mm_runs_on_this_cpu(monkeypatch):
 
     monkeypatch.setattr(F, "grouped_mm", spy)
     model = tiny_moe_model("olmoe", experts_implementation="grouped_mm")
-    with GradFlowRecorder(model) as rec:
+    with GradFlowRecorder(model, adapter=_adapter("olmoe", mode)) as rec:
         rec.record(tiny_batch())
-    assert len(calls) == 2 * 2  # gate/up and down, in each of 2 blocks
+        assert len(calls) == (2 * 2 if mode == "recompute" else 0)  # gate/up and down, in each of 2 blocks
+    with torch.no_grad():
+        model(**tiny_batch().model_inputs())
+    assert len(calls) == (2 * 2 if mode == "recompute" else 0) + 2 * 2
 
 
 @pytest.mark.parametrize("family", MOE_FAMILIES)

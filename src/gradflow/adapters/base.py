@@ -192,7 +192,8 @@ class Adapter:
     experts: dict[str, ExpertsSpec] = field(default_factory=dict)
     """Mixture-of-experts blocks: name (``ffn.experts``) -> where the experts are and how they are called
     (:mod:`gradflow.adapters.experts`); each weight is split by the role of the rows routed to each expert, recorded
-    as ``<name>.<parameter or Linear>``. An experts name in ``after_mixing_extra`` puts those in the after-mixing set."""
+    as ``<name>.<parameter or Linear>``. An experts name in ``after_mixing_extra`` puts those in the after-mixing
+    set."""
 
     def after_mixing(self) -> tuple[str, ...]:
         """Sublayers of a block that see only the channel's own post-attention state.

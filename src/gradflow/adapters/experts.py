@@ -30,8 +30,8 @@ class ExpertsSpec:
     """One block's experts: ``path`` (in the block) of the experts module and its ``layout`` (module docstring).
 
     ``linears``: with ``layout="list"``, the paths of the Linears inside one expert (``("w1", "w2", "w3")``);
-    ``transposed``: with ``layout="fused"``, the parameters are stored (E, D_in, D_out);
-    ``unsplittable``: why the module cannot be split (the generic adapter found expert parameters it cannot
+    ``transposed``: with ``layout="fused"``, the parameters are stored (E, D_in, D_out); ``own_forward``: see the
+    field; ``unsplittable``: why the module cannot be split (the generic adapter found expert parameters it cannot
     track the routing of): recording its split is refused with this reason (sites only with ``--norms-only``).
     """
 
@@ -40,6 +40,10 @@ class ExpertsSpec:
     linears: tuple[str, ...] = ()
     transposed: bool = False
     unsplittable: str | None = None
+    own_forward: bool = True
+    """With ``layout="fused"``: gradflow may run the experts itself while a capture runs (the weight gradients as the
+    sum of the per-role products: no extra product; :mod:`gradflow.hooks.split_experts`); False: the module's own
+    implementation runs and the split recomputes the products it needs from the call and its output gradient."""
 
     def names(self, name: str) -> tuple[str, ...]:
         """The recorded sublayer names of the experts served as ``name`` (``ffn.experts``): one per parameter

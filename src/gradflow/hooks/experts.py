@@ -8,13 +8,17 @@ An expert's weight gradient is a sum over the rows routed to it: for the fused l
 A pair's role is its position's. Per role r and parameter, ``G_r`` is the (E, ...) tensor of the per-expert
 sums over r's pairs; the roles' ``G_r`` sum to the parameter's gradient, and ``||G_r||^2 = sum_e ||G_{e,r}||^2``.
 
-The fused split recomputes these per-pair products in float32 (float64 for a float64 model) from what the experts'
-call received (the rows, top-k indices and weights, captured by a forward hook) and the gradient of its output (a
-tensor hook): it does not depend on the experts implementation transformers runs inside (eager loop,
-``batched_mm``, ``grouped_mm``), recomputes two products of the experts' size (the gate/up output and the
-down-side gradient) and agrees with autograd's gradient to float32 rounding (docs/benchmarks.md: its cost). The list layout (``nn.ModuleList`` of expert modules, each called on the rows routed to it)
-finds each expert's rows among the MoE block's input rows (exact equality), so each row's role is its position's;
-each expert Linear's ``sum_t g_t x_t^T`` is then split by those roles from its own input and output gradient.
+While a capture runs, gradflow runs fused experts of the plain layout itself (:mod:`gradflow.hooks.split_experts`:
+the weight gradients as sums of the per-role products, no product beyond autograd's). Otherwise
+(``ExpertsSpec.own_forward=False``, or another layout of the module) the fused split recomputes these per-pair
+products in float32 (float64 for a float64 model) from what the experts' call received (the rows, top-k indices and
+weights, captured by a forward hook) and the gradient of its output (a tensor hook): it does not depend on the
+experts implementation transformers runs inside (eager loop, ``batched_mm``, ``grouped_mm``), recomputes two
+products of the experts' size (the gate/up output and the down-side gradient) and agrees with autograd's gradient to
+float32 rounding (docs/benchmarks.md: its cost). The list layout (``nn.ModuleList`` of expert modules, each called
+on the rows routed to it) finds each expert's rows among the MoE block's input rows (exact equality), so each row's
+role is its position's; each expert Linear's ``sum_t g_t x_t^T`` is then split by those roles from its own input and
+output gradient.
 
 Per block and experts module the recorder also counts the rows of each role routed to each expert
 (:attr:`BatchState.expert_counts`). A role none of whose rows has a nonzero contribution gets exactly zero (no
@@ -71,10 +75,13 @@ class ExpertSums:
         return sums
 
     def add(self, state: BatchState, g: torch.Tensor, x: torch.Tensor | None, tokens: torch.Tensor,
-            codes: torch.Tensor, where: Callable[[torch.Tensor], torch.Tensor], shape: tuple[int, ...]) -> None:
+            codes: torch.Tensor, where: Callable[[torch.Tensor], torch.Tensor], shape: tuple[int, ...],
+            total: bool = False) -> torch.Tensor | None:
         """Add rows ``g`` (m, D_out) and ``x`` (m, D_in) (None: a bias, whose rows are ``g``) of positions ``tokens``
         (m,) with role ``codes`` (m,), sorted by role. ``where(matrix)``: the view of a role's full (materialised)
-        gradient of ``shape`` that this slab fills."""
+        gradient of ``shape`` that this slab fills. ``total``: every role's norm from its own product, and their sum
+        returned (the slab's weight gradient ``g^T x``, without the exactly zero terms of roles without a
+        contributing row); else None."""
         self.shape = shape
         gn = _norm(g)
         xn = _norm(x) if x is not None else torch.ones_like(gn)
@@ -89,14 +96,18 @@ class ExpertSums:
         counts = torch.bincount(codes, minlength=NUM_ROLES).tolist()
         n_live, n_unsafe = per_role.T.tolist()
         start = 0
+        summed = None
         for code in range(NUM_ROLES):
             rows = slice(start, start + counts[code])
             start += counts[code]
             if n_live[code] == 0:  # every term of this role is exactly zero: so is its sum
+                if total and n_unsafe[code] and counts[code]:  # (a non-finite factor: its 0 * inf terms count)
+                    product = g[rows].T @ x[rows] if x is not None else g[rows].sum(dim=0)
+                    summed = product if summed is None else summed.add_(product)
                 continue
             gr, xr = g[rows], x[rows] if x is not None else None
-            if xr is not None and not state.config.materialize and n_unsafe[code] == 0 and gram_cheaper(
-                    counts[code], gr.shape[1], xr.shape[1]):  # ||gr^T xr||^2 = <gr gr^T, xr xr^T>
+            if xr is not None and not total and not state.config.materialize and n_unsafe[code] == 0 and \
+                    gram_cheaper(counts[code], gr.shape[1], xr.shape[1]):  # ||gr^T xr||^2 = <gr gr^T, xr xr^T>
                 self.squares[code] += ((gr @ gr.T) * (xr @ xr.T)).sum(dtype=torch.float64).clamp(min=0)
                 continue
             product = gr.T @ xr if xr is not None else gr.sum(dim=0)
@@ -104,6 +115,12 @@ class ExpertSums:
             if state.config.materialize:
                 full = self.matrices.setdefault(code, torch.zeros(shape, dtype=g.dtype, device=g.device))
                 where(full).add_(product)
+            if total:
+                summed = product.clone() if summed is None else summed.add_(product)
+        if total and summed is None:
+            summed = torch.zeros(g.shape[1], x.shape[1], dtype=g.dtype, device=g.device) if x is not None else \
+                torch.zeros(g.shape[1], dtype=g.dtype, device=g.device)
+        return summed
 
 
 def gram_cheaper(rows: int, d_out: int, d_in: int) -> bool:
@@ -151,7 +168,7 @@ def _count(state: BatchState, depth: int, name: str, experts: int, expert: torch
     state.expert_counts[(depth, name)] = table if old is None else old + table
 
 
-def _routing(spec_path: str, mod: nn.Module, args: tuple, kwargs: dict
+def routing_of(spec_path: str, mod: nn.Module, args: tuple, kwargs: dict
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(hidden (N, H), top-k indices (N, k), top-k weights (N, k)) of a fused experts call, or ExpertLayoutError."""
     values = list(args)
@@ -175,10 +192,12 @@ def _routing(spec_path: str, mod: nn.Module, args: tuple, kwargs: dict
 def _fused_weights(spec: ExpertsSpec, mod: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
     """(gate_up (E, 2I, H), down (E, H, I)) detached, as views in the untransposed layout."""
     params = [getattr(mod, name, None) for name in FUSED_PARAMS]
-    if any(not isinstance(p, torch.Tensor) or p.dim() != 3 for p in params) or getattr(mod, "has_bias", False):
+    if (any(not isinstance(p, torch.Tensor) or p.dim() != 3 for p in params) or getattr(mod, "has_bias", False)
+            or getattr(mod, "has_post_expert_norm", False)):
         raise ExpertLayoutError(
             f"the experts module {spec.path!r} ({type(mod).__name__}) does not hold the fused layout gradflow splits "
-            f"(3-D {' and '.join(FUSED_PARAMS)} without biases), so its weights cannot be split by role: record with "
+            f"(3-D {' and '.join(FUSED_PARAMS)} without biases or a post-expert norm), so its weights cannot be split "
+            "by role: record with "
             "--norms-only (sites only), or describe its layout in an Adapter's ExpertsSpec")
     gate_up, down = (p.detach() for p in params)
     if spec.transposed:
@@ -186,7 +205,7 @@ def _fused_weights(spec: ExpertsSpec, mod: nn.Module) -> tuple[torch.Tensor, tor
     return gate_up, down
 
 
-def _gate(mod: nn.Module, u: torch.Tensor) -> torch.Tensor:
+def expert_gate(mod: nn.Module, u: torch.Tensor) -> torch.Tensor:
     """The experts' activation of the gate/up output ``u`` (m, 2I) -> (m, I), as the module computes it."""
     apply = getattr(mod, "_apply_gate", None)
     if callable(apply):
@@ -195,22 +214,31 @@ def _gate(mod: nn.Module, u: torch.Tensor) -> torch.Tensor:
     return mod.act_fn(gate) * up
 
 
+def routing_pairs(state: BatchState, depth: int, name: str, index: torch.Tensor, experts: int
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, list[int]]:
+    """The (position, slot) pairs of a call's top-k ``index`` (N, k), sorted by expert, then role: (positions,
+    experts, slots, roles) (S,) each and the pairs per expert; counted in ``state.expert_counts``. Pairs routed to
+    no expert (expert-parallel sentinels) are left out."""
+    n, k = index.shape
+    tokens = torch.arange(n, device=index.device).repeat_interleave(k)
+    slot = torch.arange(k, device=index.device).repeat(n)
+    expert = index.reshape(-1).long()
+    kept = (expert >= 0) & (expert < experts)
+    tokens, slot, expert = tokens[kept], slot[kept], expert[kept]
+    role = state.partition.codes[tokens]
+    order = torch.argsort(expert * NUM_ROLES + role, stable=True)
+    tokens, slot, expert, role = tokens[order], slot[order], expert[order], role[order]
+    _count(state, depth, name, experts, expert, role)
+    return tokens, expert, slot, role, torch.bincount(expert, minlength=experts).tolist()
+
+
 def fused_stats(state: BatchState, depth: int, name: str, spec: ExpertsSpec, mod: nn.Module, hidden: torch.Tensor,
                 index: torch.Tensor, weights: torch.Tensor, grad: torch.Tensor) -> None:
     """Add one fused experts call's statistics: ``hidden`` (N, H), ``index`` and ``weights`` (N, k) detached,
     ``grad`` (N, H) the loss gradient of the call's output (module docstring)."""
     gate_up, down = _fused_weights(spec, mod)
-    experts, n, k = gate_up.shape[0], hidden.shape[0], index.shape[1]
-    codes = state.partition.codes
-    tokens = torch.arange(n, device=hidden.device).repeat_interleave(k)
-    expert, weight = index.reshape(-1).long(), weights.reshape(-1)
-    kept = (expert >= 0) & (expert < experts)  # expert-parallel sentinels route nowhere
-    tokens, expert, weight = tokens[kept], expert[kept], weight[kept]
-    role = codes[tokens]
-    order = torch.argsort(expert * NUM_ROLES + role, stable=True)  # by expert, then role
-    tokens, expert, weight, role = tokens[order], expert[order], weight[order], role[order]
-    _count(state, depth, name, experts, expert, role)
-    sizes = torch.bincount(expert, minlength=experts).tolist()
+    tokens, _, slot, role, sizes = routing_pairs(state, depth, name, index, gate_up.shape[0])
+    weight = weights.reshape(-1)[tokens * index.shape[1] + slot]
     x, g = _wide(hidden), _wide(grad)
     sums = [ExpertSums.of(state, (depth, f"{name}.{param}", "weight")) for param in FUSED_PARAMS]
     shapes = [tuple(getattr(mod, param).shape) for param in FUSED_PARAMS]  # as stored (materialised matrices)
@@ -224,7 +252,7 @@ def fused_stats(state: BatchState, depth: int, name: str, spec: ExpertsSpec, mod
         xe, dz = x[t], g[t] * weight[rows].to(g.dtype)[:, None]  # the pairs' rows and down-output gradients
         with torch.enable_grad():
             u = (xe @ gate_up[e].to(x.dtype).T).requires_grad_()
-            h = _gate(mod, u)
+            h = expert_gate(mod, u)
         du, = torch.autograd.grad(h, u, dz @ down[e].to(x.dtype))
         h = h.detach()
         sums[0].add(state, du, xe, t, r, _slab(e, spec.transposed), shapes[0])
@@ -330,9 +358,11 @@ class _ListExperts:
 
 
 @contextmanager
-def expert_hooks(blocks: list[nn.Module], experts: dict[str, ExpertsSpec], current: StateFn) -> Iterator[None]:
-    """Install the experts' hooks of every block (removed on exit, also on exceptions). A spec the adapter marks
-    ``unsplittable`` raises ExpertLayoutError at once."""
+def expert_hooks(blocks: list[nn.Module], experts: dict[str, ExpertsSpec], current: StateFn,
+                 own: frozenset[int] = frozenset()) -> Iterator[None]:
+    """Install the experts' hooks of every block (removed on exit, also on exceptions), but on the fused modules
+    whose ids are in ``own`` (run by :mod:`gradflow.hooks.split_experts`). A spec the adapter marks ``unsplittable``
+    raises ExpertLayoutError at once."""
     with ExitStack() as stack:
         for name, spec in experts.items():
             if spec.unsplittable is not None:
@@ -346,7 +376,7 @@ def expert_hooks(blocks: list[nn.Module], experts: dict[str, ExpertsSpec], curre
                 if spec.layout == "list":
                     parent_path = spec.path.rpartition(".")[0]
                     _ListExperts(name, spec, get_module(block, parent_path), module, current).install(stack)
-                else:
+                elif id(module) not in own:
                     stack.callback(module.register_forward_hook(_fused_hook(name, spec, current), with_kwargs=True)
                                    .remove)
         yield
@@ -358,7 +388,7 @@ def _fused_hook(name: str, spec: ExpertsSpec, current: StateFn):
         out = output[0] if isinstance(output, tuple) else output
         if state is None or depth is None or not isinstance(out, torch.Tensor) or not out.requires_grad:
             return
-        hidden, index, weights = _routing(spec.path, module, args, kwargs)
+        hidden, index, weights = routing_of(spec.path, module, args, kwargs)
         if hidden.shape[0] != state.partition.codes.numel():
             raise ExpertLayoutError(
                 f"the experts module {spec.path!r} ({type(module).__name__}) received {hidden.shape[0]} rows, not the "
@@ -373,4 +403,5 @@ def _fused_hook(name: str, spec: ExpertsSpec, current: StateFn):
     return hook
 
 
-__all__ = ["ExpertSums", "expert_hooks", "finish_experts", "fused_stats", "gram_cheaper", "match_rows"]
+__all__ = ["ExpertSums", "expert_gate", "expert_hooks", "finish_experts", "fused_stats", "gram_cheaper", "match_rows",
+           "routing_of", "routing_pairs"]

@@ -31,6 +31,7 @@ from gradflow.adapters import Adapter, get_module
 from gradflow.errors import RecorderError
 from gradflow.hooks.batch_state import BatchState, RolePartition
 from gradflow.hooks.experts import expert_hooks, finish_experts
+from gradflow.hooks.split_experts import plain_fused, split_experts_forwards
 from gradflow.hooks.records import BatchRecord, RecorderConfig, SublayerRecord
 from gradflow.hooks.safe_norms import safe_norm
 from gradflow.hooks.sites import (
@@ -97,7 +98,10 @@ class GradFlowRecorder:
             hooks.enter_context(self.sites.hooks(self._on_site, extra=sublayer_hooks))
             hooks.callback(self._weight_nodes.clear)
             if self.config.sublayers and self.adapter.experts:
-                hooks.enter_context(expert_hooks(distinct_blocks(self.blocks), self.adapter.experts, self._current))
+                own = self._own_experts()  # fused experts gradflow runs itself: the split at no extra product
+                hooks.enter_context(split_experts_forwards(own, self._current))
+                hooks.enter_context(expert_hooks(distinct_blocks(self.blocks), self.adapter.experts, self._current,
+                                                 frozenset(id(module) for module, _, _ in own)))
             self._split_weights([module for module, _ in sublayer_hooks], hooks)
         except BaseException:
             hooks.close()
@@ -126,6 +130,19 @@ class GradFlowRecorder:
             self._weight_nodes[id(module)] = get_gradient_edge(weight).node
             linears.append(module)
         hooks.enter_context(split_linear_forwards(linears, self._take_split, self._weight_runs))
+
+    def _own_experts(self) -> list:
+        """(module, experts name, spec) of every fused experts module of the plain layout, each once."""
+        found: dict[int, tuple] = {}
+        for block in distinct_blocks(self.blocks):
+            for name, spec in self.adapter.experts.items():
+                try:
+                    module = get_module(block, spec.path)
+                except LookupError:
+                    continue
+                if spec.layout == "fused" and spec.own_forward and spec.unsplittable is None and plain_fused(module):
+                    found.setdefault(id(module), (module, name, spec))
+        return list(found.values())
 
     def _current(self) -> tuple[BatchState | None, int | None]:
         return self._batch, self.sites.depths.current

@@ -1,0 +1,143 @@
+"""Fused experts run by gradflow while a capture runs: the weight gradients computed as the sum of the per-role
+products, so the split costs no product beyond autograd's own (as :mod:`gradflow.hooks.split_linear` does for a
+Linear).
+
+Without it the split recomputes the experts' gate/up output and the down-side gradient from the call and its
+output gradient (:func:`gradflow.hooks.experts.fused_stats`, two products of the experts' size more). While a capture
+runs, the recorder replaces the ``forward`` of each fused experts module of the plain layout (``gate_up_proj``,
+``down_proj``, no biases, no post-expert norm, no expert parallelism; ``gate_up_proj`` (E, 2I, H) or transposed)
+by :class:`RoleSplitExperts`: the rows routed to each expert, sorted by role, go through ``x W_gu[e]^T``, the
+module's own gate (``_apply_gate``, or ``act(gate) * up``) and ``h W_down[e]^T``, weighted by the routing weights and
+summed per position, the computation of transformers' eager experts (each expert's rows in one product). Its
+backward computes what autograd's would: the rows' gradient, the routing weights' gradient ``<g, y>``, and each
+expert's weight gradient as the sum of its roles' products ``du_r^T x_r`` and ``dz_r^T h_r``, whose norms are the
+statistics. The module's own implementation (``grouped_mm``, ``batched_mm``) does not run during the capture; the
+output and gradients are the same up to float rounding (tests/hooks/test_experts.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import torch
+from torch import nn
+
+from gradflow.adapters.experts import FUSED_PARAMS, ExpertsSpec
+from gradflow.hooks.batch_state import BatchState
+from gradflow.hooks.experts import ExpertSums, expert_gate, routing_of, routing_pairs
+
+CallInfo = Callable[[], "tuple[BatchState | None, int | None]"]
+
+
+def plain_fused(module: nn.Module) -> bool:
+    """Whether gradflow can run ``module``'s experts itself: 3-D ``gate_up_proj`` and ``down_proj``, no biases, no
+    post-expert norm, not expert-parallel, and a gate it knows (``_apply_gate`` or ``act_fn``)."""
+    params = [getattr(module, name, None) for name in FUSED_PARAMS]
+    return (all(isinstance(p, nn.Parameter) and p.dim() == 3 for p in params)
+            and not getattr(module, "has_bias", False) and not getattr(module, "has_post_expert_norm", False)
+            and not getattr(module, "_is_expert_parallel", False)
+            and (callable(getattr(module, "_apply_gate", None)) or callable(getattr(module, "act_fn", None))))
+
+
+class RoleSplitExperts(torch.autograd.Function):
+    """The fused experts' forward, with a backward whose weight gradients are sums of per-role products."""
+
+    @staticmethod
+    def forward(ctx, hidden: torch.Tensor, weights: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
+                index: torch.Tensor, module: nn.Module, spec: ExpertsSpec, name: str, state: BatchState,
+                depth: int) -> torch.Tensor:
+        w1 = gate_up.transpose(1, 2) if spec.transposed else gate_up  # (E, 2I, H)
+        w2 = down.transpose(1, 2) if spec.transposed else down  # (E, H, I)
+        tokens, expert, slot, role, sizes = routing_pairs(state, depth, name, index, w1.shape[0])
+        x = hidden[tokens]
+        pair_weights = weights.reshape(-1)[tokens * index.shape[1] + slot]
+        u_parts, y_parts = [], []
+        start = 0
+        for e, size in enumerate(sizes):
+            if size:
+                u = x[start:start + size] @ w1[e].T
+                u_parts.append(u)
+                y_parts.append(expert_gate(module, u) @ w2[e].T)
+            start += size
+        u = torch.cat(u_parts) if u_parts else x.new_zeros(0, w1.shape[1])
+        y = torch.cat(y_parts) if y_parts else x.new_zeros(0, w2.shape[1])
+        weighted = (y * pair_weights[:, None]).to(hidden.dtype)
+        out = torch.zeros_like(hidden).index_add_(0, tokens, weighted)
+        ctx.save_for_backward(hidden, weights, gate_up, down, tokens, slot, role, u, y)
+        ctx.module, ctx.spec, ctx.name, ctx.state, ctx.depth, ctx.sizes, ctx.k = (module, spec, name, state, depth,
+                                                                                sizes, index.shape[1])
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        hidden, weights, gate_up, down, tokens, slot, role, u, y = ctx.saved_tensors
+        spec, state, depth, k = ctx.spec, ctx.state, ctx.depth, ctx.k
+        w1 = gate_up.transpose(1, 2) if spec.transposed else gate_up
+        w2 = down.transpose(1, 2) if spec.transposed else down
+        g = grad[tokens]  # (S, H): each pair's position's output gradient
+        pair_weights = weights.reshape(-1)[tokens * k + slot]
+        grad_weights = torch.zeros(weights.numel(), dtype=torch.float32, device=weights.device)
+        grad_weights.index_add_(0, tokens * k + slot, (y.float() * g.float()).sum(dim=-1))
+        dz = (g * pair_weights[:, None]).to(y.dtype)
+        x = hidden[tokens]
+        grad_x = torch.zeros_like(x)
+        d_gate_up, d_down = torch.zeros_like(w1), torch.zeros_like(w2)
+        sums = [ExpertSums.of(state, (depth, f"{ctx.name}.{param}", "weight")) for param in FUSED_PARAMS]
+        shapes = [tuple(gate_up.shape), tuple(down.shape)]
+        start = 0
+        for e, size in enumerate(ctx.sizes):
+            if not size:
+                continue
+            rows = slice(start, start + size)
+            start += size
+            with torch.enable_grad():
+                ue = u[rows].detach().requires_grad_()
+                h = expert_gate(ctx.module, ue)
+            du, = torch.autograd.grad(h, ue, dz[rows] @ w2[e])
+            grad_x[rows] = du @ w1[e]
+            slab = (lambda full, e=e: full[e].T) if spec.transposed else (lambda full, e=e: full[e])
+            d_gate_up[e] = sums[0].add(state, du, x[rows], tokens[rows], role[rows], slab, shapes[0], total=True)
+            d_down[e] = sums[1].add(state, dz[rows], h.detach(), tokens[rows], role[rows], slab, shapes[1], total=True)
+        grad_hidden = torch.zeros_like(hidden).index_add_(0, tokens, grad_x)
+        if spec.transposed:
+            d_gate_up, d_down = d_gate_up.transpose(1, 2), d_down.transpose(1, 2)
+        return (grad_hidden, grad_weights.view_as(weights).to(weights.dtype), d_gate_up, d_down,
+                None, None, None, None, None, None)
+
+
+@contextmanager
+def split_experts_forwards(modules: list[tuple[nn.Module, str, ExpertsSpec]], current: CallInfo) -> Iterator[None]:
+    """Route the calls of each fused experts module (with its experts name and spec) through
+    :class:`RoleSplitExperts` while a capture runs (its own ``forward`` otherwise and afterwards; restored even when
+    the block raises)."""
+    patched: list[tuple[nn.Module, object]] = []
+    try:
+        for module, name, spec in modules:
+            own = module.forward
+            previous = module.__dict__.get("forward")
+
+            def forward(*args, module=module, own=own, name=name, spec=spec, **kwargs):
+                state, depth = current()
+                if state is None or depth is None or not torch.is_grad_enabled():
+                    return own(*args, **kwargs)
+                rows, index, weights = routing_of(spec.path, module, args, kwargs)
+                if rows.shape[0] != state.partition.codes.numel():  # not the batch's positions: the hook's refusal
+                    return own(*args, **kwargs)
+                out = RoleSplitExperts.apply(rows, weights, module.gate_up_proj, module.down_proj, index, module,
+                                             spec, name, state, depth)
+                hidden = args[0] if args else kwargs["hidden_states"]
+                return out.view_as(hidden)
+
+            module.forward = forward
+            patched.append((module, previous))
+        yield
+    finally:
+        for module, previous in reversed(patched):
+            if previous is None:
+                del module.forward
+            else:
+                module.forward = previous
+
+
+__all__ = ["RoleSplitExperts", "plain_fused", "split_experts_forwards"]
