@@ -3,8 +3,8 @@
 One column per cell (seed 0 by default: ``base``, the recipe and ``bert15``), one row per measure against the
 optimizer step, each row on one shared y range:
 
-a. all-[MASK] top-1 at t = 0.15 (the runs' JSON checkpoints: 128 validation windows, 1,024 at the last step, drawn
-   as an open circle), with the unigram stage's reference (predicting the most frequent token scores 0.060);
+a. all-[MASK] top-1 at t = 0.15 (the runs' JSON checkpoints: 128 validation windows, 1,024 at the last step and a
+   long run's budgets, drawn as open circles), with the unigram stage's reference (predicting the most frequent token scores 0.060);
 b. the context / loss-position gradient-norm ratio per layer (0 = embeddings output, 1-6 = block outputs; probe
    ``t0.15``), log y: the last block's output is exactly 0 by construction (after the last block nothing mixes
    positions), drawn as triangles on the axis floor ("exactly 0");
@@ -21,6 +21,7 @@ in the repository's role colours (the output layer dashed black). The x axis is 
 it decides nothing.
 
     python -m analyses.diffusion_diagnosis.figure --cells base RECIPE bert15  # -> figures/.../training_flow.{pdf,png}
+    python -m analyses.diffusion_diagnosis.figure --cells base RECIPE@figures/diffusion-diagnosis/full bert15
 """
 
 from __future__ import annotations
@@ -94,7 +95,21 @@ def layer_of(group: str) -> int:
 
 def load_run(runs: Path, name: str, seed: int) -> Run:
     """Read cell ``name``'s run from ``seed``; a missing file is a :class:`FileNotFoundError` naming it and the
-    command that makes it (a CSV without its JSON is a run still training or cut)."""
+    command that makes it (a CSV without its JSON is a run still training or cut). ``CELL@DIR`` reads the run from
+    ``DIR`` instead (rule 4's full-length runs), its partial JSON while it trains."""
+    if "@" in name:
+        name, runs = name.split("@", 1)
+        runs = Path(runs)
+        partial = runs / f"{name}-s{seed}.partial.json"
+        if not run_files(runs, name, seed)[0].exists() and partial.exists():
+            record = json.loads(partial.read_text(encoding="utf-8"))
+            rows = pd.read_csv(run_files(runs, name, seed)[1])
+            rows = rows[rows["step"] <= record["checkpoints"][-1]["step"]].copy()
+            rows["layer"] = rows["group"].map(layer_of)
+            checkpoints = pd.DataFrame(record["checkpoints"])
+            if "own_loss" not in checkpoints:  # still training, no budget reached: every row on 128 windows
+                checkpoints["own_loss"] = float("nan")
+            return Run(name, seed, checkpoints, rows)
     cell(name)  # an unknown cell name fails here, naming the cells
     for path in run_files(runs, name, seed):
         if not path.exists():
@@ -196,6 +211,14 @@ def column_title(name: str, width_pt: float) -> str:
     return wrap_text(text, width_pt, 8)
 
 
+def full_steps(checkpoints: pd.DataFrame) -> list[int]:
+    """The steps measured on 1,024 windows (the last, and a long run's budgets: the rows with the own loss)."""
+    steps = checkpoints["step"].tolist()
+    if "own_loss" not in checkpoints:
+        return steps[-1:]
+    return [int(s) for s, own in zip(steps, checkpoints["own_loss"]) if pd.notna(own)]
+
+
 def draw_training_flow(runs: Sequence[Run]) -> Figure:
     """The figure (:data:`ROW_LABELS` rows x one column per run); data artists carry gids ``top1:<cell>``,
     ``ratio:<cell>:<layer>``, ``collapse:<cell>:<layer>``, ``entropy:<cell>:<block>``, ``embedding:<cell>:<role>``,
@@ -219,9 +242,11 @@ def draw_training_flow(runs: Sequence[Run]) -> Figure:
         for j, run in enumerate(runs):
             axs = grid[:, j]
             top1 = run.checkpoints.set_index("step")["mask15_top1"].astype(float)
+            full = full_steps(run.checkpoints)
             axs[0].plot(top1.index, top1.to_numpy(), color="#222222", marker="o", markersize=2.2, linewidth=1.0,
-                        markevery=list(range(len(top1) - 1)), gid=f"top1:{run.cell}")
-            axs[0].plot(top1.index[-1:], top1.to_numpy()[-1:], linestyle="none", marker="o", markersize=3.2,
+                        markevery=[k for k, step in enumerate(top1.index) if step not in full],
+                        gid=f"top1:{run.cell}")
+            axs[0].plot(full, top1.loc[full].to_numpy(), linestyle="none", marker="o", markersize=3.2,
                         markerfacecolor="white", markeredgecolor="#222222", markeredgewidth=0.8,
                         gid=f"top1-final:{run.cell}")
             axs[0].axhline(MOST_FREQUENT, color="#777777", linestyle="--", linewidth=0.7, zorder=1, gid="reference")
@@ -272,7 +297,7 @@ def _legends(grid: np.ndarray, layers: list[int], colors: dict, roles: list[str]
                                label="most frequent\ntoken (0.060)"),
                         Line2D([], [], linestyle="none", marker="o", markersize=3.2, markerfacecolor="white",
                                markeredgecolor="#222222", markeredgewidth=0.8,
-                               label="last step:\n1,024 windows\n(before: 128)")])
+                               label="1,024 windows\n(else 128)")])
     layer_handles = [Line2D([], [], color=colors[k], marker="o", markersize=2.2, linewidth=1.0,
                             label="0 (embeddings)" if k == 0 else str(k)) for k in layers]
     place(grid[1, -1], layer_handles + ([zero_proxy()] if any_zero["ratio"] else []), "layer (rows 2-4)")

@@ -142,3 +142,20 @@ def test_the_cli_writes_both_files(runs, tmp_path, capsys):
     figure.main(["--runs", str(runs), "--cells", "base", "kept", "--out", str(tmp_path / "fig")])
     assert (tmp_path / "fig.pdf").exists() and (tmp_path / "fig.png").exists()
     assert "fig.png" in capsys.readouterr().out
+
+
+def test_a_long_run_is_read_from_its_own_folder_partial_while_it_trains(tmp_path: Path) -> None:
+    long_runs = tmp_path / "full"
+    long_runs.mkdir()
+    write_run(long_runs, "mdlm")
+    record = json.loads((long_runs / "mdlm-s0.json").read_text())
+    (long_runs / "mdlm-s0.json").unlink()
+    record["checkpoints"] = [{k: v for k, v in r.items() if k != "own_loss"} for r in record["checkpoints"][:5]]
+    (long_runs / "mdlm-s0.partial.json").write_text(json.dumps({**record, "partial": True}))
+    run = figure.load_run(tmp_path / "unused", f"mdlm@{long_runs}", 0)
+    assert run.cell == "mdlm" and list(run.checkpoints.step) == list(STEPS[:5])
+    assert run.rows.step.max() == STEPS[4]  # snapshot rows past the partial record's last checkpoint left out
+    assert figure.full_steps(run.checkpoints) == []  # no budget reached: every point on 128 windows
+    record["checkpoints"][3]["own_loss"] = 6.5  # a budget measured on 1,024 windows
+    (long_runs / "mdlm-s0.partial.json").write_text(json.dumps({**record, "partial": True}))
+    assert figure.full_steps(figure.load_run(tmp_path, f"mdlm@{long_runs}", 0).checkpoints) == [STEPS[3]]
