@@ -10,7 +10,9 @@ width ``--inner``, top-``--top-k``; B = ``--batch``, T = ``--length``), the medi
 and each one's ratio to bare (``paired``: the median over rounds of the ratio to the same round's bare step), then
 the peak-memory ratio of each mode, each measured in a fresh subprocess (CPU: peak RSS above the loaded model;
 CUDA: ``max_memory_allocated``). ``--implementation`` picks the experts implementation transformers runs (eager,
-batched_mm, grouped_mm). Targets (issue 61): full <= 1.15x time, <= 1.10x memory. Numbers are printed, never
+batched_mm, grouped_mm) in ``bare`` and ``norms``; under ``full`` gradflow runs the experts itself (each expert's
+rows in one product, :mod:`gradflow.hooks.split_experts`), or with ``--recompute`` the model's implementation runs
+and the split recomputes the products it needs. Targets (issue 61): full <= 1.15x time, <= 1.10x memory. Numbers are printed, never
 asserted.
 
     python benchmarks/bench_experts.py [--dtype float32|bfloat16] [--implementation grouped_mm] [--rounds 5]
@@ -30,7 +32,10 @@ import time
 import torch
 from transformers import AutoModelForCausalLM, OlmoeConfig
 
+from dataclasses import replace
+
 from gradflow import GradFlowRecorder, RecorderConfig, mlm_loss
+from gradflow.adapters import adapter_for
 from gradflow.inputs.masking import MaskedBatch
 from gradflow.roles import Role
 
@@ -71,6 +76,15 @@ def make_batch(args) -> MaskedBatch:
     return batch.to(args.device)
 
 
+def recorder_for(model, args, sublayers: bool) -> GradFlowRecorder:
+    """The recorder of a mode; ``--recompute``: the model's own experts implementation runs and the split
+    recomputes its products (``ExpertsSpec.own_forward=False``)."""
+    adapter = adapter_for(model)
+    if args.recompute:
+        adapter = replace(adapter, experts={n: replace(e, own_forward=False) for n, e in adapter.experts.items()})
+    return GradFlowRecorder(model, RecorderConfig(sublayers=sublayers), adapter=adapter)
+
+
 def step(mode: str, model, batch, recorder) -> None:
     if mode == "bare":
         mlm_loss(model(**batch.model_inputs()).logits, batch).backward()
@@ -88,8 +102,7 @@ def sync(device: str) -> None:
 
 def timing(args) -> dict[str, list[float]]:
     model, batch = build(args), make_batch(args)
-    recorders = {"norms": GradFlowRecorder(model, RecorderConfig(sublayers=False)),
-                 "full": GradFlowRecorder(model, RecorderConfig(sublayers=True))}
+    recorders = {"norms": recorder_for(model, args, False), "full": recorder_for(model, args, True)}
     times = {m: [] for m in MODES}
     step("bare", model, batch, None)
     for round_ in range(args.rounds):
@@ -109,7 +122,7 @@ def timing(args) -> dict[str, list[float]]:
 def memory_one(args, mode: str) -> float:
     """Peak memory of one step of ``mode`` above the loaded model and batch (MiB)."""
     model, batch = build(args), make_batch(args)
-    recorder = None if mode == "bare" else GradFlowRecorder(model, RecorderConfig(sublayers=mode == "full"))
+    recorder = None if mode == "bare" else recorder_for(model, args, mode == "full")
     if args.device.startswith("cuda"):
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
@@ -148,6 +161,8 @@ def main() -> None:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     p.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
+    p.add_argument("--recompute", action="store_true", help="the model's experts implementation runs during the "
+                   "capture; the split recomputes the products it needs (default: gradflow runs the experts)")
     p.add_argument("--memory-child", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.threads:
@@ -157,7 +172,8 @@ def main() -> None:
         return
     print(f"device={args.device} dtype={args.dtype} threads={torch.get_num_threads()} layers={args.layers} "
           f"hidden={args.hidden} inner={args.inner} experts={args.experts} top_k={args.top_k} B={args.batch} "
-          f"T={args.length} experts_implementation={args.implementation} torch={torch.__version__} "
+          f"T={args.length} experts_implementation={args.implementation} "
+          f"split={'recompute' if args.recompute else 'gradflow-forward'} torch={torch.__version__} "
           f"load={os.getloadavg()[0]:.2f}")
     times = timing(args)
     bare = statistics.median(times["bare"])
@@ -171,7 +187,8 @@ def main() -> None:
     for mode in MODES:
         cmd = [sys.executable, __file__, "--memory-child", mode] + [
             f"--{k.replace('_', '-')}={v}" for k, v in vars(args).items()
-            if k not in ("memory_child", "rounds", "steps") and v is not None]
+            if k not in ("memory_child", "rounds", "steps", "recompute") and v is not None]
+        cmd += ["--recompute"] if args.recompute else []
         out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
         peaks[mode] = json.loads(out)["peak_mib"]
     print(f"{'mode':<8}{'peak MiB':>10}{'ratio':>8}   (one step, fresh process each, above the loaded model)")
