@@ -26,6 +26,8 @@ from torch import nn
 from gradflow.adapters.experts import FUSED_PARAMS, ExpertsSpec
 from gradflow.hooks.batch_state import BatchState
 from gradflow.hooks.experts import ExpertSums, expert_gate, routing_of, routing_pairs
+from gradflow.hooks.grouped_experts import add_by_role, grouped, offsets
+from gradflow.roles import NUM_ROLES
 
 CallInfo = Callable[[], "tuple[BatchState | None, int | None]"]
 
@@ -49,30 +51,25 @@ class RoleSplitExperts(torch.autograd.Function):
                 depth: int) -> torch.Tensor:
         w1 = gate_up.transpose(1, 2) if spec.transposed else gate_up  # (E, 2I, H)
         w2 = down.transpose(1, 2) if spec.transposed else down  # (E, H, I)
-        tokens, expert, slot, role, sizes = routing_pairs(state, depth, name, index, w1.shape[0])
+        experts = w1.shape[0]
+        tokens, expert, slot, role, sizes = routing_pairs(state, depth, name, index, experts)
+        table = torch.bincount(expert * NUM_ROLES + role, minlength=experts * NUM_ROLES).view(experts, NUM_ROLES)
+        ends = offsets(table.sum(dim=1))
         x = hidden[tokens]
         pair_weights = weights.reshape(-1)[tokens * index.shape[1] + slot]
-        u_parts, y_parts = [], []
-        start = 0
-        for e, size in enumerate(sizes):
-            if size:
-                u = x[start:start + size] @ w1[e].T
-                u_parts.append(u)
-                y_parts.append(expert_gate(module, u) @ w2[e].T)
-            start += size
-        u = torch.cat(u_parts) if u_parts else x.new_zeros(0, w1.shape[1])
-        y = torch.cat(y_parts) if y_parts else x.new_zeros(0, w2.shape[1])
+        u = grouped(x, w1.transpose(1, 2), ends, sizes)  # every expert's rows in one call
+        y = grouped(expert_gate(module, u), w2.transpose(1, 2), ends, sizes)
         weighted = (y * pair_weights[:, None]).to(hidden.dtype)
         out = torch.zeros_like(hidden).index_add_(0, tokens, weighted)
-        ctx.save_for_backward(hidden, weights, gate_up, down, tokens, slot, role, u, y)
+        ctx.save_for_backward(hidden, weights, gate_up, down, tokens, slot, role, u, y, table, ends)
         ctx.module, ctx.spec, ctx.name, ctx.state, ctx.depth, ctx.sizes, ctx.k = (module, spec, name, state, depth,
                                                                                 sizes, index.shape[1])
         return out
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        hidden, weights, gate_up, down, tokens, slot, role, u, y = ctx.saved_tensors
-        spec, state, depth, k = ctx.spec, ctx.state, ctx.depth, ctx.k
+        hidden, weights, gate_up, down, tokens, slot, role, u, y, table, ends = ctx.saved_tensors
+        spec, state, depth, k, sizes = ctx.spec, ctx.state, ctx.depth, ctx.k, ctx.sizes
         w1 = gate_up.transpose(1, 2) if spec.transposed else gate_up
         w2 = down.transpose(1, 2) if spec.transposed else down
         g = grad[tokens]  # (S, H): each pair's position's output gradient
@@ -81,28 +78,18 @@ class RoleSplitExperts(torch.autograd.Function):
         grad_weights.index_add_(0, tokens * k + slot, (y.float() * g.float()).sum(dim=-1))
         dz = (g * pair_weights[:, None]).to(y.dtype)
         x = hidden[tokens]
-        grad_x = torch.zeros_like(x)
-        d_gate_up, d_down = torch.zeros_like(w1), torch.zeros_like(w2)
-        sums = [ExpertSums.of(state, (depth, f"{ctx.name}.{param}", "weight")) for param in FUSED_PARAMS]
-        shapes = [tuple(gate_up.shape), tuple(down.shape)]
-        start = 0
-        for e, size in enumerate(ctx.sizes):
-            if not size:
-                continue
-            rows = slice(start, start + size)
-            start += size
-            with torch.enable_grad():
-                ue = u[rows].detach().requires_grad_()
-                h = expert_gate(ctx.module, ue)
-            du, = torch.autograd.grad(h, ue, dz[rows] @ w2[e])
-            grad_x[rows] = du @ w1[e]
-            slab = (lambda full, e=e: full[e].T) if spec.transposed else (lambda full, e=e: full[e])
-            d_gate_up[e] = sums[0].add(state, du, x[rows], tokens[rows], role[rows], slab, shapes[0], total=True)
-            d_down[e] = sums[1].add(state, dz[rows], h.detach(), tokens[rows], role[rows], slab, shapes[1], total=True)
-        grad_hidden = torch.zeros_like(hidden).index_add_(0, tokens, grad_x)
-        if spec.transposed:
-            d_gate_up, d_down = d_gate_up.transpose(1, 2), d_down.transpose(1, 2)
-        return (grad_hidden, grad_weights.view_as(weights).to(weights.dtype), d_gate_up, d_down,
+        with torch.enable_grad():
+            ue = u.detach().requires_grad_()
+            h = expert_gate(ctx.module, ue)
+        du, = torch.autograd.grad(h, ue, grouped(dz, w2, ends, sizes))
+        grad_hidden = torch.zeros_like(hidden).index_add_(0, tokens, grouped(du, w1, ends, sizes))
+        grads = []
+        for param, rows_out, rows_in, full in zip(FUSED_PARAMS, (du, dz), (x, h.detach()), (gate_up, down)):
+            sums = ExpertSums.of(state, (depth, f"{ctx.name}.{param}", "weight"))
+            summed = add_by_role(sums, state, rows_out, rows_in, tokens, role, table, spec.transposed,
+                                 tuple(full.shape))
+            grads.append(summed.transpose(1, 2) if spec.transposed else summed)
+        return (grad_hidden, grad_weights.view_as(weights).to(weights.dtype), grads[0], grads[1],
                 None, None, None, None, None, None)
 
 
