@@ -53,6 +53,8 @@ MOST_FREQUENT = 0.060
 STEP_OFFSET = 25.0
 """The x axis is log(1 + step / STEP_OFFSET) (steps): linear below about 25 steps, logarithmic above."""
 STEP_TICKS = (0, 25, 50, 100, 300, 600)
+LONG_STEP_TICKS = (0, 100, 600)
+"""The ticks when a column runs past 1,000 steps (25 and 50 would collide), beside the last step."""
 INPUT_ROLES = ("masked", "random", "kept", "context")
 """Input-side roles of the embedding panel (a role is drawn where the cell has such positions)."""
 OUTPUT_COLOR = "#000000"
@@ -165,7 +167,7 @@ def step_scale(ax: Axes, last: int) -> None:
                                          lambda y: STEP_OFFSET * np.expm1(y)))
     span = np.log1p(last / STEP_OFFSET)
     ax.set_xlim(STEP_OFFSET * np.expm1(-0.03 * span), STEP_OFFSET * np.expm1(1.03 * span))
-    ticks = [t for t in STEP_TICKS if t < 0.8 * last] + [last]
+    ticks = [t for t in (STEP_TICKS if last <= 1000 else LONG_STEP_TICKS) if t < 0.8 * last] + [last]
     ax.set_xticks(ticks, [str(t) for t in ticks])
     ax.minorticks_off()
 
