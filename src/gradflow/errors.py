@@ -15,7 +15,8 @@ for bad arguments, ``RuntimeError`` for recording state).
     ├── OutputDirError                   an output directory that cannot be used
     ├── RunError                         a run directory that is missing, malformed or not comparable
     ├── RecorderError (RuntimeError)     a recording that cannot be made
-    │   └── ExpertLayoutError            experts whose routing cannot be tracked (no per-role split)
+    │   ├── ExpertLayoutError            experts whose routing cannot be tracked (no per-role split)
+    │   └── RouterAuxLossError           an auxiliary router loss asked of a model without a known one
     ├── AttributionError                 an attribution request that cannot be served
     │   └── SiteError (also RecorderError) a module output without a findable hidden state
     ├── DiagnosticsError                 diagnostics that cannot run on this model or input
@@ -112,3 +113,8 @@ class ZooError(GradflowError):
 class ExpertLayoutError(RecorderError):
     """A mixture-of-experts module whose routing gradflow cannot track, so its weights cannot be split by role
     (the message names the module, says why, and what to do: record with ``--norms-only``, or describe it)."""
+
+
+class RouterAuxLossError(RecorderError):
+    """An auxiliary router loss asked of a model whose adapter knows none (no mixture-of-experts router, or one
+    whose auxiliary loss gradflow does not know): the message names the model type and says to drop the option."""

@@ -214,15 +214,16 @@ CHANNEL_VIEW_COLUMNS: tuple[str, ...] = ("position", "token", "input_token", "ro
 SUBLAYER_SEQUENCES_FILE = "sublayer_sequences.parquet"
 """Per (sequence, layer, sublayer, param, role) sums of the per-position weight-gradient magnitudes.
 
-Written by ``gradflow record`` whenever sublayers are recorded (not with ``--norms-only``); summed
-over sequences it gives ``sublayers.csv``'s ``n_positions`` and (to float32 rounding)
-``magnitude_sum`` of every token role but ``pad``. Optional: not in :data:`RUN_FILES`, older runs
-lack it, and :func:`gradflow.analysis.load_run` does not read it (it can be large)."""
+Written by ``gradflow record`` whenever sublayers are recorded (not with ``--norms-only``); summed over sequences it
+gives ``sublayers.csv``'s ``n_positions`` and (to float32 rounding) ``magnitude_sum`` of every token role but ``pad``.
+Optional: not in :data:`RUN_FILES`, older runs lack it, :func:`gradflow.analysis.load_run` does not read it (large)."""
 MASK_RATIOS_FILE = "mask_ratios.parquet"  # masked diffusion only: each sequence's ratio t (optional, joins on index)
 MASK_RATIO_DTYPES: dict[str, str] = {"sequence_index": "int64", "mask_ratio": "float64"}
 EXPERTS_FILE = "experts.csv"  # mixtures of experts only: the rows of each role routed to each expert (optional)
 EXPERT_DTYPES = {"layer": "int64", "experts": "str", "expert": "int64", "role": "str", "n_rows": "int64"}
-OPTIONAL_RUN_FILES: tuple[str, ...] = (SUBLAYER_SEQUENCES_FILE, MASK_RATIOS_FILE, EXPERTS_FILE)
+ROUTER_AUX_FILE = "router_aux.csv"  # --router-aux-loss only: router and experts weights' gradient norms, loss vs aux
+ROUTER_AUX_DTYPES = {"layer": "int64", "sublayer": "str", "param": "str", "norm_loss": "float64", "norm_aux": "float64"}
+OPTIONAL_RUN_FILES: tuple[str, ...] = (SUBLAYER_SEQUENCES_FILE, MASK_RATIOS_FILE, EXPERTS_FILE, ROUTER_AUX_FILE)
 """Run files a record run may lack; ``--overwrite`` removes them with :data:`RUN_FILES`."""
 SUBLAYER_SEQUENCE_DTYPES: dict[str, str] = {"sequence_index": "int64", "layer": "int64", "sublayer": "str",
                                             "param": "str", "role": "str", "n_positions": "int64",
@@ -411,9 +412,9 @@ __all__ = [
     "NEW_ROWS_FIELDS", "NEW_ROWS_FILE", "OPTIONAL_RUN_FILES", "PARAMS", "POINTS", "PRESSURE_COLUMNS", "PROBES_FILE",
     "PROBE_COLUMNS", "PROBE_DIFFERENCES_FILE", "PROBE_DIFFERENCE_COLUMNS", "PROBE_DROPS_FILE", "PROBE_DROP_COLUMNS",
     "PROBE_DROP_DTYPES", "PROBE_DTYPES", "PROBE_REGIMES", "PROBE_WORDS_FILE", "PROBE_WORD_COLUMNS", "PROVENANCE_KEYS",
-    "REPORTED_ROLES", "REPORT_TABLES", "REQUIRED_META_KEYS", "RUN_FILES", "SEQUENCES_FILE", "SEQUENCE_COLUMNS",
-    "SEQUENCE_DTYPES", "SUBLAYERS_FILE", "SUBLAYER_COLUMNS", "SUBLAYER_DTYPES", "SUBLAYER_ORDER",
-    "SUBLAYER_SEQUENCES_FILE", "SUBLAYER_SEQUENCE_COLUMNS", "SUBLAYER_SEQUENCE_DTYPES", "TABLE_DTYPES",
-    "WEIGHT_SHARING_META_KEY", "arrow_schema", "conform", "role_rank", "sorted_sublayers", "sublayer_key",
-    "sublayer_rank",
+    "REPORTED_ROLES", "REPORT_TABLES", "REQUIRED_META_KEYS", "ROUTER_AUX_DTYPES", "ROUTER_AUX_FILE", "RUN_FILES",
+    "SEQUENCES_FILE", "SEQUENCE_COLUMNS", "SEQUENCE_DTYPES", "SUBLAYERS_FILE", "SUBLAYER_COLUMNS", "SUBLAYER_DTYPES",
+    "SUBLAYER_ORDER", "SUBLAYER_SEQUENCES_FILE", "SUBLAYER_SEQUENCE_COLUMNS", "SUBLAYER_SEQUENCE_DTYPES",
+    "TABLE_DTYPES", "WEIGHT_SHARING_META_KEY", "arrow_schema", "conform", "role_rank", "sorted_sublayers",
+    "sublayer_key", "sublayer_rank",
 ]

@@ -149,6 +149,12 @@ RECORD_META_KEYS: dict[str, str] = {
                 "is never masked",
     "prompted.prompt_field": "the jsonl field holding the prompt",
     "prompted.response_field": "the jsonl field holding the response",
+    "router_aux_loss": "``--router-aux-loss`` only: the auxiliary router loss added to the loss (its gradient split "
+                       "by the role of the position each router row came from, like the loss's)",
+    "router_aux_loss.requested": "``model`` (the model's own coefficient) or the coefficient given",
+    "router_aux_loss.coefficient": "the coefficient the auxiliary loss was multiplied by",
+    "router_aux_loss.mean_term": "the term added (coefficient times auxiliary loss) averaged over the recorded batches",
+    "router_aux_loss.table": "the table of each router's and experts weight's gradient norm, loss vs auxiliary term",
     "progress": "unfinished runs only: what the last durable checkpoint holds (``gradflow record --resume``)",
     "progress.sequences": "sequences the last checkpoint holds (this process's)",
     "progress.windows": "windows read up to it, corpus-wide index (the next window to read)",

@@ -28,6 +28,8 @@ from gradflow.schema import (
     DIAGNOSTIC_COLUMNS,
     EXPERT_DTYPES,
     EXPERTS_FILE,
+    ROUTER_AUX_DTYPES,
+    ROUTER_AUX_FILE,
     MASK_RATIO_DTYPES,
     MASK_RATIOS_FILE,
     REPORT_TABLES,
@@ -109,6 +111,11 @@ COLUMNS: dict[str, Column] = {
     "expert": _c("int64", "-", "the expert's index (0..E-1) in its experts module"),
     "n_rows": _c("int64", "count", "rows of the role routed to the expert, summed over the recorded batches (a "
                                    "position routed to k experts is one row of each)"),
+    # router_aux.csv (--router-aux-loss)
+    "norm_loss": _c("float64", MAGNITUDE, "mean across batches of the Frobenius norm of the weight's gradient from "
+                                          "the recorded loss alone (the MLM loss, without the auxiliary term)"),
+    "norm_aux": _c("float64", MAGNITUDE, "mean across batches of the Frobenius norm of the weight's gradient from the "
+                                         "auxiliary router loss term alone (its coefficient included)"),
     # sequences.parquet
     "grad_norm_sum": _c("float64", GRAD, "sum of the gradient norms over the sequence's positions of the role"),
     "grad_norm_sq_sum": _c("float64", f"({GRAD})^2", "sum of the squared gradient norms (same positions)"),
@@ -223,6 +230,9 @@ TABLE_OVERRIDES: dict[str, dict[str, Column]] = {
                       "role": _c("str", "-", "position role (``relpos``: relative-position inputs, not tokens)")},
     "experts.csv": {"layer": _c("int64", "-", "block i is layer i + 1 (1..L)"),
                     "role": _c("str", "-", TOKEN_ROLE_TEXT)},
+    "router_aux.csv": {"layer": _c("int64", "-", "block i is layer i + 1 (1..L)"),
+                       "sublayer": _c("str", "-", "the router (``ffn.router``) or an experts weight "
+                                                  "(``ffn.experts.gate_up_proj``, ...), by its recorded name")},
     "sublayer_sequences.parquet": {"layer": _c("int64", "-", "block i is layer i + 1 (1..L)"),
                                    "role": _c("str", "-", TOKEN_ROLE_TEXT)},
 }
@@ -244,6 +254,7 @@ TABLE_FILES: dict[str, tuple[str, str, tuple[str, ...]]] = {
     SUBLAYER_SEQUENCES_FILE: (SUBLAYER_SEQUENCES_FILE, "gradflow record", SUBLAYER_SEQUENCE_COLUMNS),
     MASK_RATIOS_FILE: (MASK_RATIOS_FILE, "gradflow record", tuple(MASK_RATIO_DTYPES)),  # --objective diffusion
     EXPERTS_FILE: (EXPERTS_FILE, "gradflow record", tuple(EXPERT_DTYPES)),  # mixtures of experts
+    ROUTER_AUX_FILE: (ROUTER_AUX_FILE, "gradflow record", tuple(ROUTER_AUX_DTYPES)),  # --router-aux-loss
     **{name: (f"{name}.csv", "gradflow diagnose", columns) for name, columns in DIAGNOSTIC_COLUMNS.items()},
     **{f"report:{name}": (f"tables/{name}.csv", "gradflow report", columns) for name, columns in REPORT_TABLES.items()},
     **{f"compare:{name}": (f"tables/{name}.csv", "gradflow compare", columns)
@@ -254,7 +265,7 @@ TABLE_KEYS: dict[str, str] = {
     CHANNELS_FILE: "site, role", SUBLAYERS_FILE: "layer, sublayer, param, role",
     SEQUENCES_FILE: "sequence_index, site, role",
     SUBLAYER_SEQUENCES_FILE: "sequence_index, layer, sublayer, param, role", MASK_RATIOS_FILE: "sequence_index",
-    EXPERTS_FILE: "layer, experts, expert, role",
+    EXPERTS_FILE: "layer, experts, expert, role", ROUTER_AUX_FILE: "layer, sublayer, param",
     "logit_lens": "layer, site, role", "input_shift": "layer", "anisotropy": "layer, site, role",
     "transformation": "layer, role",
     **{f"report:{name}": keys for name, keys in (

@@ -20,6 +20,8 @@ class _Record:
         self.roles = torch.full((1, 4), int(Role.CONTEXT), dtype=torch.int8)
         self.loss = 1.0
         self.expert_counts = counts
+        self.aux_loss = None
+        self.router_aux = {}
 
 
 def _table(rows: list[list[int]]) -> torch.Tensor:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from gradflow.adapters.experts import ExpertsSpec
+from gradflow.adapters.experts import ExpertsSpec, RouterAuxSpec
 
 SUBLAYER_NAMES: tuple[str, ...] = (
     "attn.q", "attn.k", "attn.v", "attn.out", "attn.norm", "ffn.in", "ffn.gate", "ffn.out", "ffn.norm",
@@ -194,6 +194,9 @@ class Adapter:
     (:mod:`gradflow.adapters.experts`); each weight is split by the role of the rows routed to each expert, recorded
     as ``<name>.<parameter or Linear>``. An experts name in ``after_mixing_extra`` puts those in the after-mixing
     set."""
+    router_aux: RouterAuxSpec | None = None
+    """How the model computes its auxiliary router loss (load balancing), which its training adds to the loss
+    (``gradflow record --router-aux-loss``); None: none known."""
 
     def after_mixing(self) -> tuple[str, ...]:
         """Sublayers of a block that see only the channel's own post-attention state.

@@ -17,8 +17,10 @@ The router (a Linear, or a module computing one: transformers 5's ``TopKRouter``
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 
+import torch
 from torch import nn
 
 FUSED_PARAMS = ("gate_up_proj", "down_proj")
@@ -52,6 +54,44 @@ class ExpertsSpec:
         return tuple(f"{name}.{part}" for part in parts)
 
 
+@dataclass(frozen=True)
+class RouterAuxSpec:
+    """How a mixture-of-experts model computes its auxiliary router loss, read from the model's own code.
+
+    transformers 5.x (5.25: OLMoE, Mixtral, Qwen3-MoE, Qwen2-MoE; no router z-loss in any of them): with
+    ``output_router_logits=True`` the base model returns ``router_logits`` (one (B * T, E) tensor per block: the
+    router's logits, the very tensor the router outputs), the causal LM computes the Switch Transformer
+    load-balancing loss ``load_balancing_loss_func(router_logits, E, k, attention_mask)`` of its modeling module and
+    adds ``router_aux_loss_coef * aux_loss`` to its loss. ``function``: that function's name in the module defining
+    the model's class; ``coef``, ``top_k``: config attributes; ``experts``: the config attributes that may hold E
+    (the first present); ``router``: the recorded name of the router sublayer whose logits the loss reads.
+    """
+
+    function: str = "load_balancing_loss_func"
+    coef: str = "router_aux_loss_coef"
+    experts: tuple[str, ...] = ("num_experts", "num_local_experts")
+    top_k: str = "num_experts_per_tok"
+    logits_kwarg: str = "output_router_logits"
+    logits_field: str = "router_logits"
+    router: str = "ffn.router"
+
+    def coefficient(self, config) -> float:
+        """The model's own coefficient of the auxiliary loss in its training loss."""
+        return float(getattr(config, self.coef))
+
+    def loss(self, model: nn.Module, router_logits: tuple[torch.Tensor, ...],
+             attention_mask: torch.Tensor | None) -> torch.Tensor:
+        """The auxiliary loss (without its coefficient) as the model's own code computes it from ``router_logits``."""
+        function = getattr(importlib.import_module(type(model).__module__), self.function)
+        config = model.config
+        experts = next(getattr(config, name) for name in self.experts if getattr(config, name, None) is not None)
+        return function(tuple(router_logits), experts, getattr(config, self.top_k), attention_mask)
+
+
+LOAD_BALANCING = RouterAuxSpec()
+"""transformers 5.x's load-balancing loss (OLMoE, Mixtral, Qwen3-MoE, Qwen2-MoE)."""
+
+
 def leading_experts(module: nn.Module) -> int | None:
     """E when ``module`` (no convolution) holds directly at least two 3-D parameters (an expert's input and output
     projections), all with the same leading dimension E > 1 (an experts dimension); else None."""
@@ -65,4 +105,4 @@ def leading_experts(module: nn.Module) -> int | None:
     return experts if experts > 1 else None
 
 
-__all__ = ["FUSED_PARAMS", "ExpertsSpec", "leading_experts"]
+__all__ = ["FUSED_PARAMS", "LOAD_BALANCING", "ExpertsSpec", "RouterAuxSpec", "leading_experts"]

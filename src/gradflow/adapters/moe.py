@@ -8,6 +8,9 @@ and ``ffn.experts.down_proj``, each split by the role of the rows routed to each
 :mod:`gradflow.adapters.experts`). Qwen2-MoE adds a shared expert (a gated MLP on every row: ``ffn.in``,
 ``ffn.gate``, ``ffn.out``) scaled by a sigmoid gate ``mlp.shared_expert_gate`` (``ffn.shared_gate``).
 
+Their training adds ``router_aux_loss_coef`` times a load-balancing loss over every position's router logits
+(``router_aux``: :class:`~gradflow.adapters.experts.RouterAuxSpec`; ``gradflow record --router-aux-loss``).
+
 These are causal LMs (``*ForCausalLM``, no masked-LM class): gradflow records them as they are, attention causal,
 under the MLM loss on their ``lm_head`` at the masked positions (the objective is the user's choice; the last
 block's exact zero holds all the same: its router, experts and MLP read only their own position after the mixing).
@@ -18,7 +21,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from gradflow.adapters.base import SublayerSpec
-from gradflow.adapters.experts import ExpertsSpec
+from gradflow.adapters.experts import LOAD_BALANCING, ExpertsSpec
 from gradflow.adapters.llamalike import EUROBERT
 
 _ATTENTION = {name: spec for name, spec in EUROBERT.sublayers.items() if name.startswith("attn.") or name == "ffn.norm"}
@@ -32,6 +35,7 @@ OLMOE = replace(
     sublayers={**_ATTENTION, **_ROUTER},
     experts=_EXPERTS,
     after_mixing_extra=("ffn.router", "ffn.experts"),
+    router_aux=LOAD_BALANCING,
     subset_block=None,
     notes="mixture of experts: pre-norm blocks with RMSNorm gains, a top-k router (ffn.router) and fused 3-D experts "
           "(ffn.experts.gate_up_proj, ffn.experts.down_proj) split by the role of the rows routed to each expert; a "

@@ -46,12 +46,31 @@ def _add_record_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reduction", choices=REDUCTIONS, default="sequence",
                    help="sequence: each sequence's mean loss, summed (batch-invariant; default); batch: mean over the batch")
     p.add_argument("--norms-only", action="store_true", help="skip the per-role sublayer split")
+    p.add_argument("--router-aux-loss", nargs="?", const="model", default=None, type=_aux_coefficient,
+                   metavar="COEF",
+                   help="mixtures of experts: add the model's auxiliary router (load-balancing) loss to the loss, as "
+                        "its training does, times its own router_aux_loss_coef or COEF; its gradient is split by "
+                        "role like the loss's, and router_aux.csv gives each router's and experts weight's gradient "
+                        "norm from the loss and from the term (default: the loss alone)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace the run files in a non-empty --out (an unfinished run's checkpoints too)")
     add_checkpointing(p)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     add_trust_remote_code(p)
     add_adapter(p)
+
+
+def _aux_coefficient(text: str) -> float | str:
+    """``--router-aux-loss``'s value: ``model`` or a finite coefficient >= 0."""
+    if text == "model":
+        return text
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a finite coefficient >= 0 (or model), got {text!r}")
+    return value
 
 
 def prompted_fields(args: argparse.Namespace):
@@ -80,6 +99,7 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
         sublayers=not args.norms_only, overwrite=args.overwrite, quiet=args.quiet,
         trust_remote_code=args.trust_remote_code, adapter=args.adapter, command=command_line(argv),
         resume=args.resume, checkpoint_every=args.checkpoint_every, checkpoint_minutes=args.checkpoint_minutes,
+        router_aux_loss=args.router_aux_loss,
     )
     summary = record_corpus(config)
     if summary.meta:

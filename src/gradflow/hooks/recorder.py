@@ -33,6 +33,7 @@ from gradflow.hooks.batch_state import BatchState, RolePartition
 from gradflow.hooks.experts import expert_hooks, finish_experts
 from gradflow.hooks.split_experts import plain_fused, split_experts_forwards
 from gradflow.hooks.records import BatchRecord, RecorderConfig, SublayerRecord
+from gradflow.hooks.router_aux import aux_coefficient, aux_norms, forward_with_aux, measured_weights, router_aux_spec
 from gradflow.hooks.safe_norms import safe_norm
 from gradflow.hooks.sites import (
     EMBEDDINGS_SITE,
@@ -82,6 +83,9 @@ class GradFlowRecorder:
         self._hooks: ExitStack | None = None
         self._batch: BatchState | None = None
         self._weight_nodes: dict[int, object] = {}  # id(Linear) -> its weight's AccumulateGrad node
+        self.router_aux = None if self.config.router_aux_loss is None else router_aux_spec(self.adapter, model)
+        self.aux_coef = (None if self.router_aux is None
+                         else aux_coefficient(self.router_aux, model, self.config.router_aux_loss))
 
     # ------------------------------------------------------------------ hooks in and out
     def __enter__(self) -> "GradFlowRecorder":
@@ -237,21 +241,39 @@ class GradFlowRecorder:
         loss_fn = get_loss(loss, reduction)
         batch = batch.to(model_device(self.model))
         head = self._position_wise_head() if isinstance(loss, str) else None
+        norms = {}
+        if self.router_aux is not None:  # the aux term's share, on a forward of its own (hooks idle: no capture)
+            with torch.enable_grad():
+                value, aux = self._forward_loss(batch, loss, loss_fn, reduction, head)
+                norms = aux_norms(value, aux, measured_weights(self.adapter, self.blocks, self.router_aux))
+                del value, aux
         with self.capture(batch.roles, batch.sequence_index), torch.enable_grad():
             state = self._batch
-            if head is not None:
-                hidden = self.base(**batch.model_inputs()).last_hidden_state
-                value = head_loss(head, hidden, batch, loss, reduction)
-                del hidden
-            else:  # the logits (B, T, V) are not kept past the loss: autograd keeps what its backward needs
-                value = loss_fn(self.model(**batch.model_inputs()).logits, batch)
+            value, aux = self._forward_loss(batch, loss, loss_fn, reduction, head)
             # gradients towards the embeddings output reach every token site; non-token sublayer calls
             # (relative-position projections) hang off parameters only, so they are targets too
             targets = [state.emb_out, *state.extra_targets]
             state.loss = float(value.detach())
-            torch.autograd.grad(value, targets, allow_unused=True)
-            del value, targets, state
-        return self.result()
+            aux_loss = None if aux is None else float(aux.detach())
+            torch.autograd.grad(value if aux is None else value + aux, targets, allow_unused=True)
+            del value, aux, targets, state
+        record = self.result()
+        record.aux_loss, record.router_aux = aux_loss, norms
+        return record
+
+    def _forward_loss(self, batch: MaskedBatch, loss: str | LossFn, loss_fn: LossFn, reduction: str,
+                      head: Callable[[torch.Tensor], torch.Tensor] | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The batch's loss and, with ``router_aux_loss``, the auxiliary router loss term (else None)."""
+        inputs = batch.model_inputs()
+
+        def call(extra: dict) -> tuple[torch.Tensor, object]:
+            if head is not None:  # the logits (B, T, V) are not kept past the loss: autograd keeps what it needs
+                output = self.base(**inputs, **extra)
+                return head_loss(head, output.last_hidden_state, batch, loss, reduction), output
+            output = self.model(**inputs, **extra)
+            return loss_fn(output.logits, batch), output
+
+        return forward_with_aux(call, self.router_aux, self.model, inputs, self.aux_coef or 0.0)
 
     def _position_wise_head(self) -> Callable[[torch.Tensor], torch.Tensor] | None:
         """The MLM head as ``hidden (..., H) -> logits (..., V)`` where it reads each position alone from the base

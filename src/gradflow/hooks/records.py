@@ -22,13 +22,16 @@ class RecorderConfig:
     checks and small models only. ``position_magnitudes``: also keep the (B, T) per-position
     magnitudes of every sublayer parameter. ``adapter``: ``"registered"`` (the adapter registered for
     the model type) or ``"auto"`` (the generic adapter, discovered; see :mod:`gradflow.adapters.generic`);
-    an adapter passed to the recorder takes precedence.
+    an adapter passed to the recorder takes precedence. ``router_aux_loss``: ``rec.record()`` adds the model's
+    auxiliary router loss to the loss, times the model's own coefficient (``"model"``) or this float, and measures
+    its share (:mod:`gradflow.hooks.router_aux`); None: the loss alone.
     """
 
     sublayers: bool = True
     materialize: bool = False
     position_magnitudes: bool = False
     adapter: str = "registered"
+    router_aux_loss: float | str | None = None
 
 
 @dataclass
@@ -53,7 +56,10 @@ class BatchRecord:
     ``sublayers``: one :class:`SublayerRecord` per (depth, sublayer, parameter);
     ``matrices``: (depth, sublayer, param, role) -> summed gradient of that role, when materialised;
     ``expert_counts``: (depth, experts name) -> (E, NUM_ROLES) long, the rows of each role routed to each expert
-    (mixture-of-experts blocks; :mod:`gradflow.hooks.experts`).
+    (mixture-of-experts blocks; :mod:`gradflow.hooks.experts`); ``aux_loss``: the auxiliary router loss term added to
+    ``loss`` (its coefficient included; None: none added) and ``router_aux``: (depth, sublayer, param) -> the norms of
+    that router's or experts weight's gradient from ``loss`` alone and from the term alone
+    (:mod:`gradflow.hooks.router_aux`).
     """
 
     site_names: tuple[str, ...]
@@ -68,6 +74,8 @@ class BatchRecord:
     sublayers: list[SublayerRecord] = field(default_factory=list)
     matrices: dict[tuple[int, str, str, str], torch.Tensor] = field(default_factory=dict)
     expert_counts: dict[tuple[int, str], torch.Tensor] = field(default_factory=dict)
+    aux_loss: float | None = None
+    router_aux: dict[tuple[int, str, str], tuple[float, float]] = field(default_factory=dict)
 
     def site(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
         """(grad_norm, act_norm) of one site, each (B, T)."""

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from gradflow.adapters import block_modules
-from gradflow.errors import CorpusError, UsageError
+from gradflow.errors import CorpusError, RouterAuxLossError, UsageError
 from gradflow.hooks.recorder import GradFlowRecorder, RecorderConfig
 from gradflow.inputs.corpus import CorpusCounts, check_corpus_path, default_texts
 from gradflow.inputs.masking import BertMasking, MaskedBatch, MaskedDiffusion, MaskingPolicy, TokenizerInfo
@@ -30,7 +30,7 @@ from gradflow.runs.distributed import distributed_session
 from gradflow.runs.files import SequenceWriter, merge_sequence_parts, prepare_output_dir, write_csv, write_meta
 from gradflow.runs.job import CorpusJob, open_job
 from gradflow.runs.meta import JobInputs, job_meta
-from gradflow.runs.record_stats import NONFINITE_REASON, RecordProgress, RecordStats
+from gradflow.runs.record_stats import RecordProgress, RecordStats, aux_setting, record_counts
 from gradflow.runs.record_tables import DISCARD_PATTERNS, Rows, SequenceTable, open_writers, part_name, sequence_tables
 from gradflow.runs.resume import (
     DEFAULT_EVERY,
@@ -48,8 +48,6 @@ from gradflow.runs.resume import (
 from gradflow.schema import (
     CHANNEL_COLUMNS,
     CHANNELS_FILE,
-    EXPERT_DTYPES,
-    EXPERTS_FILE,
     META_FILE,
     SUBLAYER_COLUMNS,
     SUBLAYERS_FILE,
@@ -95,6 +93,7 @@ class RecordConfig:
     checkpoint_minutes: float = DEFAULT_MINUTES
     objective: MaskingPolicy | None = None
     prompted: PromptFields | None = None
+    router_aux_loss: float | str | None = None  # the model's auxiliary router loss: "model" (its coefficient), a float
 
     def policy(self) -> MaskingPolicy:
         """The masking policy of this recording, seeded by ``seed``."""
@@ -169,10 +168,17 @@ def _record_corpus(config: RecordConfig, loaded: LoadedModel | None, start: floa
             _discard(out)
         raise
     TokenizerInfo.from_tokenizer(loaded.tokenizer)
-    recorder = GradFlowRecorder(loaded.model, RecorderConfig(sublayers=config.sublayers,
-                                                             position_magnitudes=config.sublayers), loaded.adapter)
+    try:
+        options = RecorderConfig(sublayers=config.sublayers, position_magnitudes=config.sublayers,
+                                 router_aux_loss=config.router_aux_loss)
+        recorder = GradFlowRecorder(loaded.model, options, loaded.adapter)
+    except RouterAuxLossError:  # asked of a model without a known auxiliary router loss: nothing recorded
+        if not config.resume:
+            _discard(out)
+        raise
     job = _Job(config, loaded, corpus, out, recorder.num_blocks,
                SiteAggregator(recorder.site_names, recorder.site_layers, recorder.site_points), SublayerAggregator())
+    job.stats.aux_coef = recorder.aux_coef
     job.fingerprint = _fingerprint(job, texts)
     if saved is not None:
         _restore(job, saved, start)
@@ -204,7 +210,7 @@ def _fingerprint(job: _Job, texts: str) -> dict:
     return settings_fingerprint(job.loaded, cfg.model, texts, job.corpus.policy, seed=cfg.seed,
                                 max_length=cfg.max_length, batch_size=cfg.batch_size, limit=cfg.limit, loss=cfg.loss,
                                 reduction=cfg.reduction, sublayers=cfg.sublayers, dtype=cfg.dtype,
-                                world_size=job.corpus.world, **_prompted_meta(cfg))
+                                world_size=job.corpus.world, **_prompted_meta(cfg), **aux_setting(cfg.router_aux_loss))
 
 
 def _restore(job: _Job, saved: Checkpoint, start: float) -> None:
@@ -346,8 +352,8 @@ def _write_tables(job: _Job, rank: int | None = None) -> dict:
     unfinished process's own partial tables under torchrun, ``<name>.rank<r>.<ext>``."""
     write_csv(job.sites.frame(), job.out / _ranked(CHANNELS_FILE, rank), CHANNEL_COLUMNS)
     write_csv(job.subs.frame(), job.out / _ranked(SUBLAYERS_FILE, rank), SUBLAYER_COLUMNS)
-    if job.stats.expert_rows:  # mixtures of experts: the rows of each role routed to each expert
-        write_csv(job.stats.expert_frame(), job.out / _ranked(EXPERTS_FILE, rank), tuple(EXPERT_DTYPES))
+    for name, frame, columns in job.stats.tables():  # mixtures of experts: experts.csv, router_aux.csv
+        write_csv(frame, job.out / _ranked(name, rank), columns)
     meta = _meta(job)
     write_meta(job.out / _ranked(META_FILE, rank), meta)
     return meta
@@ -382,9 +388,10 @@ def _meta(job: _Job) -> dict:
         "attn_norm": loaded.adapter.attn_norm, "after_mixing_sublayers": list(loaded.adapter.after_mixing()),
         "tokenizer": _portable_tokenizer(loaded, job.out), "loss": cfg.loss, "reduction": cfg.reduction,
         "max_length": cfg.max_length, "batch_size": cfg.batch_size, "limit": cfg.limit, "device": cfg.device,
-        "dtype": cfg.dtype, "world_size": corpus.world, "counts": _counts(job), "mean_loss": job.stats.mean_loss,
+        "dtype": cfg.dtype, "world_size": corpus.world,
+        "counts": record_counts(corpus.counts, job.stats, cfg.prompted is not None), "mean_loss": job.stats.mean_loss,
     }
-    fields.update(_prompted_meta(cfg))
+    fields.update({**_prompted_meta(cfg), **job.stats.aux_meta(cfg.router_aux_loss)})
     if not corpus.complete and job.checkpointed:  # how far a --resume starts from
         fields["progress"] = {k: v for k, v in job.checkpointed.items() if k != "parts"}
     shared = weight_sharing(block_modules(loaded.adapter, loaded.model.base_model))
@@ -402,16 +409,3 @@ def _portable_tokenizer(loaded: LoadedModel, out: Path) -> dict:
     """The tokenizer's name, vocabulary size and hash, its path portable."""
     info = loaded.tokenizer_info()
     return {**info, "name_or_path": portable_path(info["name_or_path"], out)}
-
-
-def _counts(job: _Job) -> dict:
-    """The ``counts`` block of meta.json."""
-    counts, stats = job.corpus.counts, job.stats
-    return {
-        "documents": counts.documents, "windows": counts.windows, "split_documents": counts.split_documents,
-        **({"truncated_responses": counts.truncated_responses} if job.config.prompted is not None else {}),
-        "sequences_recorded": stats.sequences, "batches": stats.batches, "tokens_per_role": stats.tokens,
-        "skipped": {"empty_documents": counts.skipped_empty_documents,
-                    "nonfinite_batches": stats.nonfinite_batches,
-                    "nonfinite_sequences": stats.nonfinite_sequences, "reason_nonfinite": NONFINITE_REASON},
-    }
