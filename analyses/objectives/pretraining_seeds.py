@@ -24,8 +24,8 @@ Jobs come seed by seed (seed 1 of every member before seed 2: a cut leaves whole
 every n-th job from the i-th, ``--max-minutes`` starts no job after that many minutes (``train``, ``measure``;
 ``finetune`` resumes run by run instead), and ``train`` stops the job in progress then with its state
 (``pretrain.py --max-minutes``), resumed by the next call. The default members are the
-configured ones: the new diffusion member's recipe waits for its diagnosis, and naming it is refused until
-:data:`MEMBERS` carries it.
+configured ones; the new diffusion member's recipe is known (``train`` takes it), its seed 0's measures are not, so
+``measure`` and ``finetune`` refuse it until :data:`MEMBERS` carries them.
 """
 
 from __future__ import annotations
@@ -102,8 +102,14 @@ class Member:
     def configured(self) -> bool:
         return None not in (self.model, self.loss, self.steps, self.warmup, self.seed0)
 
-    def require(self) -> Member:
-        if not self.configured:
+    @property
+    def trainable(self) -> bool:
+        """Its recipe is known (``pretrain.py``'s loss, steps and warm-up): its seeds can train before its seed 0's
+        measures exist."""
+        return None not in (self.model, self.loss, self.steps, self.warmup)
+
+    def require(self, train_only: bool = False) -> Member:
+        if not (self.trainable if train_only else self.configured):
             raise NotConfigured(
                 f"the {self.label} member is not configured yet: its recipe (pretrain.py options, steps, warm-up), "
                 f"its own objective for gradflow record and its seed-0 files wait for {DIAGNOSIS} (issue 60's "
@@ -119,9 +125,11 @@ MEMBERS: dict[str, Member] = {
                    Seed0("twin_all-positions", "twin", "gradflow-mini-en-alltoken")),
     "mask40": Member("mask40", MASK40, "mask40", 3262, 227, (), ("--mask-rate", "0.4"),
                      Seed0("mask40_bert40", "mask40", MASK40)),
-    # the new diffusion member: everything but its loss waits for the diagnosis (DIAGNOSIS); e.g. pretrain_args
-    # ("--recipe", CELL), its shipped steps and warm-up, own_objective ("--objective", "diffusion", ...), its Seed0
-    "diffusion": Member("diffusion", None, "diffusion", None, None),
+    # the new diffusion member: the recipe the diagnosis chose (figures/diffusion-diagnosis/member.md: mdlm at 1x,
+    # 3,059 steps, float32 as it trained; pretrain.py reproduces its seed 0's losses bit for bit); its own objective
+    # for gradflow record and its Seed0 wait for its Part 1 measures, so it trains but is not measured yet
+    "diffusion": Member("diffusion", "gradflow-mini-en-diffusion", "diffusion", 3059, 212,
+                        ("--recipe", "mdlm", "--fp32")),
 }
 
 
@@ -143,16 +151,16 @@ def relative(path: Path) -> str:
     return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
 
 
-def select(labels: Sequence[str] | None = None, seeds: Sequence[int] = SEEDS) -> list[Job]:
+def select(labels: Sequence[str] | None = None, seeds: Sequence[int] = SEEDS, train_only: bool = False) -> list[Job]:
     """The jobs of ``labels`` (default: every configured member) and ``seeds``, seed by seed; NotConfigured when a
     named member is not configured, ValueError on an unknown member or a seed that is not new."""
     if labels is None:
-        members = [m for m in MEMBERS.values() if m.configured]
+        members = [m for m in MEMBERS.values() if (m.trainable if train_only else m.configured)]
     else:
         unknown = set(labels) - set(MEMBERS)
         if unknown:
             raise ValueError(f"unknown members {sorted(unknown)}; choose from {', '.join(MEMBERS)}")
-        members = [MEMBERS[label].require() for label in MEMBERS if label in labels]
+        members = [MEMBERS[label].require(train_only) for label in MEMBERS if label in labels]
     if not seeds or len(set(seeds)) != len(seeds) or min(seeds) < 1:
         raise ValueError(f"pretraining seeds must be distinct and >= 1 (seed 0 is the shipped model); got {seeds}")
     return [Job(m, s) for s in sorted(seeds) for m in members]
@@ -180,7 +188,7 @@ def finished(job: Job, build: Path = BUILD) -> bool:
 
 def pretrain_command(job: Job, build: Path = BUILD) -> list[str]:
     """The exact ``pretrain.py`` command of ``job`` (run from the repository root; ``python`` is the venv's)."""
-    m = job.member.require()
+    m = job.member.require(train_only=True)
     return ["python", "-m", "analyses.pretraining.pretrain", "--loss", m.loss, "--seed", str(job.seed),
             "--steps", str(m.steps), "--warmup", str(m.warmup), "--tokenizer", TOKENIZER,
             "--out", relative(model_dir(job, build)), "--threads", str(THREADS), "--eval-every", str(EVAL_EVERY),
@@ -358,7 +366,8 @@ def commands_text(build: Path = BUILD) -> str:
     lines = ["# Pretraining seeds: the commands that retrain them", "",
              (f"Written by `python -m analyses.objectives.pretraining_seeds commands` (the plan: `{PLAN}`, "
               "\"Afterwards\"); `tests/analyses/test_pretraining_seeds.py` recomputes it. Each command runs from the "
-              "repository root with `OMP_NUM_THREADS=1` (bfloat16 autocast, as the shipped members trained); "
+              "repository root with `OMP_NUM_THREADS=1` (bfloat16 autocast as the first three members trained; the "
+              "diffusion member in float32, as it trained); "
               "`make -C analyses pretraining-seeds` runs the unfinished ones."), "",
              "| model | command |", "|---|---|"]
     for seed in SEEDS:
@@ -391,7 +400,7 @@ def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     args.out, args.build = ROOT / args.out, ROOT / args.build  # an absolute path stays as given
     try:
-        args.jobs = worker_share(select(args.members, args.seeds), args.worker)
+        args.jobs = worker_share(select(args.members, args.seeds, train_only=args.command == "train"), args.worker)
     except ValueError as err:  # NotConfigured included
         parser.error(str(err))
     return args

@@ -42,15 +42,20 @@ def test_seeds_must_be_new_and_distinct(seeds):
         ps.select(None, seeds)
 
 
-def test_the_diffusion_member_is_refused_until_configured(capsys):
-    assert not ps.MEMBERS["diffusion"].configured
+def test_the_diffusion_member_trains_but_is_not_measured_until_configured(capsys):
+    member = ps.MEMBERS["diffusion"]
+    assert member.trainable and not member.configured  # its recipe is chosen; its seed 0's measures are not made
     with pytest.raises(ps.NotConfigured, match="figures/diffusion-diagnosis/diagnosis.md"):
         ps.select(["mini-en", "diffusion"])
-    with pytest.raises(ps.NotConfigured):
-        ps.pretrain_command(ps.Job(ps.MEMBERS["diffusion"], 1))
+    command = ps.pretrain_command(ps.Job(member, 1))
+    assert command[command.index("--steps") + 1] == "3059" and command[command.index("--warmup") + 1] == "212"
+    assert command[-3:] == ["--recipe", "mdlm", "--fp32"]  # the recipe and precision the member trained with
+    assert [job.name for job in ps.parse(["train", "--members", "diffusion"]).jobs] == ["diffusion-s1", "diffusion-s2"]
+    assert "diffusion-s1" in [job.name for job in ps.parse(["train"]).jobs]
     with pytest.raises(SystemExit) as exit_info:
-        ps.parse(["train", "--members", "diffusion"])
+        ps.parse(["measure", "--members", "diffusion"])
     assert exit_info.value.code == 2 and "diagnosis.md" in capsys.readouterr().err
+    assert "diffusion-s1" not in [job.name for job in ps.parse(["measure"]).jobs]
 
 
 def test_the_worker_split_takes_every_nth_job():
