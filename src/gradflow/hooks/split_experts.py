@@ -27,6 +27,7 @@ from gradflow.adapters.experts import FUSED_PARAMS, ExpertsSpec
 from gradflow.hooks.batch_state import BatchState
 from gradflow.hooks.experts import ExpertSums, expert_gate, routing_of, routing_pairs
 from gradflow.hooks.grouped_experts import add_by_role, grouped, offsets
+from gradflow.hooks.split_linear import restore_forwards
 from gradflow.roles import NUM_ROLES
 
 CallInfo = Callable[[], "tuple[BatchState | None, int | None]"]
@@ -120,11 +121,7 @@ def split_experts_forwards(modules: list[tuple[nn.Module, str, ExpertsSpec]], cu
             patched.append((module, previous))
         yield
     finally:
-        for module, previous in reversed(patched):
-            if previous is None:
-                del module.forward
-            else:
-                module.forward = previous
+        restore_forwards(patched)
 
 
 __all__ = ["RoleSplitExperts", "plain_fused", "split_experts_forwards"]

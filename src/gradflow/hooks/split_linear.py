@@ -198,11 +198,17 @@ def split_linear_forwards(modules: list[nn.Linear], take_split: WeightSplit, wei
             patched.append((module, previous))
         yield
     finally:
-        for module, previous in reversed(patched):
-            if previous is None:
-                del module.forward
-            else:
-                module.forward = previous
+        restore_forwards(patched)
 
 
-__all__ = ["SECOND_SHARE", "SPLIT_DTYPES", "DirectSplit", "RoleSplitLinear", "WeightRuns", "WeightSplit", "live_ranges", "own_product", "second_role", "split_linear_forwards", "splits_weight"]
+def restore_forwards(patched: list[tuple[nn.Module, Callable | None]]) -> None:
+    """Undo instance-level ``forward`` patches, last first: ``previous`` is the instance's own ``forward`` before the
+    patch (None: it had none, so the class's applies again)."""
+    for module, previous in reversed(patched):
+        if previous is None:
+            del module.forward
+        else:
+            module.forward = previous
+
+
+__all__ = ["restore_forwards", "SECOND_SHARE", "SPLIT_DTYPES", "DirectSplit", "RoleSplitLinear", "WeightRuns", "WeightSplit", "live_ranges", "own_product", "second_role", "split_linear_forwards", "splits_weight"]
