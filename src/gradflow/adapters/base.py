@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from gradflow.adapters.experts import ExpertsSpec, RouterAuxSpec
+from gradflow.adapters.two_pass import TwoPassSpec
 
 SUBLAYER_NAMES: tuple[str, ...] = (
     "attn.q", "attn.k", "attn.v", "attn.out", "attn.norm", "ffn.in", "ffn.gate", "ffn.out", "ffn.norm",
@@ -47,6 +48,8 @@ class SublayerSpec:
     ``output.LayerNorm`` runs twice per block: one name per call); None: its first call (later calls: ``relpos``)."""
     flat: bool = False
     """The module reads the block's positions as (B * T, D) rows (an MoE router reads the flattened hidden states)."""
+    optional: bool = False
+    """Some blocks lack the module (DiffusionGemma's full-attention layers have no ``v_proj``): skipped there."""
 
     def groups(self, config: object) -> int:
         """G of ``interleave`` read from ``config`` (1 without ``interleave``: one contiguous chunk)."""
@@ -197,6 +200,9 @@ class Adapter:
     router_aux: RouterAuxSpec | None = None
     """How the model computes its auxiliary router loss (load balancing), which its training adds to the loss
     (``gradflow record --router-aux-loss``); None: none known."""
+    two_pass: TwoPassSpec | None = None
+    """A prompt pass and a canvas pass through tied blocks (DiffusionGemma; :mod:`gradflow.adapters.two_pass`):
+    ``blocks`` are the canvas pass's, and the recorder joins both passes' calls of each depth into one block."""
 
     def after_mixing(self) -> tuple[str, ...]:
         """Sublayers of a block that see only the channel's own post-attention state.

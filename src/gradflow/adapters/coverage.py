@@ -3,8 +3,8 @@
 The table behind ``docs/mlm-coverage.md`` (``python -m analyses.maintenance.make_mlm_coverage``), from the registry
 (:mod:`gradflow.adapters.registry`) and the refusals (:mod:`gradflow.adapters.refusals`, re-exported
 here); a test checks that every type transformers maps is in one of them. Refused types outside the masked-LM
-mapping (``REFUSED_BEYOND_MLM``: DiffusionGemma) and the remote-code diffusion families with an adapter
-(:data:`DIFFUSION_FAMILIES`: LLaDA, Dream) have the section "Masked diffusion LMs"; the mixture-of-experts families
+mapping (``REFUSED_BEYOND_MLM``) and the diffusion families with an adapter (:data:`DIFFUSION_FAMILIES`: LLaDA and
+Dream, remote code; DiffusionGemma, transformers' own) have the section "Masked diffusion LMs"; the mixture-of-experts families
 (:data:`MOE_FAMILIES`, causal LMs) and the expert layouts the split covers the last one, "Mixtures of experts".
 """
 
@@ -80,7 +80,13 @@ def _diffusion_section() -> list[str]:
         adapter = adapter_for(_Config(model_type))
         zero = ", ".join(adapter.after_mixing())
         head = "shifted (p predicts p + 1)" if adapter.shifted_head else "unshifted"
-        lines.append(f"| `{model_type}` | {model} | supported ({adapter.family}, remote code) | {head} | last block, "
+        source = "remote code"
+        if adapter.two_pass is not None:
+            source = "transformers"
+            head += (": the canvas only; the prompt runs a first pass through the tied blocks (role prompt), joined "
+                     "with the canvas pass depth by depth; --objective diffusion or random-canvas (the published "
+                     "recipe)")
+        lines.append(f"| `{model_type}` | {model} | supported ({adapter.family}, {source}) | {head} | last block, "
                      f"exactly zero from positions without loss: {zero} |")
     for model_type, (cls, reason) in sorted(REFUSED_BEYOND_MLM.items()):
         lines.append(f"| `{model_type}` | `{cls}` (transformers) | refused | - | {reason.replace('|', '/')} |")
@@ -119,8 +125,10 @@ MOE_FAMILIES: tuple[str, ...] = ("olmoe", "mixtral", "qwen3_moe", "qwen2_moe")
 DIFFUSION_FAMILIES: tuple[tuple[str, str], ...] = (
     ("llada", "LLaDA (GSAI-ML/LLaDA-8B-Base, -Instruct, 1.5)"),
     ("Dream", "Dream (Dream-org/Dream-v0-Base-7B, -Instruct)"),
+    ("diffusion_gemma", "DiffusionGemma (`DiffusionGemmaForBlockDiffusion`)"),
 )
-"""Masked diffusion LMs with a registered adapter (remote code): model type and the checkpoints it names."""
+"""Diffusion LMs with a registered adapter (LLaDA and Dream: remote code; DiffusionGemma: transformers' own class):
+model type and the checkpoints or class it names."""
 
 
 class _Config:

@@ -3,7 +3,8 @@
 ``REFUSED`` maps each masked-LM ``model_type`` without an adapter to the reason: either why the
 per-position channel picture does not hold for it ("does not hold: ...") or what gradflow lacks to
 record it ("not supported yet: ..."). :func:`adapter_for` raises with the reason. ``REFUSED_BEYOND_MLM`` does the
-same for model types transformers maps to no masked-LM class (masked-diffusion models such as DiffusionGemma).
+same for model types transformers maps to no masked-LM class (masked-diffusion models; none at present: DiffusionGemma,
+once refused here, is supported through :mod:`gradflow.adapters.diffusion_gemma`).
 ``docs/mlm-coverage.md`` is generated from this table and the registry
 (``python -m analyses.maintenance.make_mlm_coverage``); a test checks that every type transformers maps is in one of
 them, so a transformers release that adds one fails that test until it is decided.
@@ -60,30 +61,7 @@ REFUSED: dict[str, str] = {
 }
 
 
-REFUSED_BEYOND_MLM: dict[str, tuple[str, str]] = {
-    "diffusion_gemma": (
-        "DiffusionGemmaForBlockDiffusion",
-        ("not supported yet: DiffusionGemma (transformers maps it to no masked-LM class) runs two passes through tied "
-         "blocks: a causal encoder (model.encoder.language_model.layers) runs the prompt and caches its keys and "
-         "values, then a decoder (model.decoder.layers: every block parameter the encoder's) runs one canvas "
-         "(decoder_input_ids) with bidirectional attention over the cached prompt and the canvas; logits cover the "
-         "canvas only. Measured on a tiny model with the loss at some canvas positions: the last decoder block's "
-         "q_proj, q_norm, o_proj, the norms after attention and the FFN (gated MLP, router, experts) get exactly zero "
-         "gradient from canvas positions without loss, and k_proj (keys and values: full-attention layers have no "
-         "v_proj), k_norm and input_layernorm do not; the prompt reaches the last block only through the keys of the "
-         "encoder's last layer (input_layernorm, k_proj, k_norm; its q_proj, o_proj and FFN get no gradient at all). "
-         "So the channel picture holds, with the prompt as context; under the published recipe (canvas corrupted with "
-         "random tokens, loss on the whole canvas) every canvas position carries loss and the prompt positions are the"
-         " only ones without it. gradflow cannot record it: in every earlier block the tied weights' gradient is the "
-         "decoder's canvas contribution plus a non-zero encoder contribution from the prompt, which a recorder hooking"
-         " one block list on one sequence misses (its per-role split would not sum to autograd); the forward takes the"
-         " prompt as input_ids and the canvas as decoder_input_ids (without them it draws a random canvas) where "
-         "gradflow passes one sequence; and the experts are 3-D parameters indexed by routed token, no Linear to split"
-         " by position (tests/adapters/test_diffusion_gemma.py). It takes batches of prompt and canvas, a recorder "
-         "that joins the encoder call (prompt positions) and the decoder call (canvas positions) of each depth into "
-         "one block, and a per-token split of the expert weights"),
-    ),
-}
+REFUSED_BEYOND_MLM: dict[str, tuple[str, str]] = {}
 """Refused types that transformers maps to no masked-LM class (masked-diffusion models under other auto classes):
 ``model_type`` -> (model class, reason). ``docs/mlm-coverage.md`` lists them after the masked-LM table's count."""
 

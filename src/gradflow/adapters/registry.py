@@ -6,6 +6,7 @@ from gradflow.adapters.albert import ALBERT
 from gradflow.adapters.base import Adapter
 from gradflow.adapters.bert import BERT, ELECTRA, ROBERTA
 from gradflow.adapters.bertlike import BIG_BIRD, CONVBERT, LUKE, REMBERT, YOSO
+from gradflow.adapters.diffusion_gemma import DIFFUSION_GEMMA
 from gradflow.adapters.dream import DREAM
 from gradflow.adapters.esm import ESM, ESMC
 from gradflow.adapters.extra_inputs import NYSTROMFORMER, ROC_BERT, TAPAS
@@ -79,5 +80,6 @@ for _adapter in (BERT, ROBERTA, ELECTRA, DISTILBERT, ALBERT, DEBERTA_V2, MODERNB
                  MOBILEBERT, LONGFORMER, FNET, XLM, XMOD, DEBERTA, SQUEEZEBERT, IBERT,
                  TAPAS, ROC_BERT, NYSTROMFORMER, MODERNVBERT, ULTRAVBERT,
                  LLADA, DREAM,  # masked diffusion LMs (remote code)
-                 OLMOE, MIXTRAL, QWEN3_MOE, QWEN2_MOE):  # mixtures of experts (causal LMs recorded as they are)
+                 OLMOE, MIXTRAL, QWEN3_MOE, QWEN2_MOE,  # mixtures of experts (causal LMs recorded as they are)
+                 DIFFUSION_GEMMA):  # block diffusion: two passes through tied blocks
     register_adapter(_adapter)

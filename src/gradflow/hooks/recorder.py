@@ -31,6 +31,7 @@ from gradflow.adapters import Adapter, get_module
 from gradflow.errors import RecorderError
 from gradflow.hooks.batch_state import BatchState, RolePartition
 from gradflow.hooks.experts import expert_hooks, finish_experts
+from gradflow.hooks.passes import join_states, pass_inputs, pass_states, pass_widths, placed_logits
 from gradflow.hooks.split_experts import plain_fused, split_experts_forwards
 from gradflow.hooks.records import BatchRecord, RecorderConfig, SublayerRecord
 from gradflow.hooks.router_aux import aux_coefficient, aux_norms, forward_with_aux, measured_weights, router_aux_spec
@@ -39,7 +40,6 @@ from gradflow.hooks.sites import (
     EMBEDDINGS_SITE,
     ForwardHook,
     SiteLayer,
-    distinct_blocks,
     layer_of,
     model_device,
     point_of,
@@ -82,6 +82,7 @@ class GradFlowRecorder:
         self._site_index = {name: i for i, name in enumerate(self.site_names)}
         self._hooks: ExitStack | None = None
         self._batch: BatchState | None = None
+        self._passes: list[BatchState] | None = None  # a two-pass model's states, one per pass (gradflow.hooks.passes)
         self._weight_nodes: dict[int, object] = {}  # id(Linear) -> its weight's AccumulateGrad node
         self.router_aux = None if self.config.router_aux_loss is None else router_aux_spec(self.adapter, model)
         self.aux_coef = (None if self.router_aux is None
@@ -99,12 +100,12 @@ class GradFlowRecorder:
         hooks = ExitStack()
         try:
             sublayer_hooks = self._sublayer_hooks()
-            hooks.enter_context(self.sites.hooks(self._on_site, extra=sublayer_hooks))
+            hooks.enter_context(self.sites.hooks(self._on_site, extra=sublayer_hooks, on_pass=self._on_pass))
             hooks.callback(self._weight_nodes.clear)
             if self.config.sublayers and self.adapter.experts:
                 own = self._own_experts()  # fused experts gradflow runs itself: the split at no extra product
                 hooks.enter_context(split_experts_forwards(own, self._current))
-                hooks.enter_context(expert_hooks(distinct_blocks(self.blocks), self.adapter.experts, self._current,
+                hooks.enter_context(expert_hooks(self.sites.hooked, self.adapter.experts, self._current,
                                                  frozenset(id(module) for module, _, _ in own)))
             self._split_weights([module for module, _ in sublayer_hooks], hooks)
         except BaseException:
@@ -114,7 +115,7 @@ class GradFlowRecorder:
         return self
 
     def __exit__(self, *exc) -> None:
-        hooks, self._hooks, self._batch = self._hooks, None, None
+        hooks, self._hooks, self._batch, self._passes = self._hooks, None, None, None
         if hooks is not None:
             hooks.close()
 
@@ -138,7 +139,7 @@ class GradFlowRecorder:
     def _own_experts(self) -> list:
         """(module, experts name, spec) of every fused experts module of the plain layout, each once."""
         found: dict[int, tuple] = {}
-        for block in distinct_blocks(self.blocks):
+        for block in self.sites.hooked:
             for name, spec in self.adapter.experts.items():
                 try:
                     module = get_module(block, spec.path)
@@ -165,10 +166,15 @@ class GradFlowRecorder:
             return []
         hooks: list[tuple[nn.Module, ForwardHook]] = []
         config = getattr(self.model, "config", None)
-        for block in distinct_blocks(self.blocks):
+        for block in self.sites.hooked:
             by_module: dict[int, tuple[nn.Module, list[SublayerEntry]]] = {}
             for name, spec in self.adapter.sublayers.items():
-                module = get_module(block, spec.path)
+                try:
+                    module = get_module(block, spec.path)
+                except LookupError:
+                    if spec.optional:  # a module some blocks lack (DiffusionGemma's full-attention layers: no v_proj)
+                        continue
+                    raise
                 if not split_by_role(module, spec):
                     continue  # e.g. ModernBERT's first block has nn.Identity as its attention norm
                 entry = SublayerEntry(name, spec.chunk, spec.groups(config), spec.bias is not None, spec.acts_as,
@@ -181,27 +187,43 @@ class GradFlowRecorder:
 
     # ------------------------------------------------------------------ batch state
     @contextmanager
-    def capture(self, roles: torch.Tensor, sequence_index: torch.Tensor | None = None) -> Iterator["GradFlowRecorder"]:
-        """Record the one forward and backward run inside this block. ``roles``: (B, T) codes."""
+    def capture(self, roles: torch.Tensor, sequence_index: torch.Tensor | None = None,
+                widths: tuple[int, ...] | None = None) -> Iterator["GradFlowRecorder"]:
+        """Record the one forward and backward run inside this block. ``roles``: (B, T) codes; ``widths``: a
+        two-pass model's (P, C), the prompt's positions first (:func:`gradflow.hooks.passes.pass_widths`)."""
         if self._hooks is None:
             raise RecorderError("use the recorder as a context manager: `with GradFlowRecorder(model) as rec:`")
-        self._batch = BatchState.start(self.config, roles, sequence_index, len(self.site_names))
+        if (widths is None) != (self.adapter.two_pass is None):
+            raise RecorderError("a two-pass model's capture takes the widths of its passes (P, C), and only it does")
+        self._passes = (None if widths is None
+                        else pass_states(self.config, roles, sequence_index, len(self.site_names), widths))
+        self._batch = (BatchState.start(self.config, roles, sequence_index, len(self.site_names))
+                       if widths is None else self._passes[0])
         try:
             yield self
         except BaseException:
-            self._batch = None
+            self._batch = self._passes = None
             raise
         finally:
-            if self._batch is not None:
-                for split in list(self._batch.deferred.values()):  # no weight gradient came: direct products
+            for state in self._passes or ([self._batch] if self._batch is not None else []):
+                for split in list(state.deferred.values()):  # no weight gradient came: direct products
                     split.finish(None)
-                self._batch.release_graph()
+                state.release_graph()
+
+    def _on_pass(self, index: int) -> None:
+        """A pass of a two-pass model starts: its hooks fill its own state."""
+        if self._passes is not None:
+            self._batch = self._passes[index]
 
     def result(self) -> BatchRecord:
         """Assemble the record of the last capture (CPU tensors) and drop the batch state."""
         state = self._batch
         if state is None:
             raise RecorderError("nothing captured: run a forward and backward inside `rec.capture(roles)` first")
+        if self._passes is not None:  # a two-pass model: each pass's experts, then the passes joined along T
+            for part in self._passes:
+                finish_experts(part)
+            state, self._passes = join_states(self._passes), None
         missing = [self.site_names[i] for i, a in enumerate(state.act) if a is None]
         if missing:
             raise RecorderError(f"sites never ran in the forward pass: {', '.join(missing[:4])}; "
@@ -239,6 +261,9 @@ class GradFlowRecorder:
         head's output elsewhere gets exactly zero gradient; see :func:`gradflow.losses.cross_entropy_at_labels`).
         """
         loss_fn = get_loss(loss, reduction)
+        if self.adapter.two_pass is not None and loss == "all-positions":
+            raise RecorderError(f"{self.adapter.family} predicts the canvas only: the loss on every canvas position is "
+                                "the random-canvas objective's own loss (--objective random-canvas), not all-positions")
         batch = batch.to(model_device(self.model))
         head = self._position_wise_head() if isinstance(loss, str) else None
         norms = {}
@@ -247,16 +272,17 @@ class GradFlowRecorder:
                 value, aux = self._forward_loss(batch, loss, loss_fn, reduction, head)
                 norms = aux_norms(value, aux, measured_weights(self.adapter, self.blocks, self.router_aux))
                 del value, aux
-        with self.capture(batch.roles, batch.sequence_index), torch.enable_grad():
-            state = self._batch
+        with self.capture(batch.roles, batch.sequence_index, pass_widths(self.adapter, batch)), torch.enable_grad():
+            states = self._passes or [self._batch]
             value, aux = self._forward_loss(batch, loss, loss_fn, reduction, head)
-            # gradients towards the embeddings output reach every token site; non-token sublayer calls
-            # (relative-position projections) hang off parameters only, so they are targets too
-            targets = [state.emb_out, *state.extra_targets]
-            state.loss = float(value.detach())
+            # gradients towards the embeddings output (of every pass) reach every token site; non-token sublayer
+            # calls (relative-position projections) hang off parameters only, so they are targets too
+            targets = [t for state in states for t in (state.emb_out, *state.extra_targets) if t is not None]
+            for state in states:
+                state.loss = float(value.detach())
             aux_loss = None if aux is None else float(aux.detach())
             torch.autograd.grad(value if aux is None else value + aux, targets, allow_unused=True)
-            del value, aux, targets, state
+            del value, aux, targets, states
         record = self.result()
         record.aux_loss, record.router_aux = aux_loss, norms
         return record
@@ -264,14 +290,14 @@ class GradFlowRecorder:
     def _forward_loss(self, batch: MaskedBatch, loss: str | LossFn, loss_fn: LossFn, reduction: str,
                       head: Callable[[torch.Tensor], torch.Tensor] | None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The batch's loss and, with ``router_aux_loss``, the auxiliary router loss term (else None)."""
-        inputs = batch.model_inputs()
+        inputs = pass_inputs(self.adapter, batch)
 
         def call(extra: dict) -> tuple[torch.Tensor, object]:
             if head is not None:  # the logits (B, T, V) are not kept past the loss: autograd keeps what it needs
                 output = self.base(**inputs, **extra)
                 return head_loss(head, output.last_hidden_state, batch, loss, reduction), output
             output = self.model(**inputs, **extra)
-            return loss_fn(output.logits, batch), output
+            return loss_fn(placed_logits(self.adapter, batch, output.logits), batch), output
 
         return forward_with_aux(call, self.router_aux, self.model, inputs, self.aux_coef or 0.0)
 

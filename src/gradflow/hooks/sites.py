@@ -30,6 +30,7 @@ from torch import nn
 from torch.utils.hooks import RemovableHandle
 
 from gradflow.adapters import Adapter, block_modules, get_module, resolve_adapter
+from gradflow.adapters.two_pass import first_pass_blocks
 from gradflow.errors import SiteError
 from gradflow.site_names import (  # noqa: F401  (the site layer re-exports the names)
     EMBEDDINGS_SITE,
@@ -46,6 +47,8 @@ from gradflow.site_names import (  # noqa: F401  (the site layer re-exports the 
 )
 
 SiteCallback = Callable[[str, torch.Tensor], "torch.Tensor | None"]
+PassCallback = Callable[[int], None]
+"""``on_pass(k)``: pass ``k`` of a two-pass model starts (0: the prompt's, 1: the canvas's)."""
 """``callback(site, hidden (B, T, H))``; a returned tensor replaces the hidden state."""
 ForwardHook = Callable[[nn.Module, tuple, object], object]
 """A ``register_forward_hook`` hook: ``hook(module, args, output)``."""
@@ -196,36 +199,45 @@ class SiteLayer:
     (a model without ``base_model``, a plain ``nn.Module``, is its own base). ``names``: the site
     names (with the ``mid`` sites when ``mid`` and the adapter knows its mid point); ``depths``: the
     depth stack the hooks keep (read ``depths.current`` from other hooks to know the running block's
-    depth).
+    depth). ``passes``: the block lists of each pass in call order (one; two for a two-pass adapter, the
+    prompt's first: block ``d`` of each pass is depth ``d``); ``hooked``: every block module of every pass, once.
     """
 
     def __init__(self, model: nn.Module, adapter: Adapter | str | None = None, mid: bool = True):
         self.adapter = resolve_adapter(model, adapter)
         self.base = getattr(model, "base_model", model)
         self.blocks = block_modules(self.adapter, self.base)
+        spec = self.adapter.two_pass
+        self.passes = [self.blocks] if spec is None else [first_pass_blocks(spec, self.base), self.blocks]
+        self.hooked = distinct_blocks([block for blocks in self.passes for block in blocks])
         self.num_blocks = len(self.blocks)
         self.mid = mid and self.adapter.mid is not None
         if self.mid and self.adapter.channels_first and self.adapter.mid[1] != "output":
             # a transposed copy of an input would miss the gradient of the input's other uses (the residual)
             raise SiteError("an adapter with channels_first must name its mid point as a module's output")
         self.names = site_names(self.num_blocks, self.mid)
-        self.depths = DepthStack(depth_occurrences(self.blocks))
+        self.depths = DepthStack({key: depths for blocks in self.passes
+                                  for key, depths in depth_occurrences(blocks).items()})
         self._entered = 0
+        self._on_pass: PassCallback | None = None
 
     @contextmanager
-    def hooks(self, callback: SiteCallback,
-              extra: Sequence[tuple[nn.Module, ForwardHook]] = ()) -> Iterator[tuple[str, ...]]:
+    def hooks(self, callback: SiteCallback, extra: Sequence[tuple[nn.Module, ForwardHook]] = (),
+              on_pass: PassCallback | None = None) -> Iterator[tuple[str, ...]]:
         """Call ``callback`` at every site inside the block; yield the site names.
 
-        ``extra``: more ``(module, forward hook)`` pairs to install with the site hooks. Exactly
+        ``extra``: more ``(module, forward hook)`` pairs to install with the site hooks; ``on_pass``: called
+        with the pass's index when a pass of a two-pass model starts (before its first site). Exactly
         the hooks added here are removed on exit, also on exceptions (during installation too).
         """
         handles: list[RemovableHandle] = []
+        self._on_pass = on_pass
         try:
             self._install(callback, handles)
             handles.extend(module.register_forward_hook(hook) for module, hook in extra)
             yield self.names
         finally:
+            self._on_pass = None
             while handles:
                 handles.pop().remove()
 
@@ -238,7 +250,10 @@ class SiteLayer:
         entry_path = self.adapter.block_entry  # blocks never called as one module: each starts at its entry module
         transposed = self.adapter.channels_first  # (B, H, T) blocks (SqueezeBERT): sites see (B, T, H)
         exit_path = self.adapter.block_exit  # with block_entry: the module whose output is the block's output
-        for block in distinct_blocks(self.blocks):
+        if len(self.passes) > 1:  # each pass starts at its first block (before that block's own hooks)
+            for index, blocks in enumerate(self.passes):
+                handles.append(blocks[0].register_forward_pre_hook(self._pass_starts(index)))
+        for block in self.hooked:
             entry = block if entry_path is None else get_module(block, entry_path)
             if entry_path is not None and exit_path is None:  # the previous block's output is this block's input
                 handles.append(entry.register_forward_pre_hook(_input_hook(callback, self._out_site)))
@@ -255,15 +270,25 @@ class SiteLayer:
                                if kind == "output" else
                                module.register_forward_pre_hook(_input_hook(callback, self._mid_site)))
         if at_blocks:
-            first = self.blocks[0] if entry_path is None else get_module(self.blocks[0], entry_path)
-            handles.append(first.register_forward_pre_hook(_block_input_hook(callback, self._first_block),
-                                                           with_kwargs=True))
+            for blocks in self.passes:
+                first = blocks[0] if entry_path is None else get_module(blocks[0], entry_path)
+                handles.append(first.register_forward_pre_hook(_block_input_hook(callback, self._first_block),
+                                                               with_kwargs=True))
         if entry_path is not None and exit_path is None:  # the last block's output is the base model's
             handles.append(self.base.register_forward_hook(_output_hook(callback, self._out_site)))
 
     def _start_forward(self, module: nn.Module, args: tuple) -> None:
         self.depths.reset()
         self._entered = 0
+
+    def _pass_starts(self, index: int) -> Callable[[nn.Module, tuple], None]:
+        """Forward pre-hook on a pass's first block: a new forward of that pass's blocks starts."""
+        def hook(module: nn.Module, args: tuple) -> None:
+            self._start_forward(module, args)
+            if self._on_pass is not None:
+                self._on_pass(index)
+
+        return hook
 
     def _entering(self, block: nn.Module) -> Callable[[nn.Module, tuple], None]:
         """Forward pre-hook (on ``block`` or its entry module): ``block`` starts."""
@@ -311,7 +336,7 @@ def model_device(model: nn.Module) -> torch.device:
 
 
 __all__ = [
-    "EMBEDDINGS_SITE", "POINTS", "DepthStack", "ForwardHook", "SiteCallback", "SiteLayer", "block_group_name",
+    "EMBEDDINGS_SITE", "POINTS", "DepthStack", "ForwardHook", "PassCallback", "SiteCallback", "SiteLayer", "block_group_name",
     "depth_occurrences", "depth_of", "distinct_blocks", "hidden_state", "layer_of", "layer_site", "model_device",
     "parse_block_group", "parse_site", "point_of", "replace_hidden_state", "site_hooks", "site_name", "site_names",
 ]

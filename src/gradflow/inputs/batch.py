@@ -45,7 +45,10 @@ class MaskedBatch:
     ``loss_norm`` (B,) float32, each sequence's normaliser; ``mean_over_sequences``: the batch
     loss is the mean over sequences of their normalised losses (LLaDA's SFT) instead of the pooled
     sum over the pooled normaliser; ``mask_ratio`` (B,) float64, each sequence's ratio t;
-    ``input_roles`` (B, T) int8, the roles of the inputs when they differ from ``roles`` (shifted).
+    ``input_roles`` (B, T) int8, the roles of the inputs when they differ from ``roles`` (shifted);
+    ``prompt_width``: a batch of prompt and canvas for a two-pass model (DiffusionGemma): its first
+    ``prompt_width`` = P positions are the prompt and the rest the canvas, each right-padded
+    (:mod:`gradflow.inputs.canvas`).
     """
 
     input_ids: torch.Tensor
@@ -60,6 +63,7 @@ class MaskedBatch:
     mean_over_sequences: bool = False
     mask_ratio: torch.Tensor | None = None
     input_roles: torch.Tensor | None = None
+    prompt_width: int | None = None
 
     def to(self, device: torch.device | str) -> "MaskedBatch":
         """Copy of the batch on ``device``."""
@@ -72,7 +76,7 @@ class MaskedBatch:
             extra_inputs={k: v.to(device) for k, v in self.extra_inputs.items()},
             loss_weights=move(self.loss_weights), loss_norm=move(self.loss_norm),
             mean_over_sequences=self.mean_over_sequences, mask_ratio=move(self.mask_ratio),
-            input_roles=move(self.input_roles),
+            input_roles=move(self.input_roles), prompt_width=self.prompt_width,
         )
 
     def model_inputs(self) -> dict[str, torch.Tensor]:
