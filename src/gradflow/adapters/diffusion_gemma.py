@@ -1,4 +1,4 @@
-"""DiffusionGemma (transformers' ``DiffusionGemmaForBlockDiffusion``): block diffusion through two passes of tied blocks.
+"""DiffusionGemma (``DiffusionGemmaForBlockDiffusion``, transformers): block diffusion, two passes of tied blocks.
 
 The prompt runs through a causal encoder (``encoder.language_model.layers``) that caches its keys and values; the
 canvas then runs through a decoder (``decoder.layers``, every block parameter the encoder's, depth by depth) with

@@ -307,11 +307,14 @@ OBJECTIVES: dict[str, str] = {
             "--mask-rate of the tokens",
     "diffusion": "masked diffusion (LLaDA, MDLM): a ratio t per sequence from U(--eps, 1), or --mask-ratio, or "
                  "--mask-ratios; every selected token masked; loss weights 1/t",
+    "random-canvas": "DiffusionGemma's published recipe: a ratio t per sequence as diffusion's; every selected "
+                     "token replaced by a random token; the loss on every token outside the prompt, unweighted",
 }
 OPEN_FRACTION = Bound(0, 1, low_open=True, high_open=True)
+_T = ("diffusion", "random-canvas")  # the objectives with a ratio t per sequence
 _ONLY: dict[str, tuple[str, ...]] = {  # option (its argparse dest) -> the objectives that read it
     "mask_rate": ("bert", "span"), "mask_split": ("bert", "span"), "whole_word": ("bert",),
-    "eps": ("diffusion",), "mask_ratio": ("diffusion",), "mask_ratios": ("diffusion",),
+    "eps": _T, "mask_ratio": _T, "mask_ratios": _T,
     "span_p": ("span",), "span_max_words": ("span",),
 }
 
@@ -327,12 +330,15 @@ def add_objective(parser: argparse.ArgumentParser) -> None:
                         help="bert and span: mask,random,kept: fractions of the selected tokens replaced by [MASK], "
                              "by a random token or kept, summing to 1 (default 0.8,0.1,0.1)")
     parser.add_argument("--whole-word", action="store_true", default=None, help="bert: select whole words")
-    add_number(parser, "--eps", float, OPEN_FRACTION, "diffusion: each sequence's ratio t is drawn from U(eps, 1)",
+    add_number(parser, "--eps", float, OPEN_FRACTION,
+               "diffusion, random-canvas: each sequence's ratio t is drawn from U(eps, 1)",
                None, unset="0.001, as LLaDA")
-    add_number(parser, "--mask-ratio", float, FRACTION, "diffusion: one fixed ratio t for every sequence", None,
+    add_number(parser, "--mask-ratio", float, FRACTION,
+               "diffusion, random-canvas: one fixed ratio t for every sequence", None,
                unset="drawn per sequence")
     parser.add_argument("--mask-ratios", action=CheckedAction, check=ratio_grid, default=None,
-                        help="diffusion: a grid of ratios t, comma-separated (0.1,0.5,0.9): sequence i gets the "
+                        help="diffusion, random-canvas: a grid of ratios t, comma-separated (0.1,0.5,0.9): "
+                             "sequence i gets the "
                              "(i mod n)-th, so one run measures every ratio")
     add_number(parser, "--span-p", float, FRACTION, "span: the geometric parameter of span lengths in words", None,
                unset="0.2, as SpanBERT")
@@ -398,11 +404,12 @@ def objective_from_args(args: argparse.Namespace):
     seed = int(getattr(args, "seed", 0) or 0)
     rate = 0.15 if args.mask_rate is None else args.mask_rate
     split = (0.8, 0.1, 0.1) if args.mask_split is None else tuple(args.mask_split)
-    if name == "diffusion":
+    if name in _T:
         if args.mask_ratio is not None and args.mask_ratios is not None:
             raise UsageError("--mask-ratio and --mask-ratios both fix the masking ratio: give one of them")
         return MaskedDiffusion(eps=1e-3 if args.eps is None else args.eps, ratio=args.mask_ratio,
-                               ratios=tuple(args.mask_ratios or ()), seed=seed, shift=args.shift)
+                               ratios=tuple(args.mask_ratios or ()), seed=seed, shift=args.shift,
+                               corruption="mask" if name == "diffusion" else "random")
     if name == "span":
         return SpanMasking(rate=rate, split=split, geometric_p=0.2 if args.span_p is None else args.span_p,
                            max_words=10 if args.span_max_words is None else args.span_max_words, seed=seed,

@@ -336,7 +336,8 @@ def model_device(model: nn.Module) -> torch.device:
 
 
 __all__ = [
-    "EMBEDDINGS_SITE", "POINTS", "DepthStack", "ForwardHook", "PassCallback", "SiteCallback", "SiteLayer", "block_group_name",
+    "EMBEDDINGS_SITE", "POINTS", "DepthStack", "ForwardHook", "PassCallback", "SiteCallback", "SiteLayer",
+    "block_group_name",
     "depth_occurrences", "depth_of", "distinct_blocks", "hidden_state", "layer_of", "layer_site", "model_device",
     "parse_block_group", "parse_site", "point_of", "replace_hidden_state", "site_hooks", "site_name", "site_names",
 ]

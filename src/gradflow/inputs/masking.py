@@ -183,10 +183,12 @@ def draw_sequence(
     if isinstance(policy, ExplicitMasking):
         roles[_explicit_positions(ids, maskable, index, policy, info)] = {
             "mask": Role.MASKED, "random": Role.RANDOM, "keep": Role.KEPT}[policy.action]
-    elif isinstance(policy, MaskedDiffusion):
+    elif isinstance(policy, MaskedDiffusion):  # corruption "random": every maskable token carries the loss, weight 1
         ratio = policy.mask_ratio(rng, index)
-        weight = 1.0 / ratio
-        roles[_pick(rng, np.flatnonzero(maskable), ratio, policy.min_selected)] = Role.MASKED
+        weight = 1.0 / ratio if policy.corruption == "mask" else 1.0
+        roles[maskable] = Role.CONTEXT if policy.corruption == "mask" else Role.KEPT
+        roles[_pick(rng, np.flatnonzero(maskable), ratio, policy.min_selected)] = (
+            Role.MASKED if policy.corruption == "mask" else Role.RANDOM)
     elif isinstance(policy, SpanMasking):
         for span in select_spans(_selection_units(drawn, word_ids), maskable, policy, rng):
             roles[span] = _action(rng.random(), policy.split)

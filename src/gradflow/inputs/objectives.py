@@ -9,7 +9,9 @@ come from the sequence's own generator, seeded by ``(seed, sequence index)``.
   ``forward_process`` draws it (``t = (1 - eps) u + eps``, ``u ~ U(0, 1)``; so ``t ~ U(eps, 1)``),
   fixed, or taken from a grid by sequence index; every token is selected independently with
   probability ``t`` and every selected token becomes the mask token (no random or kept tokens);
-  the loss weighs each selected position by ``1 / t``. The reference normalisation (LLaDA's
+  the loss weighs each selected position by ``1 / t``. With ``corruption="random"`` (DiffusionGemma's published
+  recipe, ``--objective random-canvas``) every selected token becomes a random token instead and every maskable
+  token carries the loss, unweighted: the corrupted ones as ``random``, the others as ``kept``. The reference normalisation (LLaDA's
   ``GUIDELINES.md``): pre-training divides the weighted sum by the number of tokens of the batch
   (``b * l``; here the real tokens, so padding changes nothing), supervised fine-tuning divides
   each sequence's weighted sum by its response length and averages over the batch.
@@ -50,6 +52,8 @@ class MaskedDiffusion:
     ``ratios[i % len(ratios)]``; neither: ``t = (1 - eps) u + eps`` with ``u`` uniform, drawn per
     sequence. ``min_selected`` (default 0, as the reference): a sequence that draws fewer selected
     tokens gets that many drawn uniformly. ``shift``: the head is shifted (logits at p predict p + 1).
+    ``corruption``: ``"mask"`` (the selected tokens masked, the loss on them weighted 1/t) or ``"random"`` (the
+    selected tokens replaced by random tokens, the loss on every maskable token, weight 1: DiffusionGemma's canvas).
     """
 
     eps: float = DIFFUSION_EPS
@@ -58,6 +62,7 @@ class MaskedDiffusion:
     seed: int = 0
     min_selected: int = 0
     shift: bool = False
+    corruption: str = "mask"
 
     def __post_init__(self) -> None:
         if not 0.0 < self.eps < 1.0:
@@ -70,6 +75,8 @@ class MaskedDiffusion:
             _check_ratio("every masking ratio of the grid", value)
         if self.min_selected < 0:
             raise MaskingError(f"min_selected must be >= 0, got {self.min_selected}")
+        if self.corruption not in ("mask", "random"):
+            raise MaskingError(f"the corruption of masked diffusion must be mask or random, got {self.corruption!r}")
 
     def mask_ratio(self, rng: np.random.Generator, index: int) -> float:
         """The ratio t of sequence ``index`` (drawn first from its generator when neither fixed nor a grid)."""
@@ -82,10 +89,13 @@ class MaskedDiffusion:
     def describe(self) -> dict:
         """JSON-ready description, for meta.json."""
         t = ("fixed" if self.ratio is not None else "grid" if self.ratios else "uniform")
-        return {"policy": "diffusion", "t": t, "eps": self.eps, "ratio": self.ratio, "ratios": list(self.ratios),
-                "weights": "1/t", "normalisation": "real tokens (pre-training); response tokens, mean over "
-                "sequences (with a prompt)", "seed": self.seed, "min_selected": self.min_selected,
-                "shift": self.shift}
+        described = {"policy": "diffusion", "t": t, "eps": self.eps, "ratio": self.ratio, "ratios": list(self.ratios),
+                     "weights": "1/t", "normalisation": "real tokens (pre-training); response tokens, mean over "
+                     "sequences (with a prompt)", "seed": self.seed, "min_selected": self.min_selected,
+                     "shift": self.shift}
+        if self.corruption == "random":  # (the masked corruption's description stays as it was)
+            described.update(corruption="random", weights="1", loss="every maskable token outside the prompt")
+        return described
 
 
 @dataclass(frozen=True)

@@ -152,7 +152,8 @@ def load_model(spec: str = DEFAULT_MODEL, device: str = "cpu", dtype: str = "flo
                 hint = (f"{hint[:-1]}; its files also say that {' and that '.join(reasons)}: run it again with "
                         f"{' '.join([*given, '--adapter auto', *flags])}.")
         raise ModelLoadError(f"{err}{hint}") from None
-    model, info, auto_model = _load_weights(spec, path, config, dtype, trust_remote_code)
+    own_class = found.two_pass.model_class if found is not None and found.two_pass is not None else None
+    model, info, auto_model = _load_weights(spec, path, config, dtype, trust_remote_code, own_class)
     if type(model).__module__.startswith("transformers_modules"):  # remote code: its buffers (transformers#48892)
         _rebuild_buffers(model, spec)
     head_missing = [k for k in info.get("missing_keys", []) if not k.startswith(model.base_model_prefix + ".")]
@@ -258,10 +259,22 @@ def _known_to_transformers(kind: object, mapping) -> bool:
     return isinstance(kind, str) and kind in mapping
 
 
-def _load_weights(spec: str, path: str, config, dtype: str, trust_remote_code: bool) -> tuple[nn.Module, dict, bool]:
+def _load_weights(spec: str, path: str, config, dtype: str, trust_remote_code: bool,
+                  own_class: str | None = None) -> tuple[nn.Module, dict, bool]:
     """(model, loading info, loaded with ``AutoModel``): the masked-LM class; failing that, ``AutoModel`` for remote
-    code whose ``auto_map`` registers it (masked diffusion LMs: LLaDA, Dream), with ``trust_remote_code`` only."""
+    code whose ``auto_map`` registers it (masked diffusion LMs: LLaDA, Dream), with ``trust_remote_code`` only;
+    ``own_class``: the transformers class the adapter names (a two-pass model's: no masked-LM class maps it)."""
+    import transformers
     from transformers import AutoModel, AutoModelForMaskedLM
+
+    if own_class is not None:
+        try:
+            with quiet_transformers():
+                model, info = getattr(transformers, own_class).from_pretrained(
+                    path, config=config, dtype=DTYPES[dtype], output_loading_info=True)
+        except OSError as err:
+            raise ModelLoadError(f"could not load the weights of {spec!r}: {err}") from None
+        return model, info, False
 
     auto_map = getattr(config, "auto_map", None) or {}
     fallback = trust_remote_code and "AutoModel" in auto_map and "AutoModelForMaskedLM" not in auto_map

@@ -135,6 +135,8 @@ class CorpusJob:
     failure: Exception | None = None
     resume_from: int = 0
     stop: StopRequest = field(default_factory=StopRequest)
+    canvas: int | None = None
+    """A two-pass model's canvas length: batches of prompt and canvas (:mod:`gradflow.inputs.canvas`)."""
 
     def batches(self) -> Iterator[MaskedBatch]:
         """This process's masked batches of at most ``batch_size`` windows of ``max_length`` tokens (B, T).
@@ -147,10 +149,11 @@ class CorpusJob:
         if self.resume_from:
             windows = (w for w in self.windows() if w.sequence_index >= self.resume_from)
             groups = batches(shard(windows, self.rank, self.world), self.batch_size)
-            stream = (mask_windows(self.tokenizer, g, self.policy, self.max_length) for g in groups)
+            stream = (mask_windows(self.tokenizer, g, self.policy, self.max_length, self.canvas) for g in groups)
         else:
             stream = masked_batches(self.tokenizer, self.documents, self.policy, self.max_length, self.batch_size,
-                                    limit=self.limit, rank=self.rank, world_size=self.world, counts=self.counts)
+                                    limit=self.limit, rank=self.rank, world_size=self.world, counts=self.counts,
+                                    canvas=self.canvas)
         return self._reading(stream)
 
     def _reading(self, stream: Iterator[MaskedBatch]) -> Iterator[MaskedBatch]:
@@ -216,7 +219,20 @@ def open_job(loaded: LoadedModel, texts: str | Path | Sequence[str] | None, poli
     check_head_shift(policy, loaded)
     documents, source = open_corpus(texts, prompted)
     return CorpusJob(loaded.tokenizer, documents, source, policy, max_length, batch_size, limit, rank, world,
-                     time.time() if start is None else start)
+                     time.time() if start is None else start, canvas=canvas_length(loaded))
 
 
-__all__ = ["INTERRUPTED", "CorpusJob", "RoleTally", "check_head_shift", "check_max_length", "open_job"]
+def canvas_length(loaded: LoadedModel) -> int | None:
+    """The canvas length C of a two-pass model (its config's), None for a one-pass model."""
+    spec = loaded.adapter.two_pass
+    if spec is None:
+        return None
+    length = spec.default_canvas(loaded.model.config)
+    if length is None:
+        raise UsageError(f"{loaded.name} runs a prompt and a canvas through two passes, but its config gives no "
+                         f"{spec.canvas_length}: set it in config.json.")
+    return length
+
+
+__all__ = ["INTERRUPTED", "CorpusJob", "RoleTally", "canvas_length", "check_head_shift", "check_max_length",
+           "open_job"]
