@@ -1,11 +1,13 @@
-"""DiffusionGemma (block diffusion, transformers' ``diffusion_gemma``) is refused: these tests are the measurement.
+"""DiffusionGemma (block diffusion, transformers' ``diffusion_gemma``): the physics the adapter relies on, measured.
 
-A tiny DiffusionGemmaForBlockDiffusion (3 tied blocks, hidden 32, 4 experts, vocabulary 64) runs a prompt through
-the causal encoder and a canvas through the bidirectional decoder; the loss sits at some canvas positions, or at
-all of them (the published recipe). The tests show what the refusal in
-:data:`gradflow.adapters.refusals.REFUSED_BEYOND_MLM` states: the last decoder block's zero from positions without
-loss holds, the prompt reaches the last block only through the keys of the encoder's last layer, and every earlier
-block's tied weights take gradient from both passes, which a recorder of one block list on one sequence misses.
+A tiny DiffusionGemmaForBlockDiffusion (3 tied blocks, hidden 32, 4 experts, vocabulary 64; ``tests/tiny_diffusion_gemma.py``)
+runs a prompt through the causal encoder and a canvas through the bidirectional decoder; the loss sits at some canvas
+positions (masked diffusion), or at all of them (the published recipe). These tests measure what
+:mod:`gradflow.adapters.diffusion_gemma` states with plain autograd, no gradflow hook: the last decoder block's zero
+from positions without loss holds, the prompt reaches the last block only through the keys of the encoder's last
+layer, and every earlier block's tied weights take gradient from both passes (which is why the recorder joins the
+two passes of each depth: tests/hooks/test_two_pass.py). The last test: the type is supported, loads with its own
+class, and the coverage page says so.
 """
 
 from __future__ import annotations
@@ -13,21 +15,13 @@ from __future__ import annotations
 import pytest
 import torch
 from torch import nn
-from transformers import AutoConfig, DiffusionGemmaConfig, DiffusionGemmaForBlockDiffusion
+from transformers import AutoConfig
 
 from gradflow.adapters import adapter_for
 from gradflow.adapters.coverage import coverage_markdown, masked_lm_model_types
-from gradflow.adapters.refusals import REFUSED, REFUSED_BEYOND_MLM, refusal
-from gradflow.errors import ModelLoadError, UnsupportedArchitectureError
+from gradflow.adapters.refusals import REFUSED_BEYOND_MLM, refusal
 from gradflow.models.loading import load_model
-
-VOCAB, PROMPT, CANVAS, BATCH = 64, 6, 8, 2
-TEXT = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=2,
-            num_key_value_heads=1, head_dim=16, global_head_dim=16, num_global_key_value_heads=1, num_experts=4,
-            top_k_experts=2, moe_intermediate_size=16, sliding_window=64, max_position_embeddings=128,
-            layer_types=["sliding_attention", "sliding_attention", "full_attention"])
-VISION = dict(model_type="gemma4_vision", hidden_size=16, intermediate_size=24, num_hidden_layers=1,
-              num_attention_heads=2, num_key_value_heads=2, head_dim=8, patch_size=4, position_embedding_size=64)
+from tiny_diffusion_gemma import BATCH, CANVAS, PROMPT, VOCAB, build_tiny_diffusion_gemma_dir, tiny_diffusion_gemma
 
 # modules of a block that read only their own position after attention (zero from positions without loss in the
 # last block), and those on the key/value path (not zero); the flattened ones run on (B * T, H)
@@ -38,13 +32,6 @@ AFTER_MIXING = ("self_attn.q_proj", "self_attn.q_norm", "self_attn.o_proj", "pos
 KEY_PATH = ("input_layernorm", "self_attn.k_proj", "self_attn.k_norm", "self_attn.v_norm")
 LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj",
            "mlp.down_proj", "router.proj")
-
-
-def tiny_diffusion_gemma(seed: int = 0) -> DiffusionGemmaForBlockDiffusion:
-    config = DiffusionGemmaConfig(text_config=dict(TEXT), vision_config=dict(VISION), canvas_length=CANVAS,
-                                  boi_token_id=60, eoi_token_id=61, image_token_id=62)
-    torch.manual_seed(seed)
-    return DiffusionGemmaForBlockDiffusion(config).eval()
 
 
 def _inputs(seed: int = 1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -200,18 +187,20 @@ def test_tied_weight_gradient_is_both_passes(model):
                 assert torch.all(encoder == 0), name
 
 
-def test_refused_with_the_measured_reason(tmp_path):
-    reason = REFUSED_BEYOND_MLM["diffusion_gemma"][1]
-    assert reason.startswith("not supported yet: ") and "tests/adapters/test_diffusion_gemma.py" in reason
-    assert "diffusion_gemma" not in REFUSED and refusal("diffusion_gemma") == reason
-    assert set(REFUSED_BEYOND_MLM).isdisjoint(masked_lm_model_types())  # a mapped type belongs in REFUSED
-    with pytest.raises(UnsupportedArchitectureError) as err:
-        adapter_for(AutoConfig.for_model("diffusion_gemma"))
-    assert reason in str(err.value) and "'diffusion_gemma'" in str(err.value)
-    with pytest.raises(UnsupportedArchitectureError, match="tied blocks"):
-        adapter_for(tiny_diffusion_gemma())
-    tiny_diffusion_gemma().config.save_pretrained(tmp_path)
-    with pytest.raises(ModelLoadError, match="two passes through tied blocks"):
-        load_model(str(tmp_path))
+def test_supported_loaded_with_its_own_class(tmp_path):
+    """No refusal is left; the registered adapter is the two-pass one; a checkpoint directory loads with
+    ``DiffusionGemmaForBlockDiffusion`` (no masked-LM class maps the type) and its tokenizer; the coverage page lists
+    the type as supported by transformers' own class."""
+    assert REFUSED_BEYOND_MLM == {} and refusal("diffusion_gemma") is None
+    assert "diffusion_gemma" not in masked_lm_model_types()
+    adapter = adapter_for(AutoConfig.for_model("diffusion_gemma"))
+    assert adapter.family == "diffusion_gemma" and adapter.two_pass is not None
+    assert {"attn.q", "attn.out", "ffn.router", "ffn.experts.gate_up_proj", "ffn.experts.down_proj"} <= set(
+        adapter.after_mixing())
+    assert not {"attn.k", "attn.v", "attn.norm"} & set(adapter.after_mixing())
+    loaded = load_model(str(build_tiny_diffusion_gemma_dir(tmp_path / "dg")))
+    assert type(loaded.model).__name__ == "DiffusionGemmaForBlockDiffusion" and loaded.adapter is adapter
+    assert not loaded.model.training and loaded.tokenizer.mask_token_id is not None
     page = coverage_markdown()
-    assert "| `diffusion_gemma` | `DiffusionGemmaForBlockDiffusion` (transformers) | refused | - | " + reason in page
+    assert "| `diffusion_gemma` | DiffusionGemma (`DiffusionGemmaForBlockDiffusion`) | supported (diffusion_gemma, " \
+           "transformers) |" in page

@@ -70,7 +70,9 @@ def test_coverage_doc_is_current():
     moe = [line for line in experts.splitlines() if line.startswith("| `")]
     assert [r.split("`")[1] for r in moe] == ["olmoe", "mixtral", "qwen3_moe", "qwen2_moe"]
     assert all("ffn.router" in r and r.endswith("ffn.experts.gate_up_proj, ffn.experts.down_proj |") for r in moe)
-    assert "shifted (p predicts p + 1)" in rows[1] and "| unshifted |" in rows[0] and "| refused |" in rows[2]
+    assert "shifted (p predicts p + 1)" in rows[1] and "| unshifted |" in rows[0]
+    assert "| supported (diffusion_gemma, transformers) | unshifted: the canvas only;" in rows[2]
+    assert "| refused |" not in diffusion  # REFUSED_BEYOND_MLM is empty: DiffusionGemma is recorded
 
 
 def _module_output_grads(model, batch, paths: dict[str, str]) -> dict[str, torch.Tensor]:

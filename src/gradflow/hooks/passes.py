@@ -60,6 +60,10 @@ def join_states(states: list[BatchState]) -> BatchState:
             joined.matrices[key] = joined.matrices[key] + matrix if key in joined.matrices else matrix
         for key, counts in s.expert_counts.items():
             joined.expert_counts[key] = joined.expert_counts[key] + counts if key in joined.expert_counts else counts
+    shapes = {key[:3]: matrix for key, matrix in joined.matrices.items()}
+    for key, matrix in shapes.items():  # a role of a pass its gradient never reached: an exactly zero matrix
+        for code in joined.partition.present:
+            joined.matrices.setdefault((*key, ALL_ROLES[code]), torch.zeros_like(matrix))
     return joined
 
 
