@@ -25,8 +25,13 @@ from gradflow.roles import ALL_ROLES
 
 
 def pass_states(config: RecorderConfig, roles: torch.Tensor, sequence_index: torch.Tensor | None, num_sites: int,
-                widths: tuple[int, ...]) -> list[BatchState]:
-    """One empty state per pass: the (B, T) ``roles`` cut along T into ``widths`` (their sum T), in pass order."""
+                widths: tuple[int, ...] | None, adapter: Adapter) -> list[BatchState]:
+    """One empty state per pass: the (B, T) ``roles`` cut along T into ``widths`` (their sum T), in pass order; one
+    state of the whole batch for a one-pass ``adapter`` (``widths`` None)."""
+    if (widths is None) != (adapter.two_pass is None):
+        raise RecorderError("a two-pass model's capture takes the widths of its passes (P, C), and only it does")
+    if widths is None:
+        return [BatchState.start(config, roles, sequence_index, num_sites)]
     if sum(widths) != roles.shape[1] or any(w < 1 for w in widths):
         raise RecorderError(f"the passes' widths {widths} do not split the batch's {roles.shape[1]} positions")
     starts = [sum(widths[:k]) for k in range(len(widths))]
@@ -87,6 +92,13 @@ def _check_disjoint(key: tuple, parts: list[SublayerStats]) -> None:
                             "canvas's positions different roles")
 
 
+def check_pass_loss(adapter: Adapter, loss: object) -> None:
+    """Refuse the all-positions loss on a two-pass model (its logits cover the canvas only)."""
+    if adapter.two_pass is not None and loss == "all-positions":
+        raise RecorderError(f"{adapter.family} predicts the canvas only: the loss on every canvas position is the "
+                            "random-canvas objective's own loss (--objective random-canvas), not all-positions")
+
+
 def pass_inputs(adapter: Adapter, batch: MaskedBatch) -> dict:
     """The forward's keyword arguments of ``batch``: its own (one pass), or cut into prompt and canvas (two)."""
     spec = adapter.two_pass
@@ -114,4 +126,4 @@ def placed_logits(adapter: Adapter, batch: MaskedBatch, logits: torch.Tensor) ->
     return canvas_logits(logits, batch.prompt_width)
 
 
-__all__ = ["join_states", "pass_inputs", "pass_states", "pass_widths", "placed_logits"]
+__all__ = ["check_pass_loss", "join_states", "pass_inputs", "pass_states", "pass_widths", "placed_logits"]

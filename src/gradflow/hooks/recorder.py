@@ -31,7 +31,7 @@ from gradflow.adapters import Adapter, get_module
 from gradflow.errors import RecorderError
 from gradflow.hooks.batch_state import BatchState, RolePartition
 from gradflow.hooks.experts import expert_hooks, finish_experts
-from gradflow.hooks.passes import join_states, pass_inputs, pass_states, pass_widths, placed_logits
+from gradflow.hooks.passes import check_pass_loss, join_states, pass_inputs, pass_states, pass_widths, placed_logits
 from gradflow.hooks.split_experts import plain_fused, split_experts_forwards
 from gradflow.hooks.records import BatchRecord, RecorderConfig, SublayerRecord
 from gradflow.hooks.router_aux import aux_coefficient, aux_norms, forward_with_aux, measured_weights, router_aux_spec
@@ -193,12 +193,8 @@ class GradFlowRecorder:
         two-pass model's (P, C), the prompt's positions first (:func:`gradflow.hooks.passes.pass_widths`)."""
         if self._hooks is None:
             raise RecorderError("use the recorder as a context manager: `with GradFlowRecorder(model) as rec:`")
-        if (widths is None) != (self.adapter.two_pass is None):
-            raise RecorderError("a two-pass model's capture takes the widths of its passes (P, C), and only it does")
-        self._passes = (None if widths is None
-                        else pass_states(self.config, roles, sequence_index, len(self.site_names), widths))
-        self._batch = (BatchState.start(self.config, roles, sequence_index, len(self.site_names))
-                       if widths is None else self._passes[0])
+        states = pass_states(self.config, roles, sequence_index, len(self.site_names), widths, self.adapter)
+        self._batch, self._passes = states[0], (None if widths is None else states)
         try:
             yield self
         except BaseException:
@@ -261,9 +257,7 @@ class GradFlowRecorder:
         head's output elsewhere gets exactly zero gradient; see :func:`gradflow.losses.cross_entropy_at_labels`).
         """
         loss_fn = get_loss(loss, reduction)
-        if self.adapter.two_pass is not None and loss == "all-positions":
-            raise RecorderError(f"{self.adapter.family} predicts the canvas only: the loss on every canvas position is "
-                                "the random-canvas objective's own loss (--objective random-canvas), not all-positions")
+        check_pass_loss(self.adapter, loss)
         batch = batch.to(model_device(self.model))
         head = self._position_wise_head() if isinstance(loss, str) else None
         norms = {}

@@ -68,7 +68,8 @@ def prompted_encoding(tokenizer, prompt: str, response: str, max_length: int, wh
         raise CorpusError(f"{where}: the response tokenizes to no token; give it text.")
     if max_length - others < 1:
         raise CorpusError(f"{where}: the prompt takes {others} of the window's {max_length} tokens (special tokens "
-                          "included) and leaves none for the response; raise --max-length or shorten the prompt.")
+                          "included) and leaves none for the response (a two-pass model's canvas: no room); raise --max-length or "
+                          "shorten the prompt.")
     truncated = len(enc["input_ids"]) > max_length
     if truncated:
         enc = tokenizer(prompt, response, add_special_tokens=True, return_special_tokens_mask=True,
