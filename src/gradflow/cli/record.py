@@ -52,6 +52,10 @@ def _add_record_args(p: argparse.ArgumentParser) -> None:
                         "its training does, times its own router_aux_loss_coef or COEF; its gradient is split by "
                         "role like the loss's, and router_aux.csv gives each router's and experts weight's gradient "
                         "norm from the loss and from the term (default: the loss alone)")
+    p.add_argument("--shard", choices=["none", "fsdp2"], default="none",
+                   help="under torchrun: none (each rank a whole model copy; default) or fsdp2 (the parameters "
+                        "sharded across the ranks by FSDP2, each block a unit; batches dealt whole, the tables "
+                        "those of one process)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace the run files in a non-empty --out (an unfinished run's checkpoints too)")
     add_checkpointing(p)
@@ -99,7 +103,7 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
         sublayers=not args.norms_only, overwrite=args.overwrite, quiet=args.quiet,
         trust_remote_code=args.trust_remote_code, adapter=args.adapter, command=command_line(argv),
         resume=args.resume, checkpoint_every=args.checkpoint_every, checkpoint_minutes=args.checkpoint_minutes,
-        router_aux_loss=args.router_aux_loss,
+        router_aux_loss=args.router_aux_loss, shard=args.shard,
     )
     summary = record_corpus(config)
     if summary.meta:

@@ -9,7 +9,8 @@ file, flush, fsync, rename, directory fsync), and :func:`latest_checkpoint` fall
 Test hook: the environment variable ``GRADFLOW_FAULT=<point>:<n>`` (read by :func:`fault` only)
 kills the process with SIGKILL the n-th time the job passes ``<point>``: ``kill_in_checkpoint``
 (half of a checkpoint file written), ``kill_after_checkpoint``, ``kill_after_parts`` (the tables'
-parts closed, the checkpoint not yet written) or ``kill_at_batch`` (after a recorded batch).
+parts closed, the checkpoint not yet written) or ``kill_at_batch`` (after a recorded batch); ``<point>:<n>@<r>``
+kills only the process of torchrun rank r (``RANK``).
 """
 
 from __future__ import annotations
@@ -42,8 +43,8 @@ _passes: Counter = Counter()
 
 def fault(point: str) -> None:
     """Test hook: SIGKILL this process the n-th time ``point`` is passed when ``GRADFLOW_FAULT=point:n``."""
-    spec = os.environ.get(FAULT_ENV, "")
-    if not spec.startswith(point + ":"):
+    spec, _, rank = os.environ.get(FAULT_ENV, "").partition("@")
+    if not spec.startswith(point + ":") or (rank and rank != os.environ.get("RANK", "0")):
         return
     _passes[point] += 1
     if _passes[point] == int(spec.split(":", 1)[1]):

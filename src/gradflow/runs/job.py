@@ -27,9 +27,10 @@ written (:meth:`CorpusJob.refusal`).
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from itertools import groupby
 from pathlib import Path
 
 import torch
@@ -43,6 +44,7 @@ from gradflow.models import LoadedModel
 from gradflow.roles import LOSS_ROLES, TOKEN_ROLES, role_counts
 from gradflow.runs.interrupts import StopRequest, stop_on_sigint
 from gradflow.runs.meta import JobOutcome
+from gradflow.runs.sharding import lockstep
 
 INTERRUPTED = "interrupted (SIGINT)"
 """The ``error`` of meta.json when a job was interrupted."""
@@ -117,6 +119,9 @@ class CorpusJob:
     after that many windows of the whole corpus; ``rank``/``world`` shard the windows between
     processes. ``start`` is the job's start (``time.time()``, seconds) for meta.json's ``wall_s``.
     ``resume_from``: the first window (corpus-wide sequence index) not yet done (a resumed job).
+    ``idle``: the ranks run in step (a model sharded by FSDP2, :func:`gradflow.runs.sharding.lockstep`): batches
+    are dealt whole (the one-process run's batch k to rank ``k % world``), and a rank out of batches runs ``idle``
+    on a spare one (result dropped) while the others record; ``device``: where the ranks' flags are reduced.
     """
 
     tokenizer: object
@@ -137,6 +142,9 @@ class CorpusJob:
     stop: StopRequest = field(default_factory=StopRequest)
     canvas: int | None = None
     """A two-pass model's canvas length: batches of prompt and canvas (:mod:`gradflow.inputs.canvas`)."""
+    idle: Callable[[MaskedBatch], None] | None = None
+    device: str = "cpu"
+    _spare: Window | None = field(default=None, repr=False)
 
     def batches(self) -> Iterator[MaskedBatch]:
         """This process's masked batches of at most ``batch_size`` windows of ``max_length`` tokens (B, T).
@@ -146,6 +154,9 @@ class CorpusJob:
         uninterrupted pass makes. An error reading the corpus (a file vanished or unreadable mid-run)
         is raised as :class:`CorpusError` naming the corpus.
         """
+        if self.idle is not None:
+            stream = lockstep(self._whole_batches(), self.idle, self._filler, self.stop, self.device)
+            return self._reading(stream, own_stop=False)  # (a stop ends every rank at one step, in lockstep)
         if self.resume_from:
             windows = (w for w in self.windows() if w.sequence_index >= self.resume_from)
             groups = batches(shard(windows, self.rank, self.world), self.batch_size)
@@ -156,8 +167,26 @@ class CorpusJob:
                                     canvas=self.canvas)
         return self._reading(stream)
 
-    def _reading(self, stream: Iterator[MaskedBatch]) -> Iterator[MaskedBatch]:
-        while not self.stop.requested:  # Ctrl-C inside running(): end at this batch boundary
+    def _whole_batches(self) -> Iterator[MaskedBatch]:
+        """This rank's batches when batches are dealt whole (from ``resume_from`` on); the corpus' first window is
+        kept as the spare a rank out of batches keeps in step with."""
+        def dealt() -> Iterator[Window]:
+            for window in self.windows():
+                self._spare = self._spare or window
+                index = window.sequence_index
+                if index >= self.resume_from and (index // self.batch_size) % self.world == self.rank:
+                    yield window
+
+        for _, group in groupby(dealt(), key=lambda w: w.sequence_index // self.batch_size):
+            yield mask_windows(self.tokenizer, list(group), self.policy, self.max_length, self.canvas)
+
+    def _filler(self) -> MaskedBatch | None:
+        """The spare batch (the corpus' first window) of a rank that never had one; None: no window was read."""
+        return None if self._spare is None else mask_windows(self.tokenizer, [self._spare], self.policy,
+                                                             self.max_length, self.canvas)
+
+    def _reading(self, stream: Iterator[MaskedBatch], own_stop: bool = True) -> Iterator[MaskedBatch]:
+        while not (own_stop and self.stop.requested):  # Ctrl-C inside running(): end at this batch boundary
             try:
                 batch = next(stream)
             except StopIteration:

@@ -32,6 +32,7 @@ from gradflow.runs.job import CorpusJob, open_job
 from gradflow.runs.meta import JobInputs, job_meta
 from gradflow.runs.record_stats import RecordProgress, RecordStats, aux_setting, record_counts
 from gradflow.runs.record_tables import DISCARD_PATTERNS, Rows, SequenceTable, open_writers, part_name, sequence_tables
+from gradflow.runs.sharding import ShardPlan, check_sharding, shard_model
 from gradflow.runs.resume import (
     DEFAULT_EVERY,
     DEFAULT_MINUTES,
@@ -94,6 +95,7 @@ class RecordConfig:
     objective: MaskingPolicy | None = None
     prompted: PromptFields | None = None
     router_aux_loss: float | str | None = None  # the model's auxiliary router loss: "model" (its coefficient), a float
+    shard: str = "none"  # "fsdp2": the model sharded across torchrun's ranks (gradflow.runs.sharding)
 
     def policy(self) -> MaskingPolicy:
         """The masking policy of this recording, seeded by ``seed``."""
@@ -132,6 +134,7 @@ class _Job:
     fingerprint: dict = field(default_factory=dict)
     checkpointed: dict | None = None  # meta.json's "progress": what the last checkpoint holds
     checkpoint_s: float = 0.0
+    sharding: ShardPlan | None = None
 
     def summary(self, meta: dict | None = None) -> RunSummary:
         """The run summary as this process sees it."""
@@ -152,6 +155,7 @@ def _record_corpus(config: RecordConfig, loaded: LoadedModel | None, start: floa
     out = Path(config.out)
     texts = config.texts or default_texts()
     check_corpus_path(texts)  # before anything is created, so a bad path leaves nothing behind
+    check_sharding(config.shard, world, config.router_aux_loss)
     saved = open_resume(out, rank, world) if config.resume else None
     if rank == 0 and not config.resume:
         prepare_output_dir(out, config.overwrite)
@@ -159,6 +163,7 @@ def _record_corpus(config: RecordConfig, loaded: LoadedModel | None, start: floa
         torch.distributed.barrier()
     loaded = loaded or load_model(config.model, device, config.dtype, config.trust_remote_code, config.adapter,
                                   max_length=config.max_length)
+    loaded, plan = shard_model(loaded, device, world) if config.shard == "fsdp2" else (loaded, None)
     policy = config.policy()
     try:
         corpus = open_job(loaded, texts, policy, config.max_length, config.batch_size, limit=config.limit,
@@ -178,7 +183,9 @@ def _record_corpus(config: RecordConfig, loaded: LoadedModel | None, start: floa
         raise
     job = _Job(config, loaded, corpus, out, recorder.num_blocks,
                SiteAggregator(recorder.site_names, recorder.site_layers, recorder.site_points), SublayerAggregator())
-    job.stats.aux_coef = recorder.aux_coef
+    job.stats.aux_coef, job.sharding = recorder.aux_coef, plan
+    if plan is not None:  # the ranks run every step together: FSDP2's gathers are collectives
+        corpus.idle, corpus.device = lambda b: recorder.record(b, config.loss, config.reduction), device
     job.fingerprint = _fingerprint(job, texts)
     if saved is not None:
         _restore(job, saved, start)
@@ -210,7 +217,8 @@ def _fingerprint(job: _Job, texts: str) -> dict:
     return settings_fingerprint(job.loaded, cfg.model, texts, job.corpus.policy, seed=cfg.seed,
                                 max_length=cfg.max_length, batch_size=cfg.batch_size, limit=cfg.limit, loss=cfg.loss,
                                 reduction=cfg.reduction, sublayers=cfg.sublayers, dtype=cfg.dtype,
-                                world_size=job.corpus.world, **_prompted_meta(cfg), **aux_setting(cfg.router_aux_loss))
+                                world_size=job.corpus.world, **_prompted_meta(cfg), **aux_setting(cfg.router_aux_loss),
+                                **({"shard": cfg.shard} if job.sharding else {}))
 
 
 def _restore(job: _Job, saved: Checkpoint, start: float) -> None:
@@ -391,7 +399,8 @@ def _meta(job: _Job) -> dict:
         "dtype": cfg.dtype, "world_size": corpus.world,
         "counts": record_counts(corpus.counts, job.stats, cfg.prompted is not None), "mean_loss": job.stats.mean_loss,
     }
-    fields.update({**_prompted_meta(cfg), **job.stats.aux_meta(cfg.router_aux_loss)})
+    fields.update({**_prompted_meta(cfg), **job.stats.aux_meta(cfg.router_aux_loss),
+                   **({"sharding": job.sharding.describe()} if job.sharding else {})})
     if not corpus.complete and job.checkpointed:  # how far a --resume starts from
         fields["progress"] = {k: v for k, v in job.checkpointed.items() if k != "parts"}
     shared = weight_sharing(block_modules(loaded.adapter, loaded.model.base_model))
