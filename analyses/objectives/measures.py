@@ -299,17 +299,26 @@ def time_lines(out: Path) -> list[str]:
     return lines + [f"| all | {total[0]:.1f} | {total[1]:.1f} |"]
 
 
+def unigram_notes(stage: Stages) -> tuple[str, str]:
+    """The summary's bold note and its short repeat on the diffusion model: both empty once it left the unigram stage
+    by the curves (the second member, issue 60), else :data:`UNIGRAM` (the first)."""
+    if learned("diffusion", stage):
+        return "", ""
+    return f"**The diffusion model {UNIGRAM}.**", f" The diffusion model {UNIGRAM}."
+
+
 def summary_text(out: Path, pressure: Path, curves: Path = CURVES) -> str:
     """summary.md from the files in ``out`` and ``pressure`` (what the test recomputes); a model that did not leave
     the unigram stage by ``curves`` (``analyses.objectives.stage``) is marked in every table's labels."""
     stage = stages(curves)
+    bold, repeat = unigram_notes(stage)
     first = run_meta(out, RUNS[0])
     lines = ["# Four objectives at six blocks: where the training signal goes (plan Part 1)", "",
              ("Written by `python -m analyses.objectives.measures` from the files beside it (runs on the committed "
              f"sample, seed {first['seed']}, {first['counts']['sequences_recorded']} windows of up to "
              f"{first['max_length']} tokens; `tests/analyses/test_objectives_measures.py` recomputes it). "
              f"Measure 3 from `{relative(pressure)}` (`make -C analyses objectives-pressure`)."), "",
-             f"**The diffusion model {UNIGRAM}.**", "",
+             *([bold, ""] if bold else []),
              "## 1. Context / loss gradient-norm ratio by depth [95% CI]", "",
              ("Layer 0 is the embeddings output, layer k the output of block k (`reports/<run>/tables/role_ratios.csv`:"
              " context over the pooled loss positions, bootstrap over sequences). Own objective: the model's training "
@@ -317,7 +326,7 @@ def summary_text(out: Path, pressure: Path, curves: Path = CURVES) -> str:
     lines += ratio_lines(out, stage)
     lines += ["", (f"The diffusion model by t (`--mask-ratios {GRID}`, sequence i at the (i mod 10)-th t; "
               f"`reports/{GRID_RUN}/tables/mask_ratio_profile.csv`; t = 1 masks every token, so it has no context "
-              f"positions and no row). The diffusion model {UNIGRAM}."), ""]
+              f"positions and no row).{repeat}"), ""]
     lines += grid_lines(out, stage)
     lines += ["", "## 2. Exact-zero sublayers of the last block; skippable compute", "",
               ("Per run, from its report (`reports/<run>/tables/last_block.csv`, the weight's context share exactly 0); "
@@ -330,7 +339,7 @@ def summary_text(out: Path, pressure: Path, curves: Path = CURVES) -> str:
               "## 3. The last block's counterfactual pressure under the all-positions loss [95% CI]", "",
               ("BERT 15% corruption, the loss at every non-special position (`gradflow.analysis.pressure`: a context "
               "position's weight-gradient signal over a loss position's; vs earlier blocks: over the mean of blocks "
-              f"1-{first['num_layers'] - 1}). The diffusion model {UNIGRAM}."), ""]
+              f"1-{first['num_layers'] - 1}).{repeat}"), ""]
     lines += pressure_lines(pressure, stage)
     lines += ["", "## Commands and times (`meta.json`)", ""] + time_lines(out)
     return "\n".join(lines) + "\n"
@@ -344,6 +353,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--force", action="store_true", help="record the finished runs again")
     parser.add_argument("--limit", type=int, default=None, help="windows a run (smoke tests only)")
     parser.add_argument("--summary-only", action="store_true", help="rewrite summary.md from the files in --out")
+    parser.add_argument("--curves", default=relative(CURVES),
+                        help="the pretraining curves that say which model learned (default: the study's)")
     args = parser.parse_args(argv)
     out, pressure = ROOT / args.out, ROOT / args.pressure
     if not args.summary_only:
@@ -353,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
     if found:
         print("DEFECT: a measured exact-zero set disagrees with the theory:\n  " + "\n  ".join(found), file=sys.stderr)
         return 1
-    (out / "summary.md").write_text(summary_text(out, pressure), encoding="utf-8")
+    (out / "summary.md").write_text(summary_text(out, pressure, ROOT / args.curves), encoding="utf-8")
     print(f"wrote {relative(out / 'summary.md')}")
     return 0
 

@@ -16,6 +16,10 @@ For ``gradflow-mini-en-mask40`` and ``gradflow-mini-en-diffusion`` (``pretrain.p
 3. ``<figures>/cards.md``: per member its objective, steps, tokens, wall and CPU time, validation top-1 (BERT 15%
    and its own objective) and committed-sample top-1 (both).
 
+``--only NAME`` ships the named members and keeps the others' shipped cards (read from the companion). The card's
+objective comes from the run's recipe (:func:`objective_label`): the second diffusion member (issue 60, the MDLM recipe)
+is labelled with its recipe, not the first member's.
+
 A run without its final model (``build/<name>/model.safetensors``) is refused with what is missing; nothing is
 written then.
 """
@@ -38,6 +42,19 @@ NEW = {"gradflow-mini-en-mask40": "BERT 40% (80/10/10)",
 CORE = {"gradflow-mini-en": "BERT 15% (80/10/10)", "gradflow-mini-en-alltoken": "all-token (BERT 15% corruption)"}
 COMPANION = ROOT / "packages/gradflow-models/src/gradflow_models"
 COLOURS = ("#4477AA", "#EE6677", "#228833", "#CCBB44")  # Paul Tol's bright scheme: colour-blind safe
+HISTORY = ROOT / "figures/objectives/diffusion-v1"  # the first diffusion member (issue 52): its card and training log
+HISTORY_NAME = "gradflow-mini-en-diffusion (first member)"  # its rows' model name in the curves and the cards
+HISTORY_COLOUR = "#BBBBBB"  # Paul Tol's grey, dashed: a member no longer shipped
+
+
+RECIPES = {"mdlm": "masked diffusion, MDLM recipe (t ~ U(0.001, 1) antithetic, 1/t weights; untied embeddings, "
+                   "zero-initialised output, lr 3e-4 constant)"}
+"""The objective label of a member trained with ``pretrain.py --recipe NAME``."""
+
+
+def objective_label(name: str, recipe: dict) -> str:
+    """The card's objective: the named recipe's label when the run used one, else the member's objective."""
+    return RECIPES.get(recipe.get("recipe"), NEW[name])
 
 
 def own_policy(name: str):
@@ -79,7 +96,7 @@ def ship_one(run: Path, dest: Path, cpu_log: Path | None) -> dict:
         acc = mlm_accuracy(loaded, default_texts(), policy)
         held_out[key] = {"sample_top1": acc.top1, "sample_loss": acc.loss, "positions": acc.positions}
     recipe["held_out"] = {"sample_top1": held_out["bert15"]["sample_top1"], **held_out}
-    recipe["objective"] = NEW[dest.name]
+    recipe["objective"] = objective_label(dest.name, recipe)
     (dest / "recipe.json").write_text(json.dumps(recipe, indent=2) + "\n")
     return recipe
 
@@ -87,7 +104,15 @@ def ship_one(run: Path, dest: Path, cpu_log: Path | None) -> dict:
 def curves(figures: Path) -> pd.DataFrame:
     """The four members' training logs as one table (``model`` first): ``<figures>/pretraining_curves.csv``."""
     folders = {name: (ROOT / "src/gradflow/models" / name) if name in CORE else COMPANION / name for name in (*CORE, *NEW)}
+    if shipped_second_member():
+        folders[HISTORY_NAME] = HISTORY
     return training_logs(folders, figures)
+
+
+def shipped_second_member() -> bool:
+    """Whether the companion holds the second diffusion member (a recipe-trained one), the first kept as history."""
+    recipe = json.loads((COMPANION / "gradflow-mini-en-diffusion" / "recipe.json").read_text())
+    return recipe.get("recipe") in RECIPES
 
 
 def draw(table: pd.DataFrame, figures: Path) -> None:
@@ -102,11 +127,14 @@ def draw(table: pd.DataFrame, figures: Path) -> None:
 
     with gradflow_style("double"):
         fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(7.0, 2.6))
-        for name, colour in zip((*CORE, *NEW), COLOURS):
+        styles = [(name, colour, "o-") for name, colour in zip((*CORE, *NEW), COLOURS)]
+        for name, colour, style in styles + [(HISTORY_NAME, HISTORY_COLOUR, "s--")]:
             ev = table[table.model == name].dropna(subset=["valid_top1"])
+            if ev.empty:
+                continue
             label = name.replace("gradflow-", "")
-            ax_loss.plot(ev.tokens / 1e6, ev.valid_loss, "o-", color=colour, ms=3, label=label)
-            ax_acc.plot(ev.tokens / 1e6, ev.valid_top1, "o-", color=colour, ms=3, label=label)
+            ax_loss.plot(ev.tokens / 1e6, ev.valid_loss, style, color=colour, ms=3, label=label)
+            ax_acc.plot(ev.tokens / 1e6, ev.valid_top1, style, color=colour, ms=3, label=label)
         for ax in (ax_loss, ax_acc):
             ax.set_xlabel("training tokens (millions)")
         ax_loss.set_ylabel("validation cross-entropy (nats)")
@@ -126,7 +154,8 @@ def cards_markdown(cards: dict[str, dict]) -> str:
         cpu = f"{card['cpu_s'] / 60:.1f} min" if card.get("cpu_s") else "not logged"
         own_valid = card["final"].get("own_top1", card["final"]["valid_top1"])
         held = card["held_out"]
-        lines.append(f"| `{name}` | {card['objective']} | {card['steps']:,} | {card['tokens_seen'] / 1e6:.2f} M | "
+        label = f"`{name}`" if name != HISTORY_NAME else "`gradflow-mini-en-diffusion`, first member (history)"
+        lines.append(f"| {label} | {card['objective']} | {card['steps']:,} | {card['tokens_seen'] / 1e6:.2f} M | "
                      f"{card['wall_s'] / 60:.1f} min | {cpu} | {card['final']['valid_top1']:.4f} | {own_valid:.4f} | "
                      f"{held['bert15']['sample_top1']:.4f} | {held['own']['sample_top1']:.4f} |")
     return "\n".join(lines) + "\n"
@@ -147,16 +176,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--build", type=Path, default=ROOT / "build")
     p.add_argument("--figures", type=Path, default=ROOT / "figures/objectives")
     p.add_argument("--cpu-log", nargs="*", default=[], help="NAME=FILE: the CPU sampling file of NAME's training")
+    p.add_argument("--only", nargs="+", choices=sorted(NEW), default=list(NEW),
+                   help="ship these members; the others keep their shipped card (default: both)")
     args = p.parse_args(argv)
     logs = dict(item.split("=", 1) for item in args.cpu_log)
-    missing = [str(args.build / n / "model.safetensors") for n in NEW if not (args.build / n / "model.safetensors").is_file()]
+    missing = [str(args.build / n / "model.safetensors") for n in args.only
+               if not (args.build / n / "model.safetensors").is_file()]
     if missing:
         print(f"error: not finished: {', '.join(missing)} missing; let pretrain.py finish (or rerun it), then ship.",
               file=sys.stderr)
         return 2
     cards = {name: core_card(name) for name in CORE}
     for name in NEW:
-        cards[name] = ship_one(args.build / name, COMPANION / name, Path(logs[name]) if name in logs else None)
+        if name in args.only:
+            cards[name] = ship_one(args.build / name, COMPANION / name, Path(logs[name]) if name in logs else None)
+        else:
+            cards[name] = json.loads((COMPANION / name / "recipe.json").read_text())
+    if shipped_second_member():
+        cards[HISTORY_NAME] = json.loads((HISTORY / "card.json").read_text())
     draw(curves(args.figures), args.figures)
     (args.figures / "cards.md").write_text(cards_markdown(cards))
     print(cards_markdown(cards))

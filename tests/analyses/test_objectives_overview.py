@@ -187,16 +187,19 @@ def test_the_mark_follows_the_curves_not_the_name(tmp_path):
 
 
 def test_the_masked_diffusion_guide_states_the_member_s_stage_from_the_curves():
-    """Where a diffusion user lands: the member's stage, its top-1 as the committed curves give it, and a link to
-    the results page, before the guide's first section."""
+    """Where a diffusion user lands: the shipped (second) member learned and the first did not, their top-1 as the
+    curves give them (the second's: figures/objectives/diffusion-v2; the first's: the study's), and a link to the
+    results page, before the guide's first section."""
     guide = (overview.ROOT / "docs/guides/masked-diffusion.md").read_text()
-    top = guide[: guide.index("\n## ")]
-    stage = overview.stages()
-    diffusion, mini = stage["diffusion"], stage["mini-en"]
-    assert not diffusion.learned and "did not leave the unigram stage" in top
-    assert (f"{diffusion.last_top1:.3f} after {diffusion.last_step:,} steps, {diffusion.first_top1:.3f} at its first "
-            f"evaluation (step {diffusion.first_step:,})") in " ".join(top.split())
-    assert f"against {mini.last_top1:.3f} for `gradflow-mini-en`" in " ".join(top.split())
+    top = " ".join(guide[: guide.index("\n## ")].split())
+    first, mini = overview.stages()["diffusion"], overview.stages()["mini-en"]
+    second = stage_rule.stages(overview.ROOT / "figures/objectives/diffusion-v2/pretraining_curves.csv")[
+        "gradflow-mini-en-diffusion"]
+    assert second.learned and not first.learned and "The first member" in top and "did not leave the unigram" in top
+    assert f"Its validation top-1 at BERT 15% masking is {second.last_top1:.3f} after {second.last_step:,} steps" in top
+    assert (f"{first.last_top1:.3f} after {first.last_step:,} steps, {first.first_top1:.3f} at its first "
+            f"evaluation (step {first.first_step:,})") in top
+    assert f"against {mini.last_top1:.3f} for `gradflow-mini-en`" in top
     assert "(../results/objectives.md#the-models-and-their-training-budget)" in top and "issue 60" in top
     assert "is the subject of issue 52" not in guide
 
