@@ -50,8 +50,10 @@ REMOTE_CODE_FAMILIES = {"llada", "Dream", "dream"}  # tiny remote-code models: t
 
 
 def test_every_supported_model_type_is_a_tested_family():
-    # mixtures of experts (causal LMs, no masked-LM class): tests/hooks/test_experts.py runs each of MOE_FAMILIES
-    assert set(supported_model_types()) == set(FAMILIES) | REMOTE_CODE_FAMILIES | set(MOE_FAMILIES)
+    # mixtures of experts (causal LMs, no masked-LM class): tests/hooks/test_experts.py runs each of MOE_FAMILIES;
+    # DiffusionGemma (two passes through tied blocks): tests/hooks/test_two_pass.py, test_diffusion_gemma.py
+    two_pass = {"diffusion_gemma"}
+    assert set(supported_model_types()) == set(FAMILIES) | REMOTE_CODE_FAMILIES | set(MOE_FAMILIES) | two_pass
 
 
 def test_bert_layout_variants_keep_the_bert_family():

@@ -1,8 +1,8 @@
 """DiffusionGemma (block diffusion, transformers' ``diffusion_gemma``): the physics the adapter relies on, measured.
 
-A tiny DiffusionGemmaForBlockDiffusion (3 tied blocks, hidden 32, 4 experts, vocabulary 64; ``tests/tiny_diffusion_gemma.py``)
-runs a prompt through the causal encoder and a canvas through the bidirectional decoder; the loss sits at some canvas
-positions (masked diffusion), or at all of them (the published recipe). These tests measure what
+A tiny DiffusionGemmaForBlockDiffusion (3 tied blocks, hidden 32, 4 experts, vocabulary 64;
+``tests/tiny_diffusion_gemma.py``) runs a prompt through the causal encoder and a canvas through the bidirectional
+decoder; the loss sits at some canvas positions (masked diffusion), or at all of them (the published recipe). These tests measure what
 :mod:`gradflow.adapters.diffusion_gemma` states with plain autograd, no gradflow hook: the last decoder block's zero
 from positions without loss holds, the prompt reaches the last block only through the keys of the encoder's last
 layer, and every earlier block's tied weights take gradient from both passes (which is why the recorder joins the
@@ -204,3 +204,20 @@ def test_supported_loaded_with_its_own_class(tmp_path):
     page = coverage_markdown()
     assert "| `diffusion_gemma` | DiffusionGemma (`DiffusionGemmaForBlockDiffusion`) | supported (diffusion_gemma, " \
            "transformers) |" in page
+
+
+def test_declared_final_norm_and_head_reproduce_the_logits(model):
+    """The adapter's final norm (``decoder.norm``) and head (``lm_head`` then the tanh softcap) on the last decoder
+    block's output give the model's logits."""
+    from gradflow.adapters.diffusion_gemma import DIFFUSION_GEMMA
+
+    prompt, canvas, _ = _inputs()
+    seen = {}
+    handle = model.model.decoder.layers[-1].register_forward_hook(lambda m, a, out: seen.setdefault("out", out))
+    try:
+        with torch.no_grad():
+            logits = model(input_ids=prompt, decoder_input_ids=canvas).logits
+            hidden = model.model.get_submodule(DIFFUSION_GEMMA.final_norm)(seen["out"])
+            assert torch.equal(DIFFUSION_GEMMA.head.function(model)(hidden), logits)
+    finally:
+        handle.remove()

@@ -77,5 +77,6 @@ def test_a_prompt_that_leaves_the_canvas_no_room_is_one_sentence(model_dir, tmp_
                  str(tmp_path / "refused"), "--objective", "diffusion", *FLAGS])
     err = capsys.readouterr().err.strip()
     assert code == 2 and "\n" not in err and "Traceback" not in err
-    assert "line 1: the prompt takes" in err and "leaves none for the response (a two-pass model's canvas: no room)" in err
+    assert "line 1: the prompt takes" in err
+    assert "leaves none for the response (a two-pass model's canvas: no room)" in err
     assert not (tmp_path / "refused" / "meta.json").exists()
