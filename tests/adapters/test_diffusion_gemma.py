@@ -2,12 +2,12 @@
 
 A tiny DiffusionGemmaForBlockDiffusion (3 tied blocks, hidden 32, 4 experts, vocabulary 64;
 ``tests/tiny_diffusion_gemma.py``) runs a prompt through the causal encoder and a canvas through the bidirectional
-decoder; the loss sits at some canvas positions (masked diffusion), or at all of them (the published recipe). These tests measure what
-:mod:`gradflow.adapters.diffusion_gemma` states with plain autograd, no gradflow hook: the last decoder block's zero
-from positions without loss holds, the prompt reaches the last block only through the keys of the encoder's last
-layer, and every earlier block's tied weights take gradient from both passes (which is why the recorder joins the
-two passes of each depth: tests/hooks/test_two_pass.py). The last test: the type is supported, loads with its own
-class, and the coverage page says so.
+decoder; the loss sits at some canvas positions (masked diffusion), or at all of them (the published recipe). These
+tests measure what :mod:`gradflow.adapters.diffusion_gemma` states with plain autograd, no gradflow hook: the last
+decoder block's zero from positions without loss holds, the prompt reaches the last block only through the keys of
+the encoder's last layer, and every earlier block's tied weights take gradient from both passes (which is why the
+recorder joins the two passes of each depth: tests/hooks/test_two_pass.py). Then: the type is supported, loads with
+its own class, the coverage page says so, and the adapter's final norm and head reproduce the logits.
 """
 
 from __future__ import annotations
