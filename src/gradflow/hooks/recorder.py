@@ -123,14 +123,17 @@ class GradFlowRecorder:
         """Route every Linear sublayer module whose weight gradient comes from that module alone (a leaf
         float32, bfloat16 or float16 weight, not shared; ``nn.Linear``'s own forward) through
         :class:`~gradflow.hooks.split_linear.RoleSplitLinear`: under ``loss.backward()`` the largest role's
-        contribution is then one of the two products the weight gradient is computed from."""
+        contribution is then one of the two products the weight gradient is computed from. An FSDP2 weight (a
+        DTensor) is left alone: each forward swaps in a gathered copy, so its gradient node here never runs."""
+        from torch.distributed.tensor import DTensor
+
         uses = Counter(id(p) for _, p in self.model.named_parameters(remove_duplicate=False))
         linears = []
         for module in modules:
             weight = getattr(module, "weight", None)
             if (not isinstance(module, nn.Linear) or type(module).forward is not nn.Linear.forward
                     or not isinstance(weight, nn.Parameter) or not weight.requires_grad
-                    or weight.dtype not in SPLIT_DTYPES or uses[id(weight)] != 1):
+                    or weight.dtype not in SPLIT_DTYPES or uses[id(weight)] != 1 or isinstance(weight, DTensor)):
                 continue
             self._weight_nodes[id(module)] = get_gradient_edge(weight).node
             linears.append(module)

@@ -1,0 +1,130 @@
+"""Training-time gradient accounting (issue 62): 2 gloo ranks under DDP, DDP with accumulation and FSDP2 with
+accumulation give the rows one process gives on the same global batch; the local-micro-batch-mean loss is flagged
+with its scale; nothing runs at steps that are not logged; hooks never outlive a step."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+import accounting_worker as worker  # noqa: E402
+
+from gradflow.interventions.accounting import AccountingConfig, GradAccounting  # noqa: E402
+
+KEYS = ["group", "role", "t_bin", "quantity"]
+WHOLE = [slice(0, 8)]
+HALVES = [slice(0, 4), slice(4, 8)]
+
+
+def assert_same_rows(one: pd.DataFrame, many: pd.DataFrame, rtol: float = 1e-5) -> float:
+    """The same (group, role, t_bin, quantity) rows, values to ``rtol``, exact zeros exact; the worst deviation."""
+    merged = one.merge(many, on=KEYS, how="outer", suffixes=("_1", "_n"), indicator=True)
+    assert (merged["_merge"] == "both").all(), merged[merged["_merge"] != "both"]
+    x, y = merged["value_1"].to_numpy(np.float64), merged["value_n"].to_numpy(np.float64)
+    assert np.array_equal(x == 0, y == 0)
+    deviation = np.abs(x - y) / np.maximum(np.abs(x), 1e-30)
+    assert deviation.max() <= rtol, merged.iloc[int(deviation.argmax())]
+    return float(deviation.max())
+
+
+@pytest.fixture(scope="module")
+def reference() -> pd.DataFrame:
+    return worker.one_process(WHOLE).frame()
+
+
+def test_what_one_process_logs(reference):
+    rows = reference.set_index(KEYS)["value"]
+    assert set(reference.group) == {"model", "embeddings", "blocks.0", "blocks.1", "other"}
+    assert {"prompt", "pad", "masked", "context"} <= set(reference.role)  # prompt and padding: roles of their own
+    assert rows["blocks.1", "context", "", "hidden_grad_norm"] == 0  # past the last block's mixing: exactly zero
+    assert rows["blocks.1", "pad", "", "hidden_grad_norm"] == 0
+    assert rows["blocks.0", "prompt", "", "hidden_grad_norm"] > 0
+    counts = reference[(reference.quantity == "n_positions") & (reference.group == "blocks.0")]
+    by_role, by_t = counts[counts.t_bin == ""].value.sum(), counts[counts.t_bin != ""].value.sum()
+    assert by_role == 8 * 12 and by_t == 8 * 12 - rows["blocks.0", "pad", "", "n_positions"]  # t rows: no padding
+    assert rows["model", "all", "", "gradient_scale"] == pytest.approx(1.0, rel=1e-6)
+    assert rows["model", "all", "", "loss_tokens"] == 24
+
+
+def test_accumulation_in_one_process_equals_one_micro_batch(reference):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a global normaliser: no warning
+        accumulated = worker.one_process(HALVES).frame()
+    assert_same_rows(reference, accumulated)
+
+
+def test_local_micro_batch_mean_is_flagged():
+    with pytest.warns(UserWarning, match=r"2x what the objective's global-token normaliser gives .* accumulation"):
+        accounting = worker.one_process(HALVES, normaliser="local")
+    rows = accounting.frame().set_index(KEYS)["value"]
+    assert rows["model", "all", "", "gradient_scale"] == pytest.approx(2.0, rel=1e-6)  # grad_accum x (1 rank)
+    assert accounting.warned.count(". ") == 0  # one sentence
+
+
+def test_nothing_runs_at_other_steps_and_hooks_are_removed():
+    model = worker.tiny_model()
+    accounting = GradAccounting(model, AccountingConfig(every=50))
+    modules = list(model.modules())
+
+    def hooks() -> int:
+        return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in modules)
+
+    before = hooks()
+    batch = worker.global_batch()
+    with accounting.step(2):  # not logged: no hook, no capture, no row
+        assert hooks() == before and not accounting.armed
+        with accounting.micro_batch(batch["roles"], labels=batch["labels"]):
+            model(input_ids=batch["input_ids"]).logits.sum().backward()
+    assert accounting.rows == [] and hooks() == before
+    with pytest.raises(RuntimeError, match="boom"), accounting.step(50):
+        with accounting.micro_batch(batch["roles"], labels=batch["labels"]):
+            assert hooks() > before
+            raise RuntimeError("boom")
+    assert hooks() == before and not accounting.armed and accounting.rows == []
+
+
+@pytest.fixture
+def one_rank_group(tmp_path):
+    torch.distributed.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def test_fsdp2_weight_gradients_are_left_alone_by_the_recorder(one_rank_group, reference):
+    # an FSDP2 weight is swapped for a gathered copy at each forward: the recorder's split Linear must not run on it
+    # (its gradient would be dropped: the node it checks never runs)
+    from torch.distributed.fsdp import fully_shard
+
+    model = worker.tiny_model()
+    for layer in model.bert.encoder.layer:
+        fully_shard(layer)
+    fully_shard(model)
+    accounting = GradAccounting(model, AccountingConfig(every=50, t_bins=worker.T_BINS, sublayers=True))
+    worker.train_step(model, accounting, WHOLE, 1, "global")
+    assert_same_rows(reference, accounting.frame())
+
+
+@pytest.mark.slow
+def test_two_ranks_equal_one_process_under_ddp_fsdp2_and_accumulation(tmp_path, reference):
+    out = tmp_path / "rows.json"
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
+                           "29781", str(Path(worker.__file__)), str(out)], env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = json.loads(out.read_text())
+    assert set(results) == {"ddp", "ddp_accumulation", "fsdp2_accumulation"}
+    for name, rows in results.items():
+        assert_same_rows(reference, pd.DataFrame(rows))
