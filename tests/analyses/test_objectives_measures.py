@@ -15,12 +15,31 @@ ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / measures.DEFAULT_OUT
 PRESSURE = ROOT / measures.DEFAULT_PRESSURE
 AFTER_MIXING = ["attn.q", "attn.out", "attn.norm", "ffn.in", "ffn.out", "ffn.norm"]
+V2 = ROOT / "figures/objectives/diffusion-v2"  # the second diffusion member's Part 1, staged (issue 60)
+STUDIES = {"first diffusion member": (OUT, PRESSURE, ROOT / "figures/objectives/pretraining_curves.csv"),
+           "second diffusion member": (V2 / "measures", V2 / "pressure", V2 / "pretraining_curves.csv")}
 committed = pytest.mark.skipif(not (OUT / "summary.md").is_file(), reason="the Part 1 measures are not committed")
+each_study = pytest.mark.parametrize("study", sorted(STUDIES))
 
 
-@committed
-def test_the_summary_is_recomputed_from_the_committed_tables():
-    assert measures.summary_text(OUT, PRESSURE) == (OUT / "summary.md").read_text(encoding="utf-8")
+@each_study
+def test_the_summary_is_recomputed_from_the_committed_tables(study):
+    out, pressure, curves = STUDIES[study]
+    text = (out / "summary.md").read_text(encoding="utf-8")
+    assert measures.summary_text(out, pressure, curves) == text
+    # the unigram-stage note follows the curves: on the first member's tables, never on the second's
+    assert (measures.UNIGRAM in text) == (study == "first diffusion member")
+
+
+@each_study
+def test_the_exact_zero_sets_of_both_members_agree_with_the_theory(study):
+    out = STUDIES[study][0]
+    assert measures.defects(out) == []
+    for run in measures.RUNS:
+        expected = [] if run.name == "twin_all-positions" else AFTER_MIXING
+        assert sorted(measures.last_block_zero(out, run)) == sorted(expected), run.name
+    for label in measures.MODELS:
+        assert measures.check_zero(measures.check_result(out, label)) == AFTER_MIXING, label
 
 
 @committed
@@ -33,10 +52,10 @@ def test_the_exact_zero_sets_agree_with_the_theory():
         assert measures.check_zero(measures.check_result(OUT, label)) == AFTER_MIXING, label
 
 
-@committed
-def test_every_run_is_complete_on_the_committed_sample_with_its_objective():
+@each_study
+def test_every_run_is_complete_on_the_committed_sample_with_its_objective(study):
     for run in measures.RUNS:
-        meta = measures.run_meta(OUT, run)
+        meta = measures.run_meta(STUDIES[study][0], run)
         assert meta["complete"] and meta["seed"] == 0 and meta["texts"] == "gradflow:data/sotu_sample.txt"
         assert meta["model"] == measures.MODELS[run.label] and meta["limit"] is None
         assert meta["loss"] == ("all-positions" if run.name == "twin_all-positions" else "mlm")
@@ -47,11 +66,11 @@ def test_every_run_is_complete_on_the_committed_sample_with_its_objective():
             assert meta["masking"]["rate"] == (0.4 if run.name == "mask40_bert40" else 0.15)
 
 
-@committed
-def test_the_pressure_table_has_the_four_models():
+@each_study
+def test_the_pressure_table_has_the_four_models(study):
     import pandas as pd
 
-    frame = pd.read_csv(PRESSURE / "pressure.csv")
+    frame = pd.read_csv(STUDIES[study][1] / "pressure.csv")
     assert sorted(frame["model"].unique()) == sorted(measures.MODELS)
     assert (frame["loss"] == "all-positions").all()
 
