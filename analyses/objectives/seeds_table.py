@@ -119,7 +119,11 @@ def seed0_values(member: Member, root: Path = ROOT) -> dict:
     last = pressure[(pressure.model == s.pressure_label) & pressure.last_block.astype(bool)].set_index("sublayer")
     for sub in PRESSURE_SUBLAYERS:
         values[f"pressure {sub}"] = estimate(*last.loc[sub, ["pressure", "ci_low", "ci_high"]])
-    diffs = drop1_diffs(pd.read_csv(root / s.summaries), s.model, FT_SEEDS)
+    summaries = root / s.summaries
+    if not summaries.is_file():  # the second diffusion member's Part 3, staged, before its runs are summarised
+        values["drop1 - full"] = f"missing: no {relative(summaries)}"
+        return values
+    diffs = drop1_diffs(pd.read_csv(summaries), s.model, FT_SEEDS)
     values["drop1 - full"] = diffs if isinstance(diffs, str) else contrast(diffs)
     return values
 

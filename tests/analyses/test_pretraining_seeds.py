@@ -10,6 +10,7 @@ import math
 import shutil
 import statistics
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -32,7 +33,8 @@ def names(jobs):
 
 
 def test_jobs_come_seed_by_seed_for_the_configured_members():
-    assert names(ps.select()) == ["mini-en-s1", "twin-s1", "mask40-s1", "mini-en-s2", "twin-s2", "mask40-s2"]
+    assert names(ps.select()) == ["mini-en-s1", "twin-s1", "mask40-s1", "diffusion-s1", "mini-en-s2", "twin-s2",
+                                  "mask40-s2", "diffusion-s2"]
     assert names(ps.select(["mask40", "mini-en"], [2])) == ["mini-en-s2", "mask40-s2"]
 
 
@@ -42,8 +44,21 @@ def test_seeds_must_be_new_and_distinct(seeds):
         ps.select(None, seeds)
 
 
-def test_the_diffusion_member_trains_but_is_not_measured_until_configured(capsys):
+def test_the_diffusion_member_is_configured_from_its_staged_seed_0():
+    """The second diffusion member's seed 0 is read from figures/objectives/diffusion-v2 (its staged Part 1)."""
     member = ps.MEMBERS["diffusion"]
+    assert member.configured and member.own_objective == ("--objective", "diffusion")
+    values = st.seed0_values(member)
+    meta = json.loads((ROOT / member.seed0.measures / "runs" / member.seed0.run / "meta.json").read_text())
+    assert meta["model"] == "gradflow-mini-en-diffusion" and meta["masking"]["policy"] == "diffusion"
+    assert values["ratio"]["value"] == pytest.approx(0.342, abs=5e-4)  # summary.md's layer 5, own objective
+    assert values["pressure attn.q"]["value"] == pytest.approx(2.449, abs=5e-4)
+    assert "diffusion-s1" in [job.name for job in ps.parse(["measure"]).jobs]
+
+
+def test_an_unconfigured_member_trains_but_is_not_measured(monkeypatch, capsys):
+    member = replace(ps.MEMBERS["diffusion"], seed0=None)
+    monkeypatch.setitem(ps.MEMBERS, "diffusion", member)
     assert member.trainable and not member.configured  # its recipe is chosen; its seed 0's measures are not made
     with pytest.raises(ps.NotConfigured, match="figures/diffusion-diagnosis/diagnosis.md"):
         ps.select(["mini-en", "diffusion"])
@@ -60,8 +75,8 @@ def test_the_diffusion_member_trains_but_is_not_measured_until_configured(capsys
 
 def test_the_worker_split_takes_every_nth_job():
     jobs = ps.select()
-    assert names(ps.worker_share(jobs, "0/2")) == ["mini-en-s1", "mask40-s1", "twin-s2"]
-    assert names(ps.worker_share(jobs, "1/2")) == ["twin-s1", "mini-en-s2", "mask40-s2"]
+    assert names(ps.worker_share(jobs, "0/2")) == ["mini-en-s1", "mask40-s1", "mini-en-s2", "mask40-s2"]
+    assert names(ps.worker_share(jobs, "1/2")) == ["twin-s1", "diffusion-s1", "twin-s2", "diffusion-s2"]
     assert sorted(names(ps.worker_share(jobs, "0/2") + ps.worker_share(jobs, "1/2"))) == sorted(names(jobs))
     for bad in ("2/2", "1", "a/b"):
         with pytest.raises(ValueError):
@@ -230,7 +245,7 @@ def test_seed_0_is_the_single_seed_analyses_numbers():
                                                                    rel=1e-3)
     assert values["mask40", 0]["ratio"]["value"] == pytest.approx(0.224, abs=5e-4)
     assert values["twin", 0]["pressure attn.q"]["value"] == pytest.approx(0.0301, abs=5e-5)
-    assert all(isinstance(c, str) for s in (0, 1, 2) for c in values["diffusion", s].values())
+    assert isinstance(values["diffusion", 0]["ratio"]["value"], float)  # the second member's staged Part 1
 
 
 def synthetic_measures(out: Path, ratios: dict, pressures: dict) -> None:
