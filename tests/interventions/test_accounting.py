@@ -128,3 +128,42 @@ def test_two_ranks_equal_one_process_under_ddp_fsdp2_and_accumulation(tmp_path, 
     assert set(results) == {"ddp", "ddp_accumulation", "fsdp2_accumulation"}
     for name, rows in results.items():
         assert_same_rows(reference, pd.DataFrame(rows))
+
+
+
+def trainer_rows(tmp_path: Path, accumulation: int, loss_kwargs: bool = True) -> tuple[pd.DataFrame, list[dict]]:
+    """One optimizer step of a Trainer over the 8-row global batch in ``accumulation`` micro-batches (each of 3
+    loss tokens a row); ``loss_kwargs`` False: the Trainer divides each micro-batch's mean loss by the accumulation."""
+    from transformers import Trainer, TrainingArguments
+
+    from gradflow.interventions.accounting_callback import GradAccountingCallback
+
+    batch = worker.global_batch()
+    data = [{k: batch[k][i] for k in ("input_ids", "attention_mask", "labels")} for i in range(8)]
+    out = tmp_path / f"ga{accumulation}{loss_kwargs}"
+    args = TrainingArguments(output_dir=str(out), per_device_train_batch_size=8 // accumulation,
+                             gradient_accumulation_steps=accumulation, max_steps=1, learning_rate=1e-3,
+                             report_to=[], use_cpu=True, save_strategy="no", logging_steps=1, max_grad_norm=0.0,
+                             disable_tqdm=True)
+    trainer = Trainer(model=worker.tiny_model(), args=args, train_dataset=data)
+    trainer.model_accepts_loss_kwargs = trainer.model_accepts_loss_kwargs and loss_kwargs
+    callback = GradAccountingCallback.attach(trainer, every=50)
+    trainer.train()
+    frame = pd.read_csv(out / "gradflow_accounting.csv", keep_default_na=False)
+    assert len(frame) == len(callback.accounting.rows) > 0 and callback._hook is None
+    return frame, [h["gradflow/gradient_scale"] for h in trainer.state.log_history if "gradflow/gradient_scale" in h]
+
+
+def test_callback_audits_the_trainers_normalisation(tmp_path, reference):
+    one, scale = trainer_rows(tmp_path, 1)
+    assert scale == pytest.approx([1.0])
+    whole = ["grad_norm", "gradient_scale", "loss_tokens"]  # (its roles come from labels alone: no prompt here)
+    assert_same_rows(reference[reference.quantity.isin(whole)], one[one.quantity.isin(whole)])  # the plain loop's
+    # transformers 5 passes num_items_in_batch to BertForMaskedLM, whose loss ignores it (a micro-batch mean): the
+    # Trainer then leaves the loss undivided and the gradient doubles with 2 accumulation steps
+    with pytest.warns(UserWarning, match="2x what the objective's global-token normaliser gives"):
+        _, scale = trainer_rows(tmp_path, 2)
+    assert scale == pytest.approx([2.0])
+    divided, scale = trainer_rows(tmp_path, 2, loss_kwargs=False)  # mean / 2 over equal micro-batches: global
+    assert scale == pytest.approx([1.0])
+    assert_same_rows(one, divided)
