@@ -154,3 +154,32 @@ def test_lockstep_ends_every_rank_together(one_rank_group):
 
     with pytest.raises(OSError, match="gone"):  # the peers are told to stop, then the error is raised here
         list(lockstep(broken(), idle.append, lambda: None, StopRequest(), "cpu"))
+
+
+@pytest.mark.parametrize("family", ["bert", "albert", "deberta-v2", "olmoe"],
+                         ids=["tied-bert", "albert-one-block-at-every-depth", "held-out-deberta", "moe-olmoe"])
+def test_one_rank_fsdp2_record_equals_the_whole_model(one_rank_group, family):
+    from tests.tiny import tiny_batch, tiny_model, tiny_moe_model
+
+    from gradflow.adapters import adapter_for
+    from gradflow.hooks.recorder import GradFlowRecorder
+    from gradflow.models import LoadedModel
+
+    build = tiny_moe_model if family == "olmoe" else tiny_model
+    whole, sharded = build(family), build(family)
+    loaded, plan = shard_model(LoadedModel(sharded, None, family, family, adapter_for(sharded), "-"), "cpu", 1)
+    assert plan.units >= 1
+    batch = tiny_batch()
+    with GradFlowRecorder(whole) as rec:
+        one = rec.record(batch)
+    with GradFlowRecorder(loaded.model, adapter=loaded.adapter) as rec:
+        two = rec.record(batch)
+    pairs = [(one.grad_norm, two.grad_norm), (one.act_norm, two.act_norm)]
+    assert [(s.depth, s.sublayer, s.param) for s in one.sublayers] == [(s.depth, s.sublayer, s.param)
+                                                                         for s in two.sublayers]
+    pairs += [(a.contribution_norm, b.contribution_norm) for a, b in zip(one.sublayers, two.sublayers)]
+    pairs += [(a.magnitude_sum, b.magnitude_sum) for a, b in zip(one.sublayers, two.sublayers)]
+    for a, b in pairs:  # float32 rounding of each tensor's largest value (a relpos norm of 4e-13 is such rounding)
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6 * float(a.abs().max()))
+        assert torch.equal(a == 0, b == 0)
+    assert all(torch.equal(a.n_nonzero, b.n_nonzero) for a, b in zip(one.sublayers, two.sublayers))

@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from gradflow.adapters import block_modules
+from gradflow.adapters.norms import norm_like
 from gradflow.errors import UsageError
 from gradflow.inputs.masking import MaskedBatch
 from gradflow.models import LoadedModel
@@ -78,6 +79,8 @@ def shard_model(loaded: LoadedModel, device: str, world: int) -> tuple[LoadedMod
 
     mesh = init_device_mesh(torch.device(device).type, (world,))
     model = loaded.model
+    for module in model.modules():  # norms are probed (y = xhat * w + b?) while their weights are whole
+        norm_like(module)
     blocks = _distinct(block_modules(loaded.adapter, model.base_model))
     own = [block for block in blocks if _owns_parameters(model, block)]
     for block in own:
