@@ -21,7 +21,9 @@ def _one_line_error(capsys, argv) -> str:
     (["--objective", "diffusion", "--mask-rate", "0.4"],
      "--mask-rate applies to --objective bert or span, not to --objective diffusion"),
     (["--objective", "diffusion", "--whole-word"], "--whole-word applies to --objective bert, not to"),
-    (["--eps", "0.01"], "--eps applies to --objective diffusion, not to --objective bert"),
+    (["--eps", "0.01"], "--eps applies to --objective diffusion or random-canvas, not to --objective bert"),
+    (["--objective", "random-canvas", "--mask-rate", "0.4"],
+     "--mask-rate applies to --objective bert or span, not to --objective random-canvas"),
     (["--objective", "span", "--mask-ratio", "0.5"], "--mask-ratio applies to --objective diffusion"),
     (["--span-p", "0.3"], "--span-p applies to --objective span"),
     (["--objective", "diffusion", "--mask-ratio", "0.5", "--mask-ratios", "0.1,0.9"], "give one of them"),
@@ -32,7 +34,8 @@ def _one_line_error(capsys, argv) -> str:
     (["--objective", "diffusion", "--mask-ratios", "0.5,1.5"], "--mask-ratios must be comma-separated numbers"),
     (["--objective", "diffusion", "--mask-ratios", "a,b"], "--mask-ratios must be comma-separated numbers"),
     (["--objective", "span", "--span-max-words", "0"], "--span-max-words must be >= 1"),
-], ids=["rate under diffusion", "whole word under diffusion", "eps under bert", "ratio under span",
+], ids=["rate under diffusion", "whole word under diffusion", "eps under bert", "rate under random-canvas",
+        "ratio under span",
         "span p under bert", "ratio and grid", "eps 0", "eps 1", "t 0", "t above 1", "grid above 1", "grid not numbers",
         "no span words"])
 def test_bad_objective_options_are_one_sentence(tmp_path, capsys, tiny_mlm_dir, tiny_corpus, extra, message):
