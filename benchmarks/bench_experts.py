@@ -38,6 +38,7 @@ from gradflow import GradFlowRecorder, RecorderConfig, mlm_loss
 from gradflow.adapters import adapter_for
 from gradflow.inputs.masking import MaskedBatch
 from gradflow.roles import Role
+from peak_memory import PeakMemory  # benchmarks/peak_memory.py, beside this script
 
 MODES = ("bare", "norms", "full")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -123,27 +124,9 @@ def memory_one(args, mode: str) -> float:
     """Peak memory of one step of ``mode`` above the loaded model and batch (MiB)."""
     model, batch = build(args), make_batch(args)
     recorder = None if mode == "bare" else recorder_for(model, args, mode == "full")
-    if args.device.startswith("cuda"):
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-    else:
-        with open("/proc/self/clear_refs", "w") as fh:  # reset the peak-RSS high-water mark (Linux)
-            fh.write("5")
-        base = _status_mib("VmRSS")
-    with recorder if recorder is not None else contextlib.nullcontext():
+    with PeakMemory(args.device) as peak, recorder if recorder is not None else contextlib.nullcontext():
         step(mode, model, batch, recorder)
-    if args.device.startswith("cuda"):
-        return (torch.cuda.max_memory_allocated() - base) / 2**20
-    return _status_mib("VmHWM") - base
-
-
-def _status_mib(field: str) -> float:
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) / 1024
-    raise RuntimeError(f"{field} not in /proc/self/status")
+    return peak.mib
 
 
 def main() -> None:

@@ -40,6 +40,7 @@ from transformers import BertConfig, BertForMaskedLM
 from gradflow import BertMasking, GradFlowRecorder, MaskedDiffusion, RecorderConfig, SpanMasking, mlm_loss
 from gradflow.inputs.batch import pad_draws
 from gradflow.inputs.masking import MaskedBatch, TokenizerInfo, draw_sequence
+from peak_memory import PeakMemory  # benchmarks/peak_memory.py, beside this script
 
 MODES = ("bare", "norms", "full", "record-norms", "record-full", "captum-norms")
 
@@ -153,22 +154,13 @@ def memory_one(args, mode: str) -> float:
     recorder = None
     if mode not in ("bare", "captum-norms"):
         recorder = GradFlowRecorder(model, RecorderConfig(sublayers="full" in mode))
-    if args.device.startswith("cuda"):
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
-    else:
-        with open("/proc/self/clear_refs", "w") as fh:  # reset the peak-RSS high-water mark (Linux)
-            fh.write("5")
-        base = _status_mib("VmRSS")
-    if recorder is None:
-        step(mode, model, batch, {})
-    else:
-        with recorder:
-            step(mode, model, batch, {"norms": recorder, "full": recorder})
-    if args.device.startswith("cuda"):
-        return (torch.cuda.max_memory_allocated() - base) / 2**20
-    return _status_mib("VmHWM") - base
+    with PeakMemory(args.device) as peak:
+        if recorder is None:
+            step(mode, model, batch, {})
+        else:
+            with recorder:
+                step(mode, model, batch, {"norms": recorder, "full": recorder})
+    return peak.mib
 
 
 def ops_per_step(args) -> dict[str, int]:
@@ -195,14 +187,6 @@ def ops_per_step(args) -> dict[str, int]:
                 step(mode, model, batch, {mode: recorder})
         counts[mode] = Count.n
     return counts
-
-
-def _status_mib(field: str) -> float:
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) / 1024
-    raise RuntimeError(f"{field} not in /proc/self/status")
 
 
 def main() -> None:
