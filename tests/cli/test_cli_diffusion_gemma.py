@@ -1,5 +1,5 @@
 """``gradflow record`` on a tiny native DiffusionGemma (issue 61, part 3): both objectives, both corpus kinds, and
-the one-sentence refusal of a prompt that leaves the canvas no room.
+the one-sentence refusals of a prompt that leaves the canvas no room and of `gradflow check` (not two-pass yet).
 
 The run directory joins the encoder pass (the prompt, role ``prompt``) and the decoder pass (the canvas) of each
 depth: at the last layer every after-mixing sublayer has exactly 0 from the prompt (and, under masked diffusion,
@@ -80,3 +80,10 @@ def test_a_prompt_that_leaves_the_canvas_no_room_is_one_sentence(model_dir, tmp_
     assert "line 1: the prompt takes" in err
     assert "leaves none for the response (a two-pass model's canvas: no room)" in err
     assert not (tmp_path / "refused" / "meta.json").exists()
+
+
+def test_check_refuses_a_two_pass_model_in_one_sentence(model_dir, tiny_corpus, capsys):
+    code = main(["check", "--model", str(model_dir), "--texts", str(tiny_corpus), "--max-length", "24"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "\n" not in err and "Traceback" not in err
+    assert "gradflow check does not run two-pass models yet" in err and "gradflow record does" in err

@@ -170,7 +170,8 @@ def check_model(model: str | LoadedModel = "gradflow-mini-en", texts: str | None
     loaded = model if isinstance(model, LoadedModel) else load_model(model, device, "float32", trust_remote_code)
     name = loaded.name
     policy = BertMasking(seed=seed) if objective is None else replace(objective, seed=seed)
-    job = open_job(loaded, source, policy, max_length, batch_size, limit=batch_size, model=name)
+    job = open_job(loaded, source, policy, max_length, batch_size, limit=batch_size, model=name,
+                   one_pass="gradflow check")
     batch = next(job.batches(), None)
     if batch is None:
         raise CorpusError(f"the corpus {source} has no document with a maskable token: pass real text in the "

@@ -150,7 +150,8 @@ def diagnose_corpus(loaded: LoadedModel, texts: str | Path | Sequence[str] | Non
     ``overwrite`` lets a new job start over in a directory holding an unfinished job's checkpoint.
     """
     start = time.time()
-    job = open_job(loaded, texts, BertMasking(seed=seed), max_length, batch_size, limit=limit, start=start)
+    job = open_job(loaded, texts, BertMasking(seed=seed), max_length, batch_size, limit=limit, start=start,
+                   one_pass="gradflow diagnose")
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise DiagnosticsError(f"output path {out} exists and is a file; pass a directory.")

@@ -31,7 +31,8 @@ def mlm_accuracy(loaded: LoadedModel, texts: str, policy: BertMasking | None = N
     ``max_length`` longer than the model accepts raises :class:`~gradflow.errors.UsageError`;
     ``limit`` stops after that many windows.
     """
-    job = open_job(loaded, texts, policy or BertMasking(seed=0), max_length, batch_size, limit=limit)
+    job = open_job(loaded, texts, policy or BertMasking(seed=0), max_length, batch_size, limit=limit,
+                   one_pass="the MLM evaluation")
     model = loaded.model
     device = next(model.parameters()).device
     correct = total = correct_masked = total_masked = 0

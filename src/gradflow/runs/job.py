@@ -237,13 +237,19 @@ class CorpusJob:
 
 def open_job(loaded: LoadedModel, texts: str | Path | Sequence[str] | None, policy: MaskingPolicy,
              max_length: int, batch_size: int, *, limit: int | None = None, rank: int = 0, world: int = 1,
-             start: float | None = None, model: str | None = None, prompted: PromptFields | None = None) -> CorpusJob:
+             start: float | None = None, model: str | None = None, prompted: PromptFields | None = None,
+             one_pass: str | None = None) -> CorpusJob:
     """Check ``max_length`` against the model (:func:`check_max_length`, naming ``model``) and open ``texts``.
 
     ``texts``: a corpus path, a list of strings or None (the committed sample); see
     :func:`gradflow.inputs.corpus.open_corpus` (``prompted``: a prompt/response ``.jsonl`` corpus, whose
-    prompts are never masked). Nothing is read until the batches are iterated.
+    prompts are never masked). Nothing is read until the batches are iterated. ``one_pass``: the command, for a
+    job that does not run two-pass models yet (refused in one sentence).
     """
+    if one_pass is not None and loaded.adapter.two_pass is not None:
+        raise UsageError(f"{one_pass} does not run two-pass models yet ({loaded.name}, {loaded.adapter.family}: a "
+                         "prompt pass and a canvas pass through tied blocks); gradflow record does, and its "
+                         "sublayers.csv and channels.csv hold the exact zeros.")
     check_max_length(max_length, loaded, model)
     check_head_shift(policy, loaded)
     documents, source = open_corpus(texts, prompted)
