@@ -81,10 +81,17 @@ def summaries_of(regime_dir: Path, collected: Collected | None = None) -> pd.Dat
     return run_summaries(regime_dir, collected)
 
 
-def lr1e4_summaries(out: Path, convergence: Path = CONVERGENCE, new_runs: Collected | None = None) -> pd.DataFrame:
+def lr1e4_summaries(out: Path, convergence: Path = CONVERGENCE, new_runs: Collected | None = None,
+                    also: Path | None = None) -> pd.DataFrame:
     """The four models' lr 1e-4 runs: mini-en's and the twin's committed ones, the new models' from ``out``
-    (``new_runs``: those runs when the caller has read them already)."""
+    (``new_runs``: those runs when the caller has read them already), and from ``also`` (another experiment's
+    ``lr1e-4`` folder) those of a new model that ``out`` has no run of: the second diffusion member's staged folder
+    borrows mask40's runs from the study."""
     old, new = summaries_of(convergence), summaries_of(out / "lr1e-4", new_runs)
+    borrowed = summaries_of(also) if also is not None else pd.DataFrame(columns=NO_RUNS)
+    if not borrowed.empty:
+        borrowed = borrowed[~borrowed.model.isin(set(new.model))]
+        new = pd.concat([p for p in (new, borrowed) if not p.empty], ignore_index=True)
     parts = [p for p in (old[old.model.isin((MINI, TWIN))], new[new.model.isin(NEW_MODELS)]) if not p.empty]
     return pd.concat(parts, ignore_index=True) if parts else new
 
@@ -219,13 +226,14 @@ def write_seed_regime(out: Path, lr_summaries: pd.DataFrame, stage: Stages | Non
     return notes
 
 
-def write_report(out: Path = OUT, convergence: Path = CONVERGENCE, curves: Path = CURVES) -> list[str]:
+def write_report(out: Path = OUT, convergence: Path = CONVERGENCE, curves: Path = CURVES,
+                 also: Path | None = None) -> list[str]:
     """Every table of Parts 3 and 4 into ``out``, a model that did not learn by ``curves`` marked in the ``.md``
-    labels; returns (and prints) the sentences of what was not computed."""
+    labels (``also``: :func:`lr1e4_summaries`'s); returns (and prints) the sentences of what was not computed."""
     stage = stages(curves)
     out.mkdir(parents=True, exist_ok=True)
     new_runs = read_runs(out / "lr1e-4")
-    lr = lr1e4_summaries(out, convergence, new_runs)
+    lr = lr1e4_summaries(out, convergence, new_runs, also)
     write_cells(out, lr, "lr1e-4", stage)
     if new_runs is not None:
         write_curves_lr1e4(out / "lr1e-4", out, new_runs[0])
@@ -243,8 +251,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="mini-en's and the twin's committed lr 1e-4 runs (default %(default)s)")
     parser.add_argument("--curves", type=Path, default=CURVES,
                         help="the pretraining curves that say which model learned (default %(default)s)")
+    parser.add_argument("--also-lr1e-4", type=Path, default=None, metavar="DIR",
+                        help="another experiment's lr1e-4 folder: its runs of a new model that --out has none of")
     args = parser.parse_args(argv)
-    write_report(args.out, args.convergence, args.curves)
+    write_report(args.out, args.convergence, args.curves, args.also_lr1e_4)
     return 0
 
 

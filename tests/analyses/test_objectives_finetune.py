@@ -6,10 +6,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shutil
 from collections import Counter
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 from analyses.last_block_finetuning import powered_experiment as pe
 from analyses.objectives import budget, contrasts, design, finetune, report, stage
@@ -512,3 +514,19 @@ def test_the_committed_part_4_tables_are_recomputed_from_the_committed_runs() ->
     check_family(table, expected, contrasts.FAMILY_B)
     written = pd.read_csv(committed / "family_b.csv")
     same_table(committed / "family_b.csv", table.assign(at_lr1e4=written.at_lr1e4, steps=steps))
+
+
+def test_a_staged_member_borrows_the_other_new_model_s_runs(experiment, tmp_path: Path) -> None:
+    """The second diffusion member's staged folder holds only its own lr 1e-4 runs; ``also`` adds mask40's from the
+    study, and never a run of a model the staged folder has (the diffusion runs come from the staged folder alone)."""
+    staged = tmp_path / "staged"
+    for run in (experiment["out"] / "lr1e-4" / "runs").iterdir():
+        if run.name.startswith(design.DIFFUSION + "__"):
+            shutil.copytree(run, staged / "lr1e-4" / "runs" / run.name)
+    borrowed = report.lr1e4_summaries(staged, experiment["convergence"], also=experiment["out"] / "lr1e-4")
+    keys = ["model", "task", "arm", "seed"]
+    expected = experiment["summaries"].sort_values(keys).reset_index(drop=True)
+    pd.testing.assert_frame_equal(borrowed.sort_values(keys).reset_index(drop=True), expected, check_like=True)
+    assert not borrowed.duplicated(keys).any()  # the staged model's runs are never doubled by the borrowed folder's
+    alone = report.lr1e4_summaries(staged, experiment["convergence"])
+    assert set(alone.model) == {design.MINI, design.TWIN, design.DIFFUSION}  # without ``also``: no mask40
