@@ -129,6 +129,20 @@ def memory_one(args, mode: str) -> float:
     return peak.mib
 
 
+def profile(args) -> None:
+    """``--profile MODE``: one warm step of MODE under torch.profiler; the ops by self CPU time and the op count."""
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+    model, batch = build(args), make_batch(args)
+    recorder = None if args.profile == "bare" else recorder_for(model, args, args.profile == "full")
+    with recorder if recorder is not None else contextlib.nullcontext():
+        step(args.profile, model, batch, recorder)
+        with torch_profile(activities=[ProfilerActivity.CPU]) as prof:
+            step(args.profile, model, batch, recorder)
+    events = prof.key_averages()
+    print(f"{args.profile}: {sum(e.count for e in events)} ops, self CPU {sum(e.self_cpu_time_total for e in events) / 1e3:.1f} ms")
+    print(events.table(sort_by="self_cpu_time_total", row_limit=args.profile_rows))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--rounds", type=int, default=5)
@@ -146,10 +160,15 @@ def main() -> None:
     p.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
     p.add_argument("--recompute", action="store_true", help="the model's experts implementation runs during the "
                    "capture; the split recomputes the products it needs (default: gradflow runs the experts)")
+    p.add_argument("--profile", default=None, choices=MODES, help="profile one step of this mode (no timing)")
+    p.add_argument("--profile-rows", type=int, default=25)
     p.add_argument("--memory-child", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.profile:
+        profile(args)
+        return
     if args.memory_child:
         print(json.dumps({"peak_mib": memory_one(args, args.memory_child)}))
         return

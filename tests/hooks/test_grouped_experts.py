@@ -1,14 +1,20 @@
 """The batched arithmetic of the experts split (hooks/grouped_experts.py): grouped products equal the per-expert
-loop (torch's kernel and the fallback), and the split runs every expert in one grouped call while capturing."""
+loop (torch's kernel and the fallback), the split runs every expert in one grouped call while capturing, and its
+cheap path (the largest role's product, the rest as one more, the other roles' norms from Gram matrices) gives the
+per-role products' norms, autograd's gradient and the exact zeros."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from gradflow import GradFlowRecorder
+from gradflow import GradFlowRecorder, RecorderConfig
 from gradflow.hooks import grouped_experts
-from gradflow.hooks.grouped_experts import grouped, offsets
+from gradflow.hooks.batch_state import BatchState
+from gradflow.hooks.experts import ExpertSums
+from gradflow.hooks.grouped_experts import add_by_role, grouped, offsets
+from gradflow.losses import get_loss
+from gradflow.roles import NUM_ROLES, Role
 from tests.tiny import tiny_batch, tiny_moe_model
 
 
@@ -44,3 +50,80 @@ def test_split_runs_the_experts_in_grouped_calls(monkeypatch):
         rec.record(tiny_batch())
     roles = len(tiny_batch().roles.unique())
     assert 2 * 4 + 2 * 2 <= len(calls) <= 2 * (4 + 2 * roles)
+
+
+def _rows(dtype: torch.dtype, wide: int):
+    """Rows of 4 experts (expert 2 gets none), sorted by expert then role: context many, masked some, random and
+    special few, kept ``wide`` per expert (enough that its norm is its own product, not its Gram); kept's rows of
+    expert 3 and every ``x`` row of special zero (special: no contribution)."""
+    gen = torch.Generator().manual_seed(1)
+    per = {Role.MASKED: 3, Role.RANDOM: 1, Role.KEPT: wide, Role.CONTEXT: 20, Role.SPECIAL: 2}
+    expert, codes = [], []
+    for e in (0, 1, 3):
+        for role in sorted(per):
+            expert += [e] * per[role]
+            codes += [int(role)] * per[role]
+    expert, codes = torch.tensor(expert), torch.tensor(codes)
+    g = torch.randn(len(codes), 12, generator=gen, dtype=torch.float64).to(dtype)
+    x = torch.randn(len(codes), 8, generator=gen, dtype=torch.float64).to(dtype)
+    x[codes == Role.SPECIAL] = 0
+    g[(codes == Role.KEPT) & (expert == 3)] = 0
+    table = torch.bincount(expert * NUM_ROLES + codes, minlength=4 * NUM_ROLES).view(4, NUM_ROLES)
+    return g, x, codes, expert, table
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("wide", [2, 40], ids=["kept-from-gram", "kept-own-product"])
+def test_cheap_split_equals_the_per_role_products(dtype, wide):
+    """``add_by_role`` without materialising: each role's squared norm is the sum over experts of its product's
+    (rounding-bounded: 1e-5 relative in float32), the gradient is the sum of every expert's rows, and a role without
+    a contributing row (special: zero inputs) gets exactly 0."""
+    g, x, codes, expert, table = _rows(dtype, wide)
+    n = codes.numel()
+    state = BatchState.start(RecorderConfig(), torch.zeros(1, n, dtype=torch.int8), None, 1)
+    sums = ExpertSums.of(state, (0, "ffn.experts.down_proj", "weight"))
+    summed = add_by_role(sums, state, g, x, torch.arange(n), codes, expert, table, False, (4, 12, 8))
+    g64, x64 = g.double(), x.double()
+    for e in range(4):
+        rows = expert == e
+        expected = g64[rows].T @ x64[rows]
+        torch.testing.assert_close(summed[e].double(), expected, rtol=1e-5, atol=1e-5 * float(expected.abs().max()))
+    for code in range(NUM_ROLES):
+        expected = sum(float((g64[(codes == code) & (expert == e)].T @ x64[(codes == code) & (expert == e)])
+                             .square().sum()) for e in range(4))
+        assert abs(float(sums.squares[code]) - expected) <= 1e-5 * expected, Role(code)
+    assert float(sums.squares[int(Role.SPECIAL)]) == 0.0 and float(sums.squares[int(Role.PAD)]) == 0.0
+
+
+def test_cheap_split_under_backward_is_autograds_gradient():
+    """Under ``rec.capture`` and ``loss.backward()`` without materialising (the cheap path): the experts' ``.grad``
+    is a bare backward's (1e-5 of its norm), each role's norm is its materialised product's (1e-5 relative), and the
+    last block's roles without a loss get exactly 0."""
+    model = tiny_moe_model("olmoe")
+    batch = tiny_batch()
+    loss = get_loss("mlm", "batch")
+    names = ("gate_up_proj", "down_proj")
+    model.zero_grad(set_to_none=True)
+    loss(model(**batch.model_inputs()).logits, batch).backward()
+    bare = {(d, n): getattr(layer.mlp.experts, n).grad.clone() for d, layer in enumerate(model.model.layers)
+            for n in names}
+    frames = []
+    for materialize in (True, False):
+        model.zero_grad(set_to_none=True)
+        with GradFlowRecorder(model, RecorderConfig(materialize=materialize)) as rec:
+            with rec.capture(batch.roles):
+                loss(model(**batch.model_inputs()).logits, batch).backward()
+            frame = rec.result().sublayer_frame()
+        frames.append(frame[frame.sublayer.str.startswith("ffn.experts")].set_index(["layer", "sublayer", "role"]))
+    for (depth, name), grad in bare.items():  # the cheap path's gradient (the last loop's)
+        error = float((getattr(model.model.layers[depth].mlp.experts, name).grad - grad).norm())
+        assert error <= 1e-5 * float(grad.norm()), (depth, name, error)
+    products, cheap = frames
+    assert products.index.equals(cheap.index) and len(cheap)
+    torch.testing.assert_close(torch.tensor(cheap.contribution_norm.values),
+                               torch.tensor(products.contribution_norm.values), rtol=1e-5, atol=0)
+    assert ((products.contribution_norm == 0) == (cheap.contribution_norm == 0)).all()
+    last = cheap.xs(2, level="layer")
+    for role in ("context", "special"):
+        assert (last.xs(role, level="role").contribution_norm == 0).all(), role
+    assert (last.xs("masked", level="role").contribution_norm > 0).all()

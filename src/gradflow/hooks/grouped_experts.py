@@ -2,10 +2,12 @@
 
 The rows of a fused experts call, sorted by expert (then role), are groups of one tensor: ``grouped`` multiplies each
 expert's rows by its slab of a 3-D weight (torch's grouped matmul where it has a kernel: float32 and bfloat16 with
-16-byte aligned strides; else a loop over the experts, float64 included), and :func:`add_by_role` computes, per
-role, every expert's weight-gradient slab ``g_{e,r}^T x_{e,r}`` in one grouped call over the role's rows (gathered
-in expert order). Each expert's weight gradient is the sum of its roles' slabs (the products autograd's per-expert
-product is the sum of, no product beyond it), and each role's squared norm is that of its (E, D_out, D_in) slabs.
+16-byte aligned strides; else a loop over the experts, float64 included). :func:`add_by_role` computes a parameter's
+weight gradient as :mod:`gradflow.hooks.split_linear` does a Linear's: every expert's slab of the largest
+contributing role ``g_{e,big}^T x_{e,big}`` in one grouped call (its norm is the role's statistic), then the other
+roles' rows in one more, added (the flops of autograd's one product); the other roles' norms come from their
+per-(expert, role) Gram matrices, all blocks in one batched product (few rows each), or from their own product where
+that is cheaper or a row is unsafe. Materialised, each role's slabs are their own grouped call, kept and summed.
 """
 
 from __future__ import annotations
@@ -50,12 +52,19 @@ def grouped(a: torch.Tensor, b: torch.Tensor, ends: torch.Tensor, sizes: list[in
 
 
 def add_by_role(sums: ExpertSums, state: BatchState, g: torch.Tensor, x: torch.Tensor, tokens: torch.Tensor,
-                codes: torch.Tensor, table: torch.Tensor, transposed: bool, shape: tuple[int, ...]) -> torch.Tensor:
-    """Add the rows ``g`` (S, D_out) and ``x`` (S, D_in) of every expert (positions ``tokens``, roles ``codes``
-    (S,), sorted by expert then role; ``table`` (E, NUM_ROLES) the rows per expert and role) to ``sums`` and return
-    the (E, D_out, D_in) weight gradient, each expert's slab the sum of its roles' products. A role none of whose
-    rows contributes (a zero ``g`` or ``x`` row) gets no arithmetic (its norm exactly 0) unless a factor is
-    non-finite. ``transposed``: the parameter is stored (E, D_in, D_out), ``shape`` (materialised matrices)."""
+                codes: torch.Tensor, expert: torch.Tensor, table: torch.Tensor, transposed: bool,
+                shape: tuple[int, ...]) -> torch.Tensor:
+    """Add the rows ``g`` (S, D_out) and ``x`` (S, D_in) of every expert (positions ``tokens``, roles ``codes``,
+    experts ``expert`` (S,), sorted by expert, then role; ``table`` (E, NUM_ROLES) the rows per expert and role) to
+    ``sums`` and return the (E, D_out, D_in) weight gradient. ``transposed``: the parameter is stored
+    (E, D_in, D_out), ``shape`` (materialised matrices).
+
+    As :mod:`gradflow.hooks.split_linear` splits a Linear's, the gradient is two grouped products: the largest
+    contributing role's rows (its slabs' norm is the role's statistic), then the other rows added (the flops of
+    autograd's one product). Another role's norm comes from its per-expert Gram matrices (:func:`_gram_squares`,
+    float32) where cheaper than its product and its rows are safe, else from its own product. A role none of whose
+    rows contributes (a zero ``g`` or ``x`` row) gets no arithmetic (its norm exactly 0, its zero terms left out of
+    the sum) unless a factor is non-finite. Materialised: every role's own product (:func:`_role_products`)."""
     sums.shape = shape
     gn, xn = _norm(g), _norm(x)
     live = (gn > 0) & (xn > 0)
@@ -67,22 +76,89 @@ def add_by_role(sums: ExpertSums, state: BatchState, g: torch.Tensor, x: torch.T
     flags = torch.stack([live, unsafe], dim=1).float()
     per_role = torch.zeros(NUM_ROLES, 2, device=g.device).index_add_(0, codes, flags)
     n_live, n_unsafe = per_role.T.tolist()
+    if state.config.materialize:
+        return _role_products(sums, g, x, codes, table, transposed, shape, n_live, n_unsafe)
+    per_expert = table.T.tolist()
+    counts = [sum(rows) for rows in per_expert]
+    live_codes = [code for code in range(NUM_ROLES) if n_live[code]]
+    first = max(live_codes, key=counts.__getitem__, default=None)
+    summed = None
+    if first is not None:
+        summed = _product(g, x, codes, [first], table)
+        sums.squares[first] += _squares(summed)
+    rest = [code for code in range(NUM_ROLES) if code != first and counts[code] and (n_live[code] or n_unsafe[code])]
+    if rest:
+        product = _product(g, x, codes, rest, table)
+        summed = product if summed is None else summed.add_(product)
+    gram, own = [], []
+    for code in live_codes:
+        if code != first:
+            cheap = sum(n * n for n in per_expert[code]) * (g.shape[1] + x.shape[1]) < \
+                counts[code] * g.shape[1] * x.shape[1]
+            (gram if cheap and n_unsafe[code] == 0 else own).append(code)
+    if gram:
+        _gram_squares(sums, g, x, codes, expert, gram)
+    for code in own:  # its product beside the one above: its norm only
+        sums.squares[code] += _squares(_product(g, x, codes, [code], table))
+    return summed if summed is not None else g.new_zeros(table.shape[0], g.shape[1], x.shape[1])
+
+
+def _product(g: torch.Tensor, x: torch.Tensor, codes: torch.Tensor, chosen: list[int], table: torch.Tensor
+             ) -> torch.Tensor:
+    """Every expert's slab ``g_c^T x_c`` (E, D_out, D_in) over the rows of the roles ``chosen`` (gathered in expert
+    order; all of them when every role is chosen), in one grouped call."""
+    sizes = table[:, chosen].sum(dim=1)
+    if int(sizes.sum()) == codes.numel():
+        return grouped(g.T, x, offsets(sizes), sizes.tolist())
+    rows = (codes == chosen[0]).nonzero().squeeze(1) if len(chosen) == 1 else \
+        torch.isin(codes, torch.tensor(chosen, device=codes.device)).nonzero().squeeze(1)
+    return grouped(g[rows].T, x[rows], offsets(sizes), sizes.tolist())
+
+
+def _squares(slabs: torch.Tensor) -> torch.Tensor:
+    """The float64 squared Frobenius norm of slabs (E, D_out, D_in), safe in float32 and bfloat16."""
+    if slabs.dtype == torch.float64:
+        return torch.linalg.vector_norm(slabs).square()
+    return safe_norm(slabs, dim=(-2, -1)).double().square().sum()
+
+
+def _gram_squares(sums: ExpertSums, g: torch.Tensor, x: torch.Tensor, codes: torch.Tensor, expert: torch.Tensor,
+                  chosen: list[int]) -> None:
+    """Add the squared norms of the roles ``chosen``: ``||G_{e,r}||^2 = <g_{e,r} g_{e,r}^T, x_{e,r} x_{e,r}^T>`` for
+    every (expert, role) block at once, the blocks' rows zero-padded to the longest (float32; float64 rows in
+    float64)."""
+    rows = torch.isin(codes, torch.tensor(chosen, device=codes.device)).nonzero().squeeze(1)
+    keys, sizes = torch.unique_consecutive(expert[rows] * NUM_ROLES + codes[rows], return_counts=True)
+    block = torch.repeat_interleave(torch.arange(keys.numel(), device=g.device), sizes)
+    place = torch.arange(rows.numel(), device=g.device) - (sizes.cumsum(0) - sizes)[block]
+    wide = torch.float64 if g.dtype == torch.float64 else torch.float32
+    width = int(sizes.max())
+
+    def padded(values: torch.Tensor) -> torch.Tensor:
+        out = values.new_zeros(keys.numel(), width, values.shape[1], dtype=wide)
+        out[block, place] = values[rows].to(wide)
+        return out
+
+    gp, xp = padded(g), padded(x)
+    per_block = (gp @ gp.transpose(1, 2) * (xp @ xp.transpose(1, 2))).sum(dim=(1, 2), dtype=torch.float64)
+    sums.squares.index_add_(0, keys % NUM_ROLES, per_block.clamp(min=0))
+
+
+def _role_products(sums: ExpertSums, g: torch.Tensor, x: torch.Tensor, codes: torch.Tensor, table: torch.Tensor,
+                   transposed: bool, shape: tuple[int, ...], n_live: list[float], n_unsafe: list[float]
+                   ) -> torch.Tensor:
+    """Materialised: every role's (E, D_out, D_in) slabs in one grouped call over its rows (gathered in expert
+    order), its norm from them, kept, and their sum returned."""
     counts = table.sum(dim=0).tolist()
     summed = None
     for code in range(NUM_ROLES):
         if counts[code] == 0 or (n_live[code] == 0 and n_unsafe[code] == 0):  # every term exactly zero
             continue
-        rows = (codes == code).nonzero().squeeze(1)  # in expert order
-        sizes = table[:, code]
-        product = grouped(g[rows].T, x[rows], offsets(sizes), sizes.tolist())  # (E, D_out, D_in)
+        product = _product(g, x, codes, [code], table)
         if n_live[code]:
-            flat = product.reshape(-1, product.shape[-1])
-            norm = (torch.linalg.vector_norm(flat) if flat.dtype == torch.float64
-                    else safe_norm(flat, dim=(-2, -1)))
-            sums.squares[code] += norm.double() ** 2
-            if state.config.materialize:
-                full = sums.matrices.setdefault(code, torch.zeros(shape, dtype=g.dtype, device=g.device))
-                full.add_(product.transpose(1, 2) if transposed else product)
+            sums.squares[code] += _squares(product)
+            full = sums.matrices.setdefault(code, torch.zeros(shape, dtype=g.dtype, device=g.device))
+            full.add_(product.transpose(1, 2) if transposed else product)
         summed = product if summed is None else summed.add_(product)
     if summed is None:
         summed = g.new_zeros(table.shape[0], g.shape[1], x.shape[1])

@@ -62,14 +62,14 @@ class RoleSplitExperts(torch.autograd.Function):
         y = grouped(expert_gate(module, u), w2.transpose(1, 2), ends, sizes)
         weighted = (y * pair_weights[:, None]).to(hidden.dtype)
         out = torch.zeros_like(hidden).index_add_(0, tokens, weighted)
-        ctx.save_for_backward(hidden, weights, gate_up, down, tokens, slot, role, u, y, table, ends)
+        ctx.save_for_backward(hidden, weights, gate_up, down, tokens, expert, slot, role, u, y, table, ends)
         ctx.module, ctx.spec, ctx.name, ctx.state, ctx.depth, ctx.sizes, ctx.k = (module, spec, name, state, depth,
                                                                                 sizes, index.shape[1])
         return out
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        hidden, weights, gate_up, down, tokens, slot, role, u, y, table, ends = ctx.saved_tensors
+        hidden, weights, gate_up, down, tokens, expert, slot, role, u, y, table, ends = ctx.saved_tensors
         spec, state, depth, k, sizes = ctx.spec, ctx.state, ctx.depth, ctx.k, ctx.sizes
         w1 = gate_up.transpose(1, 2) if spec.transposed else gate_up
         w2 = down.transpose(1, 2) if spec.transposed else down
@@ -87,7 +87,7 @@ class RoleSplitExperts(torch.autograd.Function):
         grads = []
         for param, rows_out, rows_in, full in zip(FUSED_PARAMS, (du, dz), (x, h.detach()), (gate_up, down)):
             sums = ExpertSums.of(state, (depth, f"{ctx.name}.{param}", "weight"))
-            summed = add_by_role(sums, state, rows_out, rows_in, tokens, role, table, spec.transposed,
+            summed = add_by_role(sums, state, rows_out, rows_in, tokens, role, expert, table, spec.transposed,
                                  tuple(full.shape))
             grads.append(summed.transpose(1, 2) if spec.transposed else summed)
         return (grad_hidden, grad_weights.view_as(weights).to(weights.dtype), grads[0], grads[1],
