@@ -32,7 +32,7 @@ def test_the_summary_is_recomputed_from_the_committed_tables(study):
 
 
 @each_study
-def test_the_exact_zero_sets_of_both_members_agree_with_the_theory(study):
+def test_the_exact_zero_sets_agree_with_the_theory(study):
     out = STUDIES[study][0]
     assert measures.defects(out) == []
     for run in measures.RUNS:
@@ -40,16 +40,6 @@ def test_the_exact_zero_sets_of_both_members_agree_with_the_theory(study):
         assert sorted(measures.last_block_zero(out, run)) == sorted(expected), run.name
     for label in measures.MODELS:
         assert measures.check_zero(measures.check_result(out, label)) == AFTER_MIXING, label
-
-
-@committed
-def test_the_exact_zero_sets_agree_with_the_theory():
-    assert measures.defects(OUT) == []
-    for run in measures.RUNS:
-        expected = [] if run.name == "twin_all-positions" else AFTER_MIXING
-        assert sorted(measures.last_block_zero(OUT, run)) == sorted(expected), run.name
-    for label in measures.MODELS:
-        assert measures.check_zero(measures.check_result(OUT, label)) == AFTER_MIXING, label
 
 
 @each_study
