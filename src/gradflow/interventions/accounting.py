@@ -44,6 +44,7 @@ import torch
 from torch import nn
 
 from gradflow.adapters import adapter_for, block_modules, get_module
+from gradflow.adapters.norms import norm_like
 from gradflow.hooks.recorder import BatchRecord, GradFlowRecorder, RecorderConfig
 from gradflow.hooks.sites import block_group_name, depth_occurrences, distinct_blocks
 from gradflow.interventions.normalisation import LossWeights, normalisation_warning, token_weights
@@ -100,6 +101,7 @@ class GradAccounting:
         self.model = model.module if ddp else model
         self.config = config or AccountingConfig()
         self.groups = parameter_groups(self.model)
+        probe_sharded_norms(self.model)
         self.rows: list[dict] = []
         self.warned: str | None = None
         self._recorder: GradFlowRecorder | None = None
@@ -303,6 +305,27 @@ def grad_square_sums(groups: list[ParamGroup]) -> tuple[torch.Tensor, torch.Tens
     return sharded, whole
 
 
+def probe_sharded_norms(model: nn.Module) -> None:
+    """Let the recorder's norm probe (is it ``y = xhat * w + b``?) see whole weights under FSDP2: each leaf with a
+    1-D sharded ``weight`` (and ``bias``) gets its gathered parameters for the probe (cached per module), then its
+    shards back. A collective (``full_tensor``): every rank calls it, in the same module order, at construction."""
+    from torch.distributed.tensor import DTensor
+
+    for module in model.modules():
+        params = dict(module.named_parameters(recurse=False))
+        weight = params.get("weight")
+        if (next(module.children(), None) is not None or not isinstance(weight, DTensor) or weight.dim() != 1
+                or set(params) - {"weight", "bias"}):
+            continue
+        whole = {name: nn.Parameter(p.full_tensor().detach(), requires_grad=p.requires_grad)
+                 for name, p in params.items()}
+        module._parameters.update(whole)
+        try:
+            norm_like(module)
+        finally:
+            module._parameters.update(params)
+
+
 def _world() -> int:
     dist = torch.distributed
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
@@ -316,4 +339,5 @@ def _reduce_device(model: nn.Module) -> torch.device:
 
 
 __all__ = ["ACCOUNTING_COLUMNS", "ACCOUNTING_FILE", "REDUCTIONS", "AccountingConfig", "GradAccounting", "ParamGroup",
-           "grad_square_sums", "parameter_groups"]
+           "grad_square_sums", "parameter_groups",
+           "probe_sharded_norms"]
