@@ -56,9 +56,9 @@ import torch
 from torch import nn
 from transformers import TrainerCallback
 
-from gradflow.adapters import adapter_for, block_modules, get_module
+from gradflow.adapters import adapter_for
 from gradflow.hooks.recorder import BatchRecord, GradFlowRecorder, RecorderConfig, RecorderError
-from gradflow.hooks.sites import block_group_name, depth_occurrences, distinct_blocks, parse_block_group
+from gradflow.hooks.sites import block_group_name, parse_block_group
 from gradflow.inputs.masking import mlm_roles
 from gradflow.roles import LOSS_ROLES
 from gradflow.schema import CALLBACK_COLUMNS, CALLBACK_FILE
@@ -386,23 +386,11 @@ def _is_mlm_model(model: nn.Module | None) -> bool:
 
 
 def _param_groups(model: nn.Module) -> list[_Group]:
-    """``embeddings``, one group per distinct block module (in call order), then ``other``."""
-    adapter = adapter_for(model)
-    base = model.base_model
-    seen: set[int] = set()
+    """``embeddings``, one group per distinct block module (in call order), then ``other``: the accounting's
+    :func:`~gradflow.interventions.accounting.parameter_groups`, with room for the drift's initial weights."""
+    from gradflow.interventions.accounting import parameter_groups
 
-    def take(module: nn.Module) -> list[nn.Parameter]:
-        out = [p for p in module.parameters() if id(p) not in seen]
-        seen.update(id(p) for p in out)
-        return out
-
-    groups = [_Group(EMBEDDINGS_GROUP, take(get_module(base, adapter.embeddings)))]
-    blocks = block_modules(adapter, base)
-    depths = depth_occurrences(blocks)
-    for block in distinct_blocks(blocks):
-        groups.append(_Group(block_group_name(depths[id(block)]), take(block)))
-    groups.append(_Group("other", take(model)))
-    return [g for g in groups if g.params]
+    return [_Group(group.name, group.params) for group in parameter_groups(model)]
 
 
 def _drift(group: _Group) -> float:
