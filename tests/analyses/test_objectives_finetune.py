@@ -530,3 +530,32 @@ def test_a_staged_member_borrows_the_other_new_model_s_runs(experiment, tmp_path
     assert not borrowed.duplicated(keys).any()  # the staged model's runs are never doubled by the borrowed folder's
     alone = report.lr1e4_summaries(staged, experiment["convergence"])
     assert set(alone.model) == {design.MINI, design.TWIN, design.DIFFUSION}  # without ``also``: no mask40
+
+
+def test_the_staged_part_3_tables_of_the_second_diffusion_member_are_recomputed() -> None:
+    """figures/objectives/diffusion-v2/finetune: Family A, the secondary contrasts and the cells with the second
+    diffusion member's 80 staged runs and mask40's 80 from the study (mini-en's and the twin's reused), by hand too."""
+    from analyses.last_block_finetuning.powered_report import cells
+
+    staged = design.ROOT / "figures/objectives/diffusion-v2/finetune"
+    summaries = report.lr1e4_summaries(staged, also=design.OUT / "lr1e-4")
+    assert len(summaries) == 160 + 80 + 40 and (summaries.model == design.DIFFUSION).sum() == 80
+    assert set(summaries[summaries.model == design.DIFFUSION].run_id) == {
+        run.name for run in (staged / "lr1e-4" / "runs").iterdir()}
+    table = contrasts.family_a(summaries)
+    same_table(staged / "family_a.csv", table)
+    same_table(staged / "secondary.csv", contrasts.secondary(summaries))
+    same_table(staged / "cells_lr1e-4.csv", cells(summaries))
+    metric = {"brown-pos": "accuracy", "brown-propn": "entity_f1"}
+
+    def staged_auc(model: str, task: str, arm: str, seed: int) -> float:
+        folder = staged if model == design.DIFFUSION else design.OUT
+        curve = pd.read_csv(folder / "lr1e-4" / "runs" / f"{model}__{task}__{arm}__s{seed}" / "eval.csv")
+        val = curve[(curve.split == "validation") & (curve.metric == metric[task])].sort_values("step")
+        assert val.step.tolist() == LR_STEPS
+        return auc(LR_STEPS, val.value.tolist())
+
+    expected = {(m, t, a): np.array([staged_auc(m, t, a, s) - staged_auc(m, t, "full", s) for s in range(10)])
+                for m in NEW for t in TASKS for a in ("drop1", "reinit1", "repair1")}
+    check_family(table, expected, 12)
+    assert "†" not in (staged / "family_a.md").read_text()  # the second member learned: nothing is marked
