@@ -60,6 +60,7 @@ from gradflow.adapters import adapter_for
 from gradflow.hooks.recorder import BatchRecord, GradFlowRecorder, RecorderConfig, RecorderError
 from gradflow.hooks.sites import block_group_name, parse_block_group
 from gradflow.inputs.masking import mlm_roles
+from gradflow.interventions.accounting import parameter_groups
 from gradflow.roles import LOSS_ROLES
 from gradflow.schema import CALLBACK_COLUMNS, CALLBACK_FILE
 
@@ -388,8 +389,6 @@ def _is_mlm_model(model: nn.Module | None) -> bool:
 def _param_groups(model: nn.Module) -> list[_Group]:
     """``embeddings``, one group per distinct block module (in call order), then ``other``: the accounting's
     :func:`~gradflow.interventions.accounting.parameter_groups`, with room for the drift's initial weights."""
-    from gradflow.interventions.accounting import parameter_groups
-
     return [_Group(group.name, group.params) for group in parameter_groups(model)]
 
 
