@@ -1,5 +1,5 @@
-"""Shared fixtures: a tiny BERT MLM saved with a real (tiny) WordPiece tokenizer, built offline, and a toy tagging
-task of its words."""
+"""Shared fixtures: a tiny BERT MLM saved with a real (tiny) WordPiece tokenizer, built offline, a toy tagging
+task of its words, and a one-rank gloo process group."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 SAMPLE_LINES = [
     "The progress of public credit is witnessed by a considerable rise of American stock abroad.",
@@ -18,7 +19,6 @@ SAMPLE_LINES = [
 
 def build_tiny_mlm_dir(path: Path, layers: int = 2, seed: int = 0) -> Path:
     """Save a random tiny BertForMaskedLM and a WordPiece tokenizer trained on SAMPLE_LINES."""
-    import torch
     from tokenizers import BertWordPieceTokenizer
     from transformers import BertConfig, BertForMaskedLM, BertTokenizerFast
 
@@ -37,7 +37,6 @@ def build_tiny_mlm_dir(path: Path, layers: int = 2, seed: int = 0) -> Path:
 @pytest.fixture(scope="session")
 def bare_encoder_dir(tmp_path_factory) -> Path:
     """A checkpoint directory with a head-less BertModel (no masked-LM head)."""
-    import torch
     from transformers import BertConfig, BertModel
 
     path = build_tiny_mlm_dir(tmp_path_factory.mktemp("bare"))
@@ -72,11 +71,20 @@ def diffusion_run(tiny_mlm_dir, tiny_corpus, tmp_path_factory) -> Path:
     return out
 
 
+@pytest.fixture
+def one_rank_group(tmp_path):
+    """A gloo process group of one rank in this process (removed after the test)."""
+    torch.distributed.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        torch.distributed.destroy_process_group()
+
+
 @pytest.fixture(autouse=True)
 def torch_threads_unchanged():
     """Every test leaves torch's CPU thread count as it found it: a leaked setting changes later tests' float
     reductions (the resume tests compare an in-process run with a subprocess's bytes)."""
-    import torch
 
     before = torch.get_num_threads()
     yield

@@ -447,6 +447,22 @@ def test_seed_regime_runs_off_the_s_schedule_are_left_out(tmp_path: Path) -> Non
 
 
 @pytest.mark.slow
+def family_a_by_hand(folder_of) -> dict:
+    """Family A's paired AUC differences from the per-run eval.csv files alone (trapezoids by hand): the runs of
+    model M under ``folder_of(M) / "lr1e-4" / "runs"``."""
+    metric = {"brown-pos": "accuracy", "brown-propn": "entity_f1"}
+
+    def run_auc(model: str, task: str, arm: str, seed: int) -> float:
+        run = folder_of(model) / "lr1e-4" / "runs" / f"{model}__{task}__{arm}__s{seed}"
+        curve = pd.read_csv(run / "eval.csv")
+        val = curve[(curve.split == "validation") & (curve.metric == metric[task])].sort_values("step")
+        assert val.step.tolist() == LR_STEPS
+        return auc(LR_STEPS, val.value.tolist())
+
+    return {(m, t, a): np.array([run_auc(m, t, a, s) - run_auc(m, t, "full", s) for s in range(10)])
+            for m in NEW for t in TASKS for a in ("drop1", "reinit1", "repair1")}
+
+
 def test_the_committed_part_3_tables_are_recomputed_from_the_committed_runs() -> None:
     """figures/objectives/finetune's Family A, secondary contrasts and cells are what the committed runs give
     (mini-en's and the twin's from the powered experiment, the new models' 160 from Part 3)."""
@@ -463,18 +479,7 @@ def test_the_committed_part_3_tables_are_recomputed_from_the_committed_runs() ->
     same_table(committed / "secondary.csv", contrasts.secondary(summaries))
     same_table(committed / "cells_lr1e-4.csv", cells(summaries))
     # Family A again from the per-run eval.csv files alone: trapezoid AUCs, paired t-tests, Holm, MDEs by hand
-    runs = committed / "lr1e-4" / "runs"
-    metric = {"brown-pos": "accuracy", "brown-propn": "entity_f1"}
-
-    def committed_auc(model: str, task: str, arm: str, seed: int) -> float:
-        curve = pd.read_csv(runs / f"{model}__{task}__{arm}__s{seed}" / "eval.csv")
-        val = curve[(curve.split == "validation") & (curve.metric == metric[task])].sort_values("step")
-        assert val.step.tolist() == LR_STEPS
-        return auc(LR_STEPS, val.value.tolist())
-
-    expected = {(m, t, a): np.array([committed_auc(m, t, a, s) - committed_auc(m, t, "full", s) for s in range(10)])
-                for m in NEW for t in TASKS for a in ("drop1", "reinit1", "repair1")}
-    check_family(table, expected, 12)
+    check_family(table, family_a_by_hand(lambda model: committed), 12)
 
 
 @pytest.mark.slow
@@ -546,16 +551,5 @@ def test_the_staged_part_3_tables_of_the_second_diffusion_member_are_recomputed(
     same_table(staged / "family_a.csv", table)
     same_table(staged / "secondary.csv", contrasts.secondary(summaries))
     same_table(staged / "cells_lr1e-4.csv", cells(summaries))
-    metric = {"brown-pos": "accuracy", "brown-propn": "entity_f1"}
-
-    def staged_auc(model: str, task: str, arm: str, seed: int) -> float:
-        folder = staged if model == design.DIFFUSION else design.OUT
-        curve = pd.read_csv(folder / "lr1e-4" / "runs" / f"{model}__{task}__{arm}__s{seed}" / "eval.csv")
-        val = curve[(curve.split == "validation") & (curve.metric == metric[task])].sort_values("step")
-        assert val.step.tolist() == LR_STEPS
-        return auc(LR_STEPS, val.value.tolist())
-
-    expected = {(m, t, a): np.array([staged_auc(m, t, a, s) - staged_auc(m, t, "full", s) for s in range(10)])
-                for m in NEW for t in TASKS for a in ("drop1", "reinit1", "repair1")}
-    check_family(table, expected, 12)
+    check_family(table, family_a_by_hand(lambda model: staged if model == design.DIFFUSION else design.OUT), 12)
     assert "†" not in (staged / "family_a.md").read_text()  # the second member learned: nothing is marked

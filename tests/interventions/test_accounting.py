@@ -93,15 +93,6 @@ def test_nothing_runs_at_other_steps_and_hooks_are_removed():
     assert hooks() == before and not accounting.armed and accounting.rows == []
 
 
-@pytest.fixture
-def one_rank_group(tmp_path):
-    torch.distributed.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        torch.distributed.destroy_process_group()
-
-
 def test_fsdp2_weight_gradients_are_left_alone_by_the_recorder(one_rank_group, reference):
     # an FSDP2 weight is swapped for a gathered copy at each forward: the recorder's split Linear must not run on it
     # (its gradient would be dropped: the node it checks never runs)

@@ -111,16 +111,6 @@ def test_refusals_are_one_sentence(tmp_path, tiny_mlm_dir, tiny_corpus, capsys):
     check_sharding("none", 1, "model")
 
 
-@pytest.fixture
-def one_rank_group(tmp_path):
-    """A gloo process group of one rank in this process (removed after the test)."""
-    torch.distributed.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        torch.distributed.destroy_process_group()
-
-
 def test_shard_model_keeps_tied_embeddings_in_the_root(one_rank_group, tiny_mlm_dir):
     from torch.distributed.fsdp import FSDPModule
     from torch.distributed.tensor import DTensor
