@@ -48,6 +48,8 @@ def distributed_session(device: str) -> Iterator[tuple[int, int, str]]:
     rank, world, device = init_distributed(device)
     try:
         yield rank, world, device
+        if created and world > 1 and torch.distributed.is_initialized():
+            torch.distributed.barrier()  # no rank tears its group down while another's last collective runs
     finally:
         if created and world > 1 and torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
