@@ -23,7 +23,7 @@ from transformers import TrainerCallback
 
 from gradflow.adapters import adapter_for
 from gradflow.interventions.accounting import ACCOUNTING_COLUMNS, ACCOUNTING_FILE, AccountingConfig, GradAccounting
-from gradflow.interventions.callback import loss_side_roles
+from gradflow.interventions.callback import GradFlowCallback, loss_side_roles
 
 
 class GradAccountingCallback(TrainerCallback):
@@ -49,13 +49,9 @@ class GradAccountingCallback(TrainerCallback):
         self._taken = 0
         self._write = True
 
-    @classmethod
-    def attach(cls, trainer, every: int = 50, **kwargs) -> "GradAccountingCallback":
-        """Create a callback, add it to ``trainer`` and send its scalars through ``trainer.log``."""
-        callback = cls(every, **kwargs)
-        callback.trainer = trainer
-        trainer.add_callback(callback)
-        return callback
+    attach = classmethod(GradFlowCallback.attach.__func__)
+    """Create a callback, add it to ``trainer`` and send its scalars through ``trainer.log`` (as
+    :meth:`GradFlowCallback.attach`)."""
 
     def on_train_begin(self, args, state, control, model=None, processing_class=None, **kwargs):
         self.tokenizer = self.tokenizer if self.tokenizer is not None else processing_class
