@@ -216,7 +216,7 @@ def unlearned_note(stage: Stage, learned: list[Stage]) -> str:
     return (f"{UNLEARNED} {stage.model} did not leave the unigram stage: its validation top-1 at BERT 15% was "
             f"{stage.first_top1:.3f} at its first evaluation (step {stage.first_step:,}) and {stage.last_top1:.3f} at "
             f"its last (step {stage.last_step:,}), not above {LEFT_UNIGRAM_TOP1:.2f}, the rule for a model that learned "
-            f"(`figures/objectives/pretraining_curves.csv`{reached}). Its cells describe a model that has not learned "
+            f"(`{stage.curves}`{reached}). Its cells describe a model that has not learned "
             "to use context, not masked diffusion as an objective, and none of them is bold whatever its p "
             "(plan deviation 1, `figures/objectives/plan.md`).")
 
@@ -231,9 +231,10 @@ def markdown(table: pd.DataFrame, stage: dict[str, Stage]) -> str:
     for (part, measure), sub in table.groupby(["part", "measure"], sort=False):
         by = {r.model: cell(r, bool(r.learned)) for r in sub.itertuples()}
         lines.append(f"| {part} | {measure} | " + " | ".join(by.get(m, "-") for m in labels) + " |")
+    never = f" (never in a column marked {UNLEARNED})" if not all(learned.values()) else ""
     note = ("Bold: Holm-adjusted p < 0.05 in the family that tests the contrast (mini-en at lr 1e-4: the 6-block "
             "experiment's, m = 14; mask40 and diffusion: Family A, m = 12; lr 1e-5: Family B, m = 8), for a model "
-            f"that learned (never in a column marked {UNLEARNED}); the twin's lr 1e-4 contrast is in no family. Every "
+            f"that learned{never}; the twin's lr 1e-4 contrast is in no family. Every "
             "interval is a 95% CI: bootstrap over sequences (Part 1), over test sentences (Part 2), paired t over "
             "fine-tuning seeds (Parts 3-4). Written by `python -m analyses.objectives.overview` from the committed "
             "tables of Parts 1-4.")

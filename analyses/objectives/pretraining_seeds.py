@@ -24,8 +24,8 @@ Jobs come seed by seed (seed 1 of every member before seed 2: a cut leaves whole
 every n-th job from the i-th, ``--max-minutes`` starts no job after that many minutes (``train``, ``measure``;
 ``finetune`` resumes run by run instead), and ``train`` stops the job in progress then with its state
 (``pretrain.py --max-minutes``), resumed by the next call. The default members are the
-configured ones: all four, the second diffusion member's seed 0 read from its staged folder
-(``figures/objectives/diffusion-v2``).
+configured ones: all four (the diffusion member is the second, whose Parts replaced the first's in the study's
+folders; the first's are in ``figures/objectives/diffusion-v1``).
 """
 
 from __future__ import annotations
@@ -126,14 +126,10 @@ MEMBERS: dict[str, Member] = {
     "mask40": Member("mask40", MASK40, "mask40", 3262, 227, (), ("--mask-rate", "0.4"),
                      Seed0("mask40_bert40", "mask40", MASK40)),
     # the new diffusion member: the recipe the diagnosis chose (figures/diffusion-diagnosis/member.md: mdlm at 1x,
-    # 3,059 steps, float32 as it trained; pretrain.py reproduces its seed 0's losses bit for bit); its seed 0's
-    # Part 1 and Part 3 are staged in figures/objectives/diffusion-v2 until they replace the first member's
+    # 3,059 steps, float32 as it trained; pretrain.py reproduces its seed 0's losses bit for bit)
     "diffusion": Member("diffusion", "gradflow-mini-en-diffusion", "diffusion", 3059, 212,
                         ("--recipe", "mdlm", "--fp32"), ("--objective", "diffusion"),
-                        Seed0("diffusion_diffusion", "diffusion", "gradflow-mini-en-diffusion",
-                              measures="figures/objectives/diffusion-v2/measures",
-                              pressure="figures/objectives/diffusion-v2/pressure/pressure.csv",
-                              summaries="figures/objectives/diffusion-v2/finetune/run_summaries_lr1e-4.csv")),
+                        Seed0("diffusion_diffusion", "diffusion", "gradflow-mini-en-diffusion")),
 }
 
 

@@ -21,7 +21,9 @@ CURVES = ROOT / "figures/objectives/pretraining_curves.csv"  # each member's hel
 # figures/objectives/diagnostics and the plan); every run that learned was at 0.19 or more by step 450.
 LEFT_UNIGRAM_TOP1 = 0.10
 UNLEARNED = "†"  # after the name of a model that did not leave the unigram stage (the overview: after every cell)
-OVERVIEW_NOTE = "figures/objectives/overview.md"  # where the long note is (the results page's first table)
+STUDY = "figures/objectives"  # the study's folder: its curves, and its overview with the long note
+# (each study's overview sits beside its curves: the first diffusion member's, kept as history, in
+# figures/objectives/diffusion-v1)
 OBJECTIVES = {"gradflow-mini-en": "BERT 15%", "gradflow-mini-en-alltoken": "all-token training",
               "gradflow-mini-en-mask40": "BERT 40%", "gradflow-mini-en-diffusion": "masked diffusion"}
 
@@ -35,6 +37,17 @@ class Stage:
     first_top1: float
     last_step: int
     last_top1: float
+    study: str = STUDY  # the folder of the curves it was read from, relative to the repository
+
+    @property
+    def overview(self) -> str:
+        """The study's overview, whose note the footnote points to."""
+        return f"{self.study}/overview.md"
+
+    @property
+    def curves(self) -> str:
+        """The study's pretraining curves, where the stage was read."""
+        return f"{self.study}/pretraining_curves.csv"
 
     @property
     def learned(self) -> bool:
@@ -48,8 +61,10 @@ def stages(curves: Path = CURVES) -> dict[str, Stage]:
     if not Path(curves).is_file():
         raise SystemExit(f"{curves} is not there: it says which model learned (make -C analyses objectives-ship)")
     frame = pd.read_csv(curves).dropna(subset=["valid_top1"]).sort_values(["model", "step"], kind="stable")
+    folder = Path(curves).resolve().parent
+    study = folder.relative_to(ROOT).as_posix() if folder.is_relative_to(ROOT) else STUDY
     return {model: Stage(model, int(ev.step.iloc[0]), float(ev.valid_top1.iloc[0]), int(ev.step.iloc[-1]),
-                         float(ev.valid_top1.iloc[-1]))
+                         float(ev.valid_top1.iloc[-1]), study)
             for model, ev in frame.groupby("model", sort=False)}
 
 
@@ -68,7 +83,7 @@ def footnote(stage: Stage) -> str:
     objective = OBJECTIVES.get(stage.model, "its objective")
     return (f"{UNLEARNED} {stage.model} did not leave the unigram stage (its validation top-1 at BERT 15% was "
             f"{stage.last_top1:.3f} at its last evaluation, step {stage.last_step:,}, not above "
-            f"{LEFT_UNIGRAM_TOP1:.2f}; see the overview's note, `{OVERVIEW_NOTE}`): what is marked {UNLEARNED} "
+            f"{LEFT_UNIGRAM_TOP1:.2f}; see the overview's note, `{stage.overview}`): what is marked {UNLEARNED} "
             f"describes a model that has not learned to use context, not {objective} as an objective.")
 
 

@@ -21,6 +21,7 @@ NEW = design.NEW_MODELS
 FOUR = design.ALL_MODELS
 TASKS = ("brown-pos", "brown-propn")
 METRIC = {"brown-pos": "accuracy", "brown-propn": "entity_f1"}
+FIRST_MEMBER = design.ROOT / "figures/objectives/diffusion-v1"  # the first diffusion member, history (issue 60)
 
 
 # ------------------------------------------------------------------ the planned runs
@@ -254,7 +255,7 @@ def experiment(tmp_path_factory) -> dict:
                           values, values[-1])
     (out / "pilot").mkdir(parents=True)
     (out / "pilot" / "decision.json").write_text(json.dumps({"S": S, "n": N}))
-    notes = report.write_report(out, convergence)
+    notes = report.write_report(out, convergence, curves=FIRST_MEMBER / "pretraining_curves.csv")
     return {"out": out, "convergence": convergence, "lr": lr, "low": low, "notes": notes,
             "summaries": report.lr1e4_summaries(out, convergence)}
 
@@ -338,9 +339,11 @@ def test_family_a_is_twelve_paired_tests_with_holm_and_mdes(experiment) -> None:
     assert planted.significant.all() and (planted["mean"] > 0.015).all()
     text = (experiment["out"] / "family_a.md").read_text()
     assert "p (Holm, m = 12)" in text
-    # issue 59: the .md labels of a model that did not learn (by the committed curves) are marked, with a footnote
+    # issue 59: the .md labels of a model that did not learn (by the curves given: the first diffusion member's) are
+    # marked, with a footnote
     assert "| mini-en-diffusion† drop1 - full | brown-pos |" in text and "mini-en-mask40†" not in text
-    assert stage.footnote(stage.stages()[design.DIFFUSION]) in text.splitlines() and "**" not in text
+    first = stage.stages(FIRST_MEMBER / "pretraining_curves.csv")[design.DIFFUSION]
+    assert stage.footnote(first) in text.splitlines() and "**" not in text
 
 
 def test_secondary_model_contrasts_pair_each_model_with_mini_en(experiment) -> None:
@@ -446,7 +449,6 @@ def test_seed_regime_runs_off_the_s_schedule_are_left_out(tmp_path: Path) -> Non
     assert summaries.seed.tolist() == [0] and stray == [f"{design.MINI}__brown-pos__full__s1"]
 
 
-@pytest.mark.slow
 def family_a_by_hand(folder_of) -> dict:
     """Family A's paired AUC differences from the per-run eval.csv files alone (trapezoids by hand): the runs of
     model M under ``folder_of(M) / "lr1e-4" / "runs"``."""
@@ -463,6 +465,7 @@ def family_a_by_hand(folder_of) -> dict:
             for m in NEW for t in TASKS for a in ("drop1", "reinit1", "repair1")}
 
 
+@pytest.mark.slow
 def test_the_committed_part_3_tables_are_recomputed_from_the_committed_runs() -> None:
     """figures/objectives/finetune's Family A, secondary contrasts and cells are what the committed runs give
     (mini-en's and the twin's from the powered experiment, the new models' 160 from Part 3)."""
@@ -522,8 +525,9 @@ def test_the_committed_part_4_tables_are_recomputed_from_the_committed_runs() ->
 
 
 def test_a_staged_member_borrows_the_other_new_model_s_runs(experiment, tmp_path: Path) -> None:
-    """The second diffusion member's staged folder holds only its own lr 1e-4 runs; ``also`` adds mask40's from the
-    study, and never a run of a model the staged folder has (the diffusion runs come from the staged folder alone)."""
+    """A folder holding one member's lr 1e-4 runs only (the second diffusion member's while it was staged, the first's
+    now, as history); ``also`` adds mask40's from the study, and never a run of a model the folder has (the diffusion
+    runs come from that folder alone)."""
     staged = tmp_path / "staged"
     for run in (experiment["out"] / "lr1e-4" / "runs").iterdir():
         if run.name.startswith(design.DIFFUSION + "__"):
@@ -537,19 +541,22 @@ def test_a_staged_member_borrows_the_other_new_model_s_runs(experiment, tmp_path
     assert set(alone.model) == {design.MINI, design.TWIN, design.DIFFUSION}  # without ``also``: no mask40
 
 
-def test_the_staged_part_3_tables_of_the_second_diffusion_member_are_recomputed() -> None:
-    """figures/objectives/diffusion-v2/finetune: Family A, the secondary contrasts and the cells with the second
-    diffusion member's 80 staged runs and mask40's 80 from the study (mini-en's and the twin's reused), by hand too."""
+def test_the_first_diffusion_member_s_part_3_tables_are_kept_as_history() -> None:
+    """figures/objectives/diffusion-v1/finetune: Family A, the secondary contrasts and the cells with the first
+    diffusion member's 80 runs (moved there when the second member's replaced them) and mask40's 80 from the study
+    (mini-en's and the twin's reused), by hand too; marked by the first member's curves, which say it did not learn."""
     from analyses.last_block_finetuning.powered_report import cells
 
-    staged = design.ROOT / "figures/objectives/diffusion-v2/finetune"
-    summaries = report.lr1e4_summaries(staged, also=design.OUT / "lr1e-4")
+    history = FIRST_MEMBER / "finetune"
+    summaries = report.lr1e4_summaries(history, also=design.OUT / "lr1e-4")
     assert len(summaries) == 160 + 80 + 40 and (summaries.model == design.DIFFUSION).sum() == 80
     assert set(summaries[summaries.model == design.DIFFUSION].run_id) == {
-        run.name for run in (staged / "lr1e-4" / "runs").iterdir()}
+        run.name for run in (history / "lr1e-4" / "runs").iterdir()}
     table = contrasts.family_a(summaries)
-    same_table(staged / "family_a.csv", table)
-    same_table(staged / "secondary.csv", contrasts.secondary(summaries))
-    same_table(staged / "cells_lr1e-4.csv", cells(summaries))
-    check_family(table, family_a_by_hand(lambda model: staged if model == design.DIFFUSION else design.OUT), 12)
-    assert "†" not in (staged / "family_a.md").read_text()  # the second member learned: nothing is marked
+    same_table(history / "family_a.csv", table)
+    same_table(history / "secondary.csv", contrasts.secondary(summaries))
+    same_table(history / "cells_lr1e-4.csv", cells(summaries))
+    check_family(table, family_a_by_hand(lambda model: history if model == design.DIFFUSION else design.OUT), 12)
+    first = stage.stages(FIRST_MEMBER / "pretraining_curves.csv")[design.DIFFUSION]
+    assert not first.learned and stage.footnote(first) in (history / "family_a.md").read_text().splitlines()
+    assert "†" not in (design.OUT / "family_a.md").read_text()  # the second member learned: nothing is marked

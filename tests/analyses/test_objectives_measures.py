@@ -15,9 +15,9 @@ ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / measures.DEFAULT_OUT
 PRESSURE = ROOT / measures.DEFAULT_PRESSURE
 AFTER_MIXING = ["attn.q", "attn.out", "attn.norm", "ffn.in", "ffn.out", "ffn.norm"]
-V2 = ROOT / "figures/objectives/diffusion-v2"  # the second diffusion member's Part 1, staged (issue 60)
-STUDIES = {"first diffusion member": (OUT, PRESSURE, ROOT / "figures/objectives/pretraining_curves.csv"),
-           "second diffusion member": (V2 / "measures", V2 / "pressure", V2 / "pretraining_curves.csv")}
+V1 = ROOT / "figures/objectives/diffusion-v1"  # the first diffusion member's Part 1, kept as history (issue 60)
+STUDIES = {"first diffusion member": (V1 / "measures", V1 / "pressure", V1 / "pretraining_curves.csv"),
+           "second diffusion member": (OUT, PRESSURE, ROOT / "figures/objectives/pretraining_curves.csv")}
 committed = pytest.mark.skipif(not (OUT / "summary.md").is_file(), reason="the Part 1 measures are not committed")
 each_study = pytest.mark.parametrize("study", sorted(STUDIES))
 

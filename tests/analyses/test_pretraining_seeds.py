@@ -44,8 +44,8 @@ def test_seeds_must_be_new_and_distinct(seeds):
         ps.select(None, seeds)
 
 
-def test_the_diffusion_member_is_configured_from_its_staged_seed_0():
-    """The second diffusion member's seed 0 is read from figures/objectives/diffusion-v2 (its staged Part 1)."""
+def test_the_diffusion_member_is_configured_from_the_study_s_folders():
+    """The second diffusion member's seed 0 is read from the study's folders, where its Parts replaced the first's."""
     member = ps.MEMBERS["diffusion"]
     assert member.configured and member.own_objective == ("--objective", "diffusion")
     values = st.seed0_values(member)

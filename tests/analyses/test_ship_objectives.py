@@ -14,7 +14,7 @@ from analyses.pretraining import ship_objectives as ship
 
 DIFFUSION = "gradflow-mini-en-diffusion"
 SHIPPED = ship.COMPANION / DIFFUSION / "recipe.json"
-V2 = ship.ROOT / "figures/objectives/diffusion-v2"
+STUDY = ship.ROOT / "figures/objectives"  # the study's cards and curves (staged in diffusion-v2, moved here)
 MEMBER = ship.ROOT / "figures/diffusion-diagnosis/member.csv"
 
 
@@ -47,17 +47,17 @@ def test_the_first_member_stays_as_history() -> None:
 
 
 def test_the_committed_cards_are_the_shipped_cards() -> None:
-    """diffusion-v2/cards.md is cards_markdown of the five cards as shipped (history last, marked as such)."""
+    """figures/objectives/cards.md is cards_markdown of the five cards as shipped (history last, marked as such)."""
     cards = {name: ship.core_card(name) for name in ship.CORE}
     cards.update({name: json.loads((ship.COMPANION / name / "recipe.json").read_text()) for name in ship.NEW})
     cards[ship.HISTORY_NAME] = json.loads((ship.HISTORY / "card.json").read_text())
-    text = (V2 / "cards.md").read_text()
+    text = (STUDY / "cards.md").read_text()
     assert text == ship.cards_markdown(cards)
     assert "`gradflow-mini-en-diffusion`, first member (history) | masked diffusion (t ~ U(0.001, 1)" in text
 
 
 def test_the_curves_carry_both_diffusion_members_and_only_the_second_learned() -> None:
-    stages = stage_rule.stages(V2 / "pretraining_curves.csv")
+    stages = stage_rule.stages(STUDY / "pretraining_curves.csv")
     assert stages[DIFFUSION].learned and not stages[ship.HISTORY_NAME].learned
     assert all(stages[name].learned for name in (*ship.CORE, "gradflow-mini-en-mask40"))
 

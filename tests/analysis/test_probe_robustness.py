@@ -240,7 +240,7 @@ def test_probe_pair_runs_only_the_named_labels(monkeypatch, capsys):
                                                  "twin": "gradflow-mini12-en-alltoken"}, None),
     ("figures/objectives/probes", {"mask40": "gradflow-mini-en-mask40", "diffusion": "gradflow-mini-en-diffusion"},
      ["1500", "4500"]),  # the sizes of make objectives-probes (plan Part 2)
-    ("figures/objectives/diffusion-v2/probes", {"diffusion": "gradflow-mini-en-diffusion"}, ["1500", "4500"]),
+    ("figures/objectives/diffusion-v1/probes", {"diffusion": "gradflow-mini-en-diffusion"}, ["1500", "4500"]),
 ])
 def test_the_committed_drop_tables_are_what_the_committed_runs_give(folder, models, sizes, tmp_path):
     from analyses.probes import robustness

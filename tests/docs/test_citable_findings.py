@@ -158,7 +158,7 @@ EXPECTED: dict[int, Callable[[], tuple[list[float], list[float]]]] = {
     14: robustness("twelve-blocks/probes/robustness/last_layer_drops.csv", "mini12-en"),
     15: contrasts(OBJECTIVES, ("mini-en-mask40 drop1 - full", "brown-pos"), ("mini-en-mask40 drop1 - full", "brown-propn")),
     16: contrasts(SEED_REGIME, ("mini-en drop1 - full", "brown-pos")),
-    17: contrasts("objectives/diffusion-v2/finetune/family_a.csv", ("mini-en-diffusion drop1 - full", "brown-pos"),
+    17: contrasts(OBJECTIVES, ("mini-en-diffusion drop1 - full", "brown-pos"),
                   ("mini-en-diffusion reinit1 - full", "brown-pos")),
 }
 # the design of each row: what the plans say (figures/finetune/last-block-finetuning/plan.md, figures/twelve-blocks/plan.md)
