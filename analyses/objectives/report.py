@@ -85,8 +85,9 @@ def lr1e4_summaries(out: Path, convergence: Path = CONVERGENCE, new_runs: Collec
                     also: Path | None = None) -> pd.DataFrame:
     """The four models' lr 1e-4 runs: mini-en's and the twin's committed ones, the new models' from ``out``
     (``new_runs``: those runs when the caller has read them already), and from ``also`` (another experiment's
-    ``lr1e-4`` folder) those of a new model that ``out`` has no run of: the second diffusion member's staged folder
-    borrows mask40's runs from the study."""
+    ``lr1e-4`` folder) those of a new model that ``out`` has no run of: a folder holding one member's runs (the first
+    diffusion member's in figures/objectives/diffusion-v1, as the second's while it was staged) borrows mask40's runs
+    from the study."""
     old, new = summaries_of(convergence), summaries_of(out / "lr1e-4", new_runs)
     borrowed = summaries_of(also) if also is not None else pd.DataFrame(columns=NO_RUNS)
     if not borrowed.empty:

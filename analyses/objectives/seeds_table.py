@@ -120,7 +120,7 @@ def seed0_values(member: Member, root: Path = ROOT) -> dict:
     for sub in PRESSURE_SUBLAYERS:
         values[f"pressure {sub}"] = estimate(*last.loc[sub, ["pressure", "ci_low", "ci_high"]])
     summaries = root / s.summaries
-    if not summaries.is_file():  # the second diffusion member's Part 3, staged, before its runs are summarised
+    if not summaries.is_file():  # a member's Part 3 not yet summarised (its report not run)
         values["drop1 - full"] = f"missing: no {relative(summaries)}"
         return values
     diffs = drop1_diffs(pd.read_csv(summaries), s.model, FT_SEEDS)
