@@ -150,3 +150,27 @@ def test_an_unknown_remote_code_type_records_at_the_second_run(unknown_type_dir,
     again = [*given, *flags] if found.group(2) else flags
     assert main([*argv, *again, "--out", str(tmp_path / "second")]) == 0
     assert json.loads((tmp_path / "second" / "meta.json").read_text())["counts"]["windows"] == 2
+
+
+def test_a_causal_lm_checkpoint_is_refused_in_one_sentence_that_says_what_loads(tmp_path, capsys):
+    """A native causal MoE LM (OLMoE) maps to no masked-LM class: one sentence naming its class and how a masked
+    diffusion LM of that shape loads (remote code, --trust-remote-code), never transformers' list of 50 configs."""
+    from transformers import OlmoeConfig, OlmoeForCausalLM
+
+    config = OlmoeConfig(vocab_size=64, hidden_size=16, intermediate_size=8, num_hidden_layers=1, num_attention_heads=2,
+                         num_key_value_heads=2, num_experts=2, num_experts_per_tok=1, pad_token_id=0,
+                         bos_token_id=None, eos_token_id=None)
+    path = build_tiny_mlm_dir(tmp_path / "olmoe")  # its tokenizer; the model replaced by a causal MoE LM
+    for name in ("config.json", "model.safetensors"):
+        (path / name).unlink()
+    torch.manual_seed(0)
+    OlmoeForCausalLM(config).save_pretrained(path)
+    with pytest.raises(ModelLoadError) as err:
+        load_model(str(path))
+    message = str(err.value)
+    assert "'olmoe', OlmoeForCausalLM" in message and "--trust-remote-code" in message
+    assert "\n" not in message and "BertConfig" not in message and message.endswith(".")
+    capsys.readouterr()
+    assert main(["record", "--model", str(path), "--out", str(tmp_path / "run")]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [f"gradflow: error: {message}"]
+

@@ -287,11 +287,20 @@ def _load_weights(spec: str, path: str, config, dtype: str, trust_remote_code: b
         except ValueError as err:
             if auto_class is AutoModelForMaskedLM and fallback:
                 continue  # no masked-LM class for this config: its AutoModel class, checked for logits after loading
-            raise ModelLoadError(f"{spec!r} (model_type {config.model_type!r}) has no masked-LM class: {err}") \
-                from None
+            raise ModelLoadError(_no_masked_lm_class(spec, config)) from None
         except OSError as err:
             raise ModelLoadError(f"could not load the weights of {spec!r}: {err}") from None
     raise AssertionError("unreachable")
+
+
+def _no_masked_lm_class(spec: str, config) -> str:
+    """The one-sentence refusal of a checkpoint whose type transformers maps to no masked-LM class (a causal LM, an
+    encoder-decoder): what it is, and how a masked diffusion LM of that architecture is loaded instead."""
+    named = ", ".join(getattr(config, "architectures", None) or []) or "no masked-LM architecture"
+    return (f"{spec!r} (model_type {config.model_type!r}, {named}) has no masked-LM class in transformers, so it is "
+            "not a model gradflow records: a masked LM or masked diffusion LM ships a masked-LM class, or remote code "
+            "registered for AutoModel (LLaDA, Dream, LLaDA-MoE: load those with --trust-remote-code), or a "
+            "DiffusionGemma class; see docs/mlm-coverage.md for the types it records.")
 
 
 def _mask_token_from_config(tokenizer, config, spec: str) -> None:
