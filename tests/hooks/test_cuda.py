@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 import subprocess
 import sys
 
@@ -194,3 +195,22 @@ def test_torchrun_two_processes_on_nccl(cuda, tmp_path, tiny_mlm_dir, tiny_corpu
         assert proc.returncode == 0, proc.stderr[-3000:]
     # a sequence is computed in a batch of another composition on each side: cuBLAS may sum it in another order
     assert_same_tables(one, two, rtol=1e-5)
+
+
+def test_torchrun_fsdp2_two_gpus_on_nccl(cuda, tmp_path, tiny_mlm_dir, tiny_corpus):
+    """Issue 62's checklist step: ``record --shard fsdp2`` on 2 GPUs (NCCL) gives the one-process tables, and
+    ``meta.json`` says the sharding and the world size."""
+    if torch.cuda.device_count() < 2:
+        pytest.skip(f"FSDP2 on NCCL needs 2 GPUs; this machine has {torch.cuda.device_count()}")
+    env = {k: v for k, v in ENV.items() if k != "GRADFLOW_BACKEND"}
+    common = ["record", "--model", str(tiny_mlm_dir), "--texts", str(tiny_corpus), "--max-length", "24",
+              "--batch-size", "3", "--quiet", "--device", "cuda"]
+    one, two = tmp_path / "one", tmp_path / "two"
+    for cmd in ([sys.executable, "-m", "gradflow", *common, "--out", str(one)],
+                [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "29735",
+                 "-m", "gradflow", *common, "--shard", "fsdp2", "--out", str(two)]):
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    assert_same_tables(one, two, rtol=1e-5)
+    sharding = json.loads((two / "meta.json").read_text())["sharding"]
+    assert sharding["kind"] == "fsdp2" and sharding["world_size"] == 2
