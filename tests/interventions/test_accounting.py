@@ -19,7 +19,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 import accounting_worker as worker  # noqa: E402
 
-from gradflow.interventions.accounting import AccountingConfig, GradAccounting  # noqa: E402
+from gradflow.interventions.accounting import ACCOUNTING_FILE, AccountingConfig, GradAccounting  # noqa: E402
 
 KEYS = ["group", "role", "t_bin", "quantity"]
 WHOLE = [slice(0, 8)]
@@ -180,3 +180,55 @@ def test_fsdp2_rmsnorm_model_keeps_its_norms_in_the_split(one_rank_group):
     whole, sharded = rows(False), rows(True)
     assert (whole.quantity == "magnitude_sum").sum() > 0
     assert_same_rows(whole, sharded)
+
+
+@pytest.mark.slow
+def test_trainer_callback_two_ranks_equal_one_process(tmp_path):
+    # a real Trainer under torchrun, 2 gloo CPU ranks (DDP as the Trainer sets it up), the global batch in order
+    import accounting_trainer_worker as trainer_worker
+
+    out = tmp_path / "ranks"
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
+                           "29783", str(Path(trainer_worker.__file__)), str(out)], env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    one, scale = trainer_rows(tmp_path, 1)
+    assert scale == pytest.approx([1.0])
+    gradient = one.quantity.isin(["grad_norm", "hidden_grad_norm", "hidden_grad_mean", "magnitude_sum",
+                                  "gradient_scale"])
+    assert gradient.sum() > 0 and (~gradient).sum() > 0  # counts (n_positions, loss_tokens) too
+    for name, (accumulation, loss_kwargs) in trainer_worker.CASES.items():
+        frame = pd.read_csv(out / name / ACCOUNTING_FILE, keep_default_na=False)
+        ranks = [json.loads((out / name / f"rank{r}.json").read_text()) for r in range(2)]
+        # the csv is rank 0's alone, once (a second writer would repeat the header and the rows)
+        assert not frame.duplicated(["step", *KEYS]).any() and len(frame) == len(ranks[0]["rows"]) == len(one)
+        assert (frame.step == 1).all() and {r["ddp"] for r in ranks} == {"DistributedDataParallel"}
+        # accelerate deals the in-order per-device batches to the ranks in turn: rank r's micro-batches are the
+        # global batch's k-th (k % 2 == r), together the whole global batch once, as one process sees it in a step
+        size = worker.ROWS // 2 // accumulation
+        dealt = [list(range(k * size, (k + 1) * size)) for k in range(2 * accumulation)]
+        for r, rank in enumerate(ranks):
+            assert rank["world"] == 2 and rank["micro_batches"] == dealt[r::2], (name, rank["micro_batches"])
+        assert sorted(sum(ranks[0]["micro_batches"] + ranks[1]["micro_batches"], [])) == list(range(worker.ROWS))
+        assert_same_rows(frame, pd.DataFrame(ranks[1]["rows"]))  # every rank makes the same rows
+        # the audit's norm is the Trainer's own (its clip_grad_norm_ over DDP's averaged .grad, clipping off)
+        norms = frame[frame.quantity == "grad_norm"].value.to_numpy()
+        assert ranks[0]["trainer_grad_norms"] == pytest.approx([float(np.sqrt((norms ** 2).sum()))], rel=1e-5)
+        if not loss_kwargs:
+            # each micro-batch's mean over its 3 x rows loss tokens / accumulation, DDP's average over the ranks:
+            # the global-token normaliser, the very gradient one process applies
+            expected, factor = one, 1.0
+            assert ranks[0]["warned"] is None
+        else:
+            # transformers multiplies the loss by the world size (average_tokens_across_devices: it expects the
+            # loss over num_items_in_batch, the global count) but BertForMaskedLM ignores num_items_in_batch and
+            # returns each micro-batch's mean, which the Trainer then leaves undivided by the accumulation: the
+            # gradient and every gradient-derived quantity is world x accumulation times one process's, the counts
+            # are the same; the callback reports that scale and warns of it
+            factor = 2.0 * accumulation
+            expected = one.assign(value=one.value.where(~gradient, one.value * factor))
+            assert f"{factor:g}x" in ranks[0]["warned"] and "2 rank(s)" in ranks[0]["warned"]
+        assert_same_rows(expected, frame)
+        for rank in ranks:
+            assert rank["scales"] == pytest.approx([factor], rel=1e-6)
