@@ -122,26 +122,29 @@ def test_two_ranks_equal_one_process_under_ddp_fsdp2_and_accumulation(tmp_path, 
 
 
 
-def trainer_rows(tmp_path: Path, accumulation: int, loss_kwargs: bool = True) -> tuple[pd.DataFrame, list[dict]]:
+def trainer_rows(tmp_path: Path, accumulation: int, loss_kwargs: bool = True,
+                 compute_loss_func=None) -> tuple[pd.DataFrame, list[dict]]:
     """One optimizer step of a Trainer over the 8-row global batch in ``accumulation`` micro-batches (each of 3
-    loss tokens a row); ``loss_kwargs`` False: the Trainer divides each micro-batch's mean loss by the accumulation."""
+    loss tokens a row); ``loss_kwargs`` False: the Trainer divides each micro-batch's mean loss by the accumulation;
+    ``compute_loss_func``: the Trainer's (it then takes the labels out of the model's inputs)."""
     from transformers import Trainer, TrainingArguments
 
     from gradflow.interventions.accounting_callback import GradAccountingCallback
 
     batch = worker.global_batch()
     data = [{k: batch[k][i] for k in ("input_ids", "attention_mask", "labels")} for i in range(8)]
-    out = tmp_path / f"ga{accumulation}{loss_kwargs}"
+    out = tmp_path / f"ga{accumulation}{loss_kwargs}{compute_loss_func is not None}"
     args = TrainingArguments(output_dir=str(out), per_device_train_batch_size=8 // accumulation,
                              gradient_accumulation_steps=accumulation, max_steps=1, learning_rate=1e-3,
                              report_to=[], use_cpu=True, save_strategy="no", logging_steps=1, max_grad_norm=0.0,
                              disable_tqdm=True)
-    trainer = Trainer(model=worker.tiny_model(), args=args, train_dataset=data)
+    trainer = Trainer(model=worker.tiny_model(), args=args, train_dataset=data, compute_loss_func=compute_loss_func)
     trainer.model_accepts_loss_kwargs = trainer.model_accepts_loss_kwargs and loss_kwargs
     callback = GradAccountingCallback.attach(trainer, every=50)
     trainer.train()
     frame = pd.read_csv(out / "gradflow_accounting.csv", keep_default_na=False)
     assert len(frame) == len(callback.accounting.rows) > 0 and callback._hook is None
+    assert "compute_loss" not in vars(trainer)  # the callback's wrapper is gone after training
     return frame, [h["gradflow/gradient_scale"] for h in trainer.state.log_history if "gradflow/gradient_scale" in h]
 
 
@@ -158,6 +161,29 @@ def test_callback_audits_the_trainers_normalisation(tmp_path, reference):
     divided, scale = trainer_rows(tmp_path, 2, loss_kwargs=False)  # mean / 2 over equal micro-batches: global
     assert scale == pytest.approx([1.0])
     assert_same_rows(one, divided)
+
+
+def test_a_trainer_that_takes_the_labels_out_is_read_from_its_batch(tmp_path, recwarn):
+    """``compute_loss_func`` makes the Trainer pop the labels before the forward: the attached callback reads them
+    from the Trainer's batch and logs what the model's own loss gives (the same mean over the loss tokens)."""
+    def token_mean(outputs, labels, num_items_in_batch=None):
+        return torch.nn.functional.cross_entropy(outputs.logits.transpose(1, 2), labels)
+
+    one, _ = trainer_rows(tmp_path, 1)
+    popped, scale = trainer_rows(tmp_path, 1, compute_loss_func=token_mean)
+    assert scale == pytest.approx([1.0]) and not [w for w in recwarn if "without labels" in str(w.message)]
+    assert_same_rows(one, popped)
+
+
+def test_a_forward_without_labels_is_warned_of_once():
+    from gradflow.interventions.accounting_callback import GradAccountingCallback
+
+    callback = GradAccountingCallback(every=1)
+    batch = worker.global_batch()
+    with pytest.warns(UserWarning, match="came without labels") as caught:
+        for _ in range(2):
+            assert callback._start_micro(None, (), {"input_ids": batch["input_ids"]}) is None
+    assert len(caught) == 1 and callback._micro is None
 
 
 def test_fsdp2_rmsnorm_model_keeps_its_norms_in_the_split(one_rank_group):

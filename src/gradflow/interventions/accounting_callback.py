@@ -9,13 +9,17 @@ synchronisation. The rows (:data:`~gradflow.interventions.accounting.ACCOUNTING_
 the main process appends them to ``output_dir/gradflow_accounting.csv`` and logs the gradient's scale relative to the
 global-token normaliser (``gradflow/gradient_scale``) and the model's gradient norm (``gradflow/accounted_grad_norm``)
 through ``trainer.log`` when attached with :meth:`GradAccountingCallback.attach`. A loss normalisation that makes the
-gradient scale with the accumulation steps or the world size is warned of, once, in one sentence.
+gradient scale with the accumulation steps or the world size is warned of, once, in one sentence. A Trainer that
+takes the labels out of the model's inputs (``compute_loss_func``, label smoothing) is read from its batch instead:
+attached, the callback sees each batch's labels in ``trainer.compute_loss`` (wrapped while training, restored after);
+a logged step whose forward it cannot label is warned of, once, never dropped silently.
 """
 
 from __future__ import annotations
 
 import csv
 import math
+import warnings
 from contextlib import AbstractContextManager
 from pathlib import Path
 
@@ -48,6 +52,9 @@ class GradAccountingCallback(TrainerCallback):
         self._hook = None
         self._taken = 0
         self._write = True
+        self._labels = None  # the labels of the Trainer's current batch (compute_loss's inputs), when attached
+        self._own_compute_loss = None
+        self._warned_unlabelled = False
 
     attach = classmethod(GradFlowCallback.attach.__func__)
     """Create a callback, add it to ``trainer`` and send its scalars through ``trainer.log`` (as
@@ -60,6 +67,8 @@ class GradAccountingCallback(TrainerCallback):
             self.shift = bool(adapter_for(self.accounting.model).shifted_head)
         self._write = bool(state.is_world_process_zero)
         self.csv_path = self.csv_path or Path(args.output_dir) / ACCOUNTING_FILE
+        if self.trainer is not None and self._own_compute_loss is None:
+            self._read_labels_in(self.trainer)
         if self._write and (not self.csv_path.exists() or self.csv_path.stat().st_size == 0):
             self.csv_path.parent.mkdir(parents=True, exist_ok=True)
             with self.csv_path.open("w", newline="") as fh:
@@ -73,11 +82,40 @@ class GradAccountingCallback(TrainerCallback):
         self._step.__enter__()
         self._hook = self.accounting.model.register_forward_pre_hook(self._start_micro, with_kwargs=True)
 
+    def _read_labels_in(self, trainer) -> None:
+        """Wrap ``trainer.compute_loss`` so that each batch's labels are seen before the Trainer may take them out of
+        the model's inputs (restored at the end of training)."""
+        own = trainer.compute_loss
+        self._own_compute_loss = (own, "compute_loss" in vars(trainer))
+
+        def compute_loss(model, inputs, *args, **kwargs):
+            self._labels = inputs.get("labels") if hasattr(inputs, "get") else None
+            return own(model, inputs, *args, **kwargs)
+
+        trainer.compute_loss = compute_loss
+
+    def _restore_compute_loss(self) -> None:
+        if self._own_compute_loss is not None and self.trainer is not None:
+            own, was_set = self._own_compute_loss
+            if was_set:
+                self.trainer.compute_loss = own
+            else:
+                del self.trainer.compute_loss
+        self._own_compute_loss = None
+
     def _start_micro(self, module, args, kwargs):
-        """Each forward of a logged step: its roles from the labels, then capture it."""
+        """Each forward of a logged step: its roles from the labels (the model's inputs', else the Trainer's batch's),
+        then capture it."""
         self._end_micro()
         input_ids, labels = kwargs.get("input_ids", args[0] if args else None), kwargs.get("labels")
+        labels, self._labels = (labels if labels is not None else self._labels), None
         if input_ids is None or labels is None or labels.shape != input_ids.shape:
+            if not self._warned_unlabelled:
+                self._warned_unlabelled = True
+                warnings.warn("GradAccountingCallback: a forward of a logged step came without labels matching its "
+                              "input_ids, so it is not accounted; attach the callback with "
+                              "GradAccountingCallback.attach(trainer) (it then reads the labels from the Trainer's "
+                              "batch) or pass labels of the inputs' shape", UserWarning, stacklevel=2)
             return None
         tok = self.tokenizer
         mask_id = getattr(tok, "mask_token_id", None) if tok is not None else None
@@ -131,6 +169,7 @@ class GradAccountingCallback(TrainerCallback):
     def on_train_end(self, args, state, control, **kwargs):
         self._end_micro()
         self._close()
+        self._restore_compute_loss()
 
 
 __all__ = ["GradAccountingCallback"]
