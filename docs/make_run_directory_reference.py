@@ -97,7 +97,10 @@ def render() -> str:
         "95% CIs, the provenance table), `tables.tex` (booktabs tables of the same estimates, fixed decimals per "
         "column; `--latex-layout` page, wide or column) and the same tables one per file as `latex/<name>.tex` "
         "(`ratios`, `last_block`), and the tables behind the figures as `tables/<name>.csv`. `context_pressure` is "
-        "written only for a run recorded under a loss other than `mlm` with `sublayer_sequences.parquet`.",
+        "written only for a run recorded under a loss other than `mlm` with `sublayer_sequences.parquet`; "
+        "`expert_roles` and `expert_rows` (and the summary's section Experts) only for a mixture-of-experts run "
+        "(with `experts.csv`), `router_aux_ratio` (and the section Auxiliary router loss) only with "
+        "`router_aux.csv` (`--router-aux-loss`).",
         "",
         *_tables("gradflow report", "")[2:],
         "## `gradflow compare`",

@@ -129,7 +129,8 @@ def test_every_table_column_is_described_or_named_plainly():
 
 def test_report_and_comparison_tables_build_on_the_analysis_tables():
     assert list(S.REPORT_TABLES) == ["role_profile", "role_ratios", "layer_tests", "sublayer_shares", "last_block",
-                                     "channel_quantiles", "context_pressure", "mask_ratio_profile"]
+                                     "channel_quantiles", "context_pressure", "mask_ratio_profile", "expert_roles",
+                                     "expert_rows", "router_aux_ratio"]
     assert S.REPORT_TABLES["mask_ratio_profile"] is S.ANALYSIS_COLUMNS["mask_ratio_profile"]
     assert S.REPORT_TABLES["last_block"] is S.ANALYSIS_COLUMNS["last_block"]
     assert S.COMPARISON_TABLES["context_pressure"] == ("label", *S.PRESSURE_COLUMNS)

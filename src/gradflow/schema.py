@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
 # ----------------------------------------------------------------------------------------------
-# Files
+# Files; orders: roles, sublayers, params, points
 # ----------------------------------------------------------------------------------------------
 
 CHANNELS_FILE = "channels.csv"
@@ -38,10 +38,6 @@ SUBLAYERS_FILE = "sublayers.csv"
 SEQUENCES_FILE = "sequences.parquet"
 META_FILE = "meta.json"
 RUN_FILES: tuple[str, ...] = (CHANNELS_FILE, SUBLAYERS_FILE, SEQUENCES_FILE, META_FILE)
-
-# ----------------------------------------------------------------------------------------------
-# Orders: roles, sublayers, params, points
-# ----------------------------------------------------------------------------------------------
 
 REPORTED_ROLES: tuple[str, ...] = tuple(r for r in TOKEN_ROLES if r != "pad")
 """Roles of the run tables, compared and drawn by default, in display order (``pad`` depends on batching)."""
@@ -240,9 +236,12 @@ REPORT_TABLES: dict[str, tuple[str, ...]] = {
     **{name: ANALYSIS_COLUMNS[name] for name in ("role_profile", "role_ratios", "layer_tests", "sublayer_shares",
                                                   "last_block", "channel_quantiles")},
     "context_pressure": ("label", *PRESSURE_COLUMNS), "mask_ratio_profile": ANALYSIS_COLUMNS["mask_ratio_profile"],
+    "expert_roles": ("layer", "experts", "role", "n_rows", "row_share", "magnitude_sum", "share", "exact_zero"),
+    "expert_rows": (*EXPERT_DTYPES, "expert_share"), "router_aux_ratio": (*ROUTER_AUX_DTYPES, "aux_ratio"),
 }
 """``gradflow report``'s ``tables/<name>.csv`` -> columns (``context_pressure`` only for a run recorded under a loss
-other than ``mlm`` with ``sublayer_sequences.parquet``; ``mask_ratio_profile`` only with ``mask_ratios.parquet``)."""
+other than ``mlm`` with ``sublayer_sequences.parquet``; ``mask_ratio_profile`` only with ``mask_ratios.parquet``;
+``expert_roles`` and ``expert_rows`` only with ``experts.csv``, ``router_aux_ratio`` only with ``router_aux.csv``)."""
 COMPARISON_TABLES: dict[str, tuple[str, ...]] = {
     "profiles": ("label", *ANALYSIS_COLUMNS["role_profile"], "relative_depth"),
     "ratios": ("label", *ANALYSIS_COLUMNS["role_ratios"], "relative_depth"),

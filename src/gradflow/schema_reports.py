@@ -116,6 +116,15 @@ COLUMNS: dict[str, Column] = {
                                           "the recorded loss alone (the MLM loss, without the auxiliary term)"),
     "norm_aux": _c("float64", MAGNITUDE, "mean across batches of the Frobenius norm of the weight's gradient from the "
                                          "auxiliary router loss term alone (its coefficient included)"),
+    # report tables of mixtures of experts (expert_roles, expert_rows, router_aux_ratio)
+    "row_share": _c("float64", "1", "``n_rows`` over the rows of every role but ``pad`` routed to the block's "
+                                    "experts module (the pooled ``loss``: masked + random + kept)"),
+    "expert_share": _c("float64", "1", "``n_rows`` over the role's rows in the block's experts module, summed over "
+                                       "its experts: the share of the role's rows this expert gets (NaN: the role "
+                                       "has none)"),
+    "aux_ratio": _c("float64", "1", "``norm_aux / norm_loss`` (NaN where ``norm_loss`` is 0): the auxiliary term's "
+                                    "gradient norm against the loss's, both batch means (norms of two gradients "
+                                    "that add as vectors, not shares of one total)"),
     # sequences.parquet
     "grad_norm_sum": _c("float64", GRAD, "sum of the gradient norms over the sequence's positions of the role"),
     "grad_norm_sq_sum": _c("float64", f"({GRAD})^2", "sum of the squared gradient norms (same positions)"),
@@ -233,6 +242,23 @@ TABLE_OVERRIDES: dict[str, dict[str, Column]] = {
     "router_aux.csv": {"layer": _c("int64", "-", "block i is layer i + 1 (1..L)"),
                        "sublayer": _c("str", "-", "the router (``ffn.router``) or an experts weight "
                                                   "(``ffn.experts.gate_up_proj``, ...), by its recorded name")},
+    "expert_roles": {"layer": _c("int64", "-", "block i is layer i + 1 (1..L)"),
+                     "role": _c("str", "-", "a position role but ``pad`` (pad rows are not in sublayers.csv), or "
+                                            "``loss``: masked + random + kept pooled"),
+                     "n_rows": _c("int64", "count", "rows of the role routed to the block's experts module, "
+                                                    "summed over its experts and the batches (experts.csv)"),
+                     "magnitude_sum": _c("float64", MAGNITUDE, "the role's summed per-position magnitudes "
+                                                               "(sublayers.csv's ``magnitude_sum``) summed over the "
+                                                               "experts module's weights ``<experts>.*``"),
+                     "share": _c("float64", "1", "``magnitude_sum`` over that of every role but ``loss``: the role's "
+                                                 "share of the experts' weight-gradient signal"),
+                     "exact_zero": _c("bool", "-", "``magnitude_sum`` is exactly 0: no weight of the experts module "
+                                                   "gets any signal from the role")},
+    "expert_rows": {"layer": _c("int64", "-", "block i is layer i + 1 (1..L)"),
+                    "role": _c("str", "-", TOKEN_ROLE_TEXT + ", pad (experts.csv's rows as written)")},
+    "router_aux_ratio": {"layer": _c("int64", "-", "block i is layer i + 1 (1..L)"),
+                         "sublayer": _c("str", "-", "the router (``ffn.router``) or an experts weight "
+                                                    "(``ffn.experts.gate_up_proj``, ...), by its recorded name")},
     "sublayer_sequences.parquet": {"layer": _c("int64", "-", "block i is layer i + 1 (1..L)"),
                                    "role": _c("str", "-", TOKEN_ROLE_TEXT)},
 }
@@ -277,7 +303,8 @@ TABLE_KEYS: dict[str, str] = {
         ("shares", "layer, sublayer, param, role"), ("last_block", "sublayer, param, role"),
         ("layer_tests", "layer, site, role"))},
     "report:context_pressure": "label, layer, sublayer", "compare:context_pressure": "label, layer, sublayer",
-    "report:mask_ratio_profile": "layer, t_low, t_high",
+    "report:mask_ratio_profile": "layer, t_low, t_high", "report:expert_roles": "layer, experts, role",
+    "report:expert_rows": "layer, experts, expert, role", "report:router_aux_ratio": "layer, sublayer, param",
 }
 """Table key (of :data:`TABLE_FILES`) -> the columns that identify a row, comma-separated: one row per their values."""
 

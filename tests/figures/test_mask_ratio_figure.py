@@ -27,6 +27,7 @@ from gradflow.figures.mask_ratio import (  # noqa: E402
     mask_ratio_lines,
     mask_ratio_panels,
 )
+from gradflow.figures.report_moe import MOE_TABLES  # noqa: E402
 from gradflow.figures.style import gradflow_style  # noqa: E402
 from gradflow.formatting import fixed_column  # noqa: E402
 from synthetic_runs import write_run  # noqa: E402
@@ -229,7 +230,7 @@ def test_report_of_a_run_without_mask_ratios_is_unchanged(tmp_path):
     assert not MASK_FILES & {p.name for p in paths}
     assert not list((tmp_path / "out").rglob("*mask_ratio*"))
     assert {p.stem for p in (tmp_path / "out" / "tables").glob("*.csv")} == set(schema.REPORT_TABLES) - {
-        "context_pressure", "mask_ratio_profile"}
+        "context_pressure", "mask_ratio_profile", *MOE_TABLES}
     assert "masking ratio" not in (tmp_path / "out" / "summary.md").read_text()
     assert "mask-ratio" not in (tmp_path / "out" / "tables.tex").read_text()
 

@@ -14,6 +14,7 @@ import pytest  # noqa: E402
 from gradflow import schema  # noqa: E402
 from gradflow.analysis import RunError  # noqa: E402
 from gradflow.figures import canvas, report  # noqa: E402
+from gradflow.figures.report_moe import MOE_TABLES  # noqa: E402
 from synthetic_runs import write_run  # noqa: E402
 
 FIGURES = ("depth_profile", "ratio_heatmap", "last_block", "distributions", "context_coverage", "context_share")
@@ -56,7 +57,7 @@ def test_write_report_writes_figures_tables_and_summary(tmp_path, banners):
     assert "role_ratios.csv" in names and "layer_tests.csv" in names
     tables = _written_tables(tmp_path / "out")  # every table but context_pressure (mlm run) and mask_ratio_profile
     assert tables == {k: v for k, v in schema.REPORT_TABLES.items()  # (no mask_ratios.parquet), schema columns
-                      if k not in ("context_pressure", "mask_ratio_profile")}
+                      if k not in ("context_pressure", "mask_ratio_profile", *MOE_TABLES)}
     summary = (tmp_path / "out" / "summary.md").read_text()
     assert summary.startswith("# gradflow report: synthetic/bert-tiny")
     assert "| layer | site | context / loss [95% CI]" in summary

@@ -40,6 +40,7 @@ from gradflow.figures.mask_ratio import MASK_RATIO_FIGURE, MASK_RATIO_TABLE, mas
 from gradflow.figures.mask_ratio_text import mask_ratio_latex, mask_ratio_section
 from gradflow.figures.pressure import PRESSURE_FIGURE, pressure_bars, pressure_csv, pressure_section, pressure_tables
 from gradflow.figures.profiles import depth_profile, distribution_ranges, ratio_heatmap
+from gradflow.figures.report_moe import moe_section, moe_tables
 from gradflow.figures.report_tables import (
     check_layout,
     comparison_last_table,
@@ -126,6 +127,7 @@ def write_report(run_dir: str | Path, out_dir: str | Path, formats: Sequence[str
     pressure = pressure_tables([run], [run.label], n_resamples, seed)  # only under a loss other than mlm
     selection = mask_ratio_selection(run) if run.mask_ratios is not None else None  # the bins, the left out
     by_t = mask_ratio_tables(run, n_resamples, seed, selection)  # only with mask_ratios.parquet (masked diffusion)
+    moe = moe_tables(run)  # only with experts.csv, router_aux.csv (mixtures of experts)
     banner = None if run.complete else canvas.INCOMPLETE_BANNER
     written: list[Path] = []
     figures: dict[str, Callable[[], list[Artist]]] = {
@@ -144,12 +146,13 @@ def write_report(run_dir: str | Path, out_dir: str | Path, formats: Sequence[str
             continue
         written += _render(draw, out / name, formats, banner, width)
     tables = {"role_profile": profile, "role_ratios": ratios, "layer_tests": tests, "sublayer_shares": shares,
-              "last_block": deficit, "channel_quantiles": quantiles, **pressure_csv(pressure), **by_t}
+              "last_block": deficit, "channel_quantiles": quantiles, **pressure_csv(pressure), **by_t, **moe}
     written += _write_tables(out / "tables", tables, REPORT_TABLES)
     summary = out / "summary.md"
     summary.write_text(_summary(run, ratios, tests, deficit, list(figures), formats, n_resamples, seed, out,
                                 [*pressure_section(pressure, n_resamples, seed),
-                                 *mask_ratio_section(by_t, n_resamples, seed, selection)]), encoding="utf-8")
+                                 *mask_ratio_section(by_t, n_resamples, seed, selection),
+                                 *moe_section(run, moe)]), encoding="utf-8")
     name, tag = display_name(run.meta.get("model") or run.path.name), run_tag(run.meta)
     ci = f"95% sequence-bootstrap CIs ({n_resamples} resamples, seed {seed})"
     sites = latex_layout != "column"
