@@ -154,6 +154,10 @@ RECORD_META_KEYS: dict[str, str] = {
                 "is never masked",
     "prompted.prompt_field": "the jsonl field holding the prompt",
     "prompted.response_field": "the jsonl field holding the response",
+    "two_pass": "two-pass models only (DiffusionGemma): how each window was split into prompt and canvas",
+    "two_pass.canvas_length": "C, the canvas length: a plain window's last min(C, n - 1) tokens are the canvas, a "
+                              "prompt/response pair's response cut to its first C tokens (``--canvas-length``)",
+    "two_pass.canvas_length_from": "``--canvas-length`` or ``config`` (the model config's ``canvas_length``)",
     "router_aux_loss": "``--router-aux-loss`` only: the auxiliary router loss added to the loss (its gradient split "
                        "by the role of the position each router row came from, like the loss's)",
     "router_aux_loss.requested": "``model`` (the model's own coefficient) or the coefficient given",

@@ -38,6 +38,10 @@ def test_split_rule_of_a_plain_window():
     short = split_encoding({"input_ids": [1, 2, 3], "special_tokens_mask": [False] * 3}, 8, "sequence 1")
     assert short["prompt_length"] == 1  # c = min(C, n - 1): the prompt keeps one token
     assert "prompt_length" not in encoding  # the window itself is left as it was
+    with pytest.raises(CorpusError) as err:  # one token (a tokenizer adding no special token): no room for both
+        split_encoding({"input_ids": [5], "special_tokens_mask": [False]}, 8, "sequence 3")
+    assert str(err.value) == ("sequence 3: a window of 1 token(s) cannot hold both a prompt and a canvas (one token "
+                              "each); raise --max-length to 2 or more, or drop the one-token document.")
 
 
 def test_a_response_longer_than_the_canvas_is_cut_and_a_full_prompt_refused(tokenizer):

@@ -6,12 +6,14 @@ import argparse
 from collections.abc import Sequence
 
 from gradflow.cli.options import (
+    AT_LEAST_ONE,
     add_adapter,
     add_checkpointing,
     add_corpus,
     add_device,
     add_dtype,
     add_model,
+    add_number,
     add_objective,
     add_trust_remote_code,
     command_line,
@@ -39,6 +41,12 @@ def _add_record_args(p: argparse.ArgumentParser) -> None:
                         "prompt, never masked (LLaDA's SFT); default: a plain corpus")
     p.add_argument("--response-field", default=None, metavar="FIELD",
                    help="with --prompt-field: the field holding the response (default response)")
+    add_number(p, "--canvas-length", int, AT_LEAST_ONE,
+               "two-pass models (DiffusionGemma) only: the canvas length C; a plain corpus's window of n tokens puts "
+               "its last min(C, n - 1) tokens on the canvas and the rest in the prompt (a C given here must be below "
+               "--max-length); with --prompt-field the response (with the special tokens after it) is the canvas, "
+               "cut to its first C tokens", unset="the model config's canvas_length (256 in DiffusionGemma's "
+               "default config)", metavar="C")
     add_device(p)
     add_dtype(p)
     p.add_argument("--loss", choices=list(LOSSES), default="mlm",
@@ -103,7 +111,7 @@ def run(args: argparse.Namespace, argv: Sequence[str]) -> int:
         sublayers=not args.norms_only, overwrite=args.overwrite, quiet=args.quiet,
         trust_remote_code=args.trust_remote_code, adapter=args.adapter, command=command_line(argv),
         resume=args.resume, checkpoint_every=args.checkpoint_every, checkpoint_minutes=args.checkpoint_minutes,
-        router_aux_loss=args.router_aux_loss, shard=args.shard,
+        router_aux_loss=args.router_aux_loss, shard=args.shard, canvas_length=args.canvas_length,
     )
     summary = record_corpus(config)
     if summary.meta:

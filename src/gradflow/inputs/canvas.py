@@ -1,7 +1,8 @@
 """Batches of prompt and canvas for a two-pass model (DiffusionGemma): the split rule and the (B, P + C) layout.
 
 A two-pass model (:mod:`gradflow.adapters.two_pass`) encodes a prompt and denoises a canvas of at most ``C``
-tokens (``C``: the model's ``canvas_length``). Each window is split into the two before masking:
+tokens (``C``: ``gradflow record --canvas-length``, by default the model config's ``canvas_length``). Each window is
+split into the two before masking:
 
 - **a prompt/response ``.jsonl``** (``--prompt-field``): the prompt (with the special tokens before the response)
   is the prompt, the response (with the special tokens after it) is the canvas, cut to its first ``C`` tokens;
@@ -10,7 +11,9 @@ tokens (``C``: the model's ``canvas_length``). Each window is split into the two
   least one token and a full window of ``max_length`` tokens has a canvas of ``C`` tokens when ``max_length > C``.
 
 The masking never selects a prompt token (:func:`gradflow.inputs.masking.draw_sequence` with ``prompt_length``);
-a window whose prompt leaves the canvas no token is refused in one sentence (:class:`CorpusError`). After masking,
+a window whose prompt leaves the canvas no token, and a plain window of one token (no room for both), are refused in
+one sentence (:class:`CorpusError`); a ``C`` asked at or above ``--max-length`` on a plain corpus is refused before
+any window is read (:func:`gradflow.runs.job.canvas_length`). After masking,
 :func:`canvas_batch` lays each row out as its prompt, right-padded to the batch's widest prompt ``P``, then its
 canvas, right-padded to the widest canvas ``C``: a (B, P + C) :class:`~gradflow.inputs.batch.MaskedBatch` with
 ``prompt_width = P``. Every prompt position that is not padding has the role ``prompt`` (its special tokens
@@ -37,6 +40,9 @@ def split_encoding(encoding: dict, canvas: int, where: str) -> dict:
     n = len(encoding["input_ids"])
     prompt = encoding.get("prompt_length")
     if prompt is None:  # the split rule of a plain corpus
+        if n < 2:
+            raise CorpusError(f"{where}: a window of {n} token(s) cannot hold both a prompt and a canvas (one token "
+                              "each); raise --max-length to 2 or more, or drop the one-token document.")
         prompt = n - min(canvas, n - 1)
     if n < 2 or prompt >= n:
         raise CorpusError(f"{where}: the prompt takes {min(prompt, n)} of the window's {n} tokens and leaves the "

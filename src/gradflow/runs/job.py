@@ -238,13 +238,14 @@ class CorpusJob:
 def open_job(loaded: LoadedModel, texts: str | Path | Sequence[str] | None, policy: MaskingPolicy,
              max_length: int, batch_size: int, *, limit: int | None = None, rank: int = 0, world: int = 1,
              start: float | None = None, model: str | None = None, prompted: PromptFields | None = None,
-             one_pass: str | None = None) -> CorpusJob:
+             one_pass: str | None = None, canvas: int | None = None) -> CorpusJob:
     """Check ``max_length`` against the model (:func:`check_max_length`, naming ``model``) and open ``texts``.
 
     ``texts``: a corpus path, a list of strings or None (the committed sample); see
     :func:`gradflow.inputs.corpus.open_corpus` (``prompted``: a prompt/response ``.jsonl`` corpus, whose
     prompts are never masked). Nothing is read until the batches are iterated. ``one_pass``: the command, for a
-    job that does not run two-pass models yet (refused in one sentence).
+    job that does not run two-pass models yet (refused in one sentence). ``canvas``: a two-pass model's canvas
+    length C in place of its config's (``--canvas-length``; :func:`canvas_length`).
     """
     if one_pass is not None and loaded.adapter.two_pass is not None:
         raise UsageError(f"{one_pass} does not run two-pass models yet ({loaded.name}, {loaded.adapter.family}: a "
@@ -254,20 +255,42 @@ def open_job(loaded: LoadedModel, texts: str | Path | Sequence[str] | None, poli
     check_head_shift(policy, loaded)
     documents, source = open_corpus(texts, prompted)
     return CorpusJob(loaded.tokenizer, documents, source, policy, max_length, batch_size, limit, rank, world,
-                     time.time() if start is None else start, canvas=canvas_length(loaded))
+                     time.time() if start is None else start,
+                     canvas=canvas_length(loaded, canvas, max_length, prompted is not None))
 
 
-def canvas_length(loaded: LoadedModel) -> int | None:
-    """The canvas length C of a two-pass model (its config's), None for a one-pass model."""
+def canvas_length(loaded: LoadedModel, asked: int | None = None, max_length: int | None = None,
+                  prompted: bool = False) -> int | None:
+    """The canvas length C of a two-pass model: ``asked`` (``--canvas-length``) or its config's; None for a one-pass
+    model. Refused in one sentence (:class:`UsageError`): ``asked`` of a one-pass model, and on a plain corpus
+    (not ``prompted``) an ``asked`` >= ``max_length``, which no window can hold (each keeps a prompt token)."""
     spec = loaded.adapter.two_pass
     if spec is None:
+        if asked is not None:
+            raise UsageError(f"--canvas-length applies to two-pass models (DiffusionGemma) only, and {loaded.name} "
+                             f"({loaded.adapter.family}) runs one pass: drop --canvas-length.")
         return None
+    if asked is not None:
+        if not prompted and max_length is not None and asked >= max_length:
+            fit = f"pass --canvas-length {max_length - 1} or less, or " if max_length > 1 else ""
+            raise UsageError(f"--canvas-length {asked} leaves windows of --max-length {max_length} tokens no prompt "
+                             f"(the split rule keeps each window's first token in the prompt, so a canvas holds at "
+                             f"most {max_length - 1}): {fit}raise --max-length above {asked}.")
+        return asked
     length = spec.default_canvas(loaded.model.config)
     if length is None:
         raise UsageError(f"{loaded.name} runs a prompt and a canvas through two passes, but its config gives no "
-                         f"{spec.canvas_length}: set it in config.json.")
+                         f"{spec.canvas_length}: set it in config.json or pass --canvas-length.")
     return length
 
 
-__all__ = ["INTERRUPTED", "CorpusJob", "RoleTally", "canvas_length", "check_head_shift", "check_max_length",
-           "open_job"]
+def canvas_meta(canvas: int | None, given: bool) -> dict:
+    """meta.json's ``two_pass`` of a job on a two-pass model: ``{canvas_length, canvas_length_from}`` (``given``: C
+    came from ``--canvas-length``, not the model's config); of a one-pass model's, nothing."""
+    if canvas is None:
+        return {}
+    return {"two_pass": {"canvas_length": canvas, "canvas_length_from": "--canvas-length" if given else "config"}}
+
+
+__all__ = ["INTERRUPTED", "CorpusJob", "RoleTally", "canvas_length", "canvas_meta", "check_head_shift",
+           "check_max_length", "open_job"]

@@ -28,7 +28,7 @@ from gradflow.runs.check import weight_sharing
 from gradflow.runs.checkpoint import CHECKPOINT_DIR, Checkpoint, fault, rank_dir, save_checkpoint
 from gradflow.runs.distributed import distributed_session
 from gradflow.runs.files import SequenceWriter, merge_sequence_parts, prepare_output_dir, write_csv, write_meta
-from gradflow.runs.job import CorpusJob, open_job
+from gradflow.runs.job import CorpusJob, canvas_meta, open_job
 from gradflow.runs.meta import JobInputs, job_meta
 from gradflow.runs.record_stats import RecordProgress, RecordStats, aux_setting, record_counts
 from gradflow.runs.record_tables import DISCARD_PATTERNS, Rows, SequenceTable, open_writers, part_name, sequence_tables
@@ -46,14 +46,8 @@ from gradflow.runs.resume import (
     state_tensors,
     stats_state,
 )
-from gradflow.schema import (
-    CHANNEL_COLUMNS,
-    CHANNELS_FILE,
-    META_FILE,
-    SUBLAYER_COLUMNS,
-    SUBLAYERS_FILE,
-    WEIGHT_SHARING_META_KEY,
-)
+from gradflow.schema import (CHANNEL_COLUMNS, CHANNELS_FILE, META_FILE, SUBLAYER_COLUMNS, SUBLAYERS_FILE,
+                             WEIGHT_SHARING_META_KEY)
 
 
 @dataclass
@@ -96,6 +90,7 @@ class RecordConfig:
     prompted: PromptFields | None = None
     router_aux_loss: float | str | None = None  # the model's auxiliary router loss: "model" (its coefficient), a float
     shard: str = "none"  # "fsdp2": the model sharded across torchrun's ranks (gradflow.runs.sharding)
+    canvas_length: int | None = None  # a two-pass model's canvas length C (None: its config's canvas_length)
 
     def policy(self) -> MaskingPolicy:
         """The masking policy of this recording, seeded by ``seed``."""
@@ -167,8 +162,9 @@ def _record_corpus(config: RecordConfig, loaded: LoadedModel | None, start: floa
     policy = config.policy()
     try:
         corpus = open_job(loaded, texts, policy, config.max_length, config.batch_size, limit=config.limit,
-                          rank=rank, world=world, start=start, model=config.model, prompted=config.prompted)
-    except UsageError:  # a window longer than the model accepts: refused before anything is recorded
+                          rank=rank, world=world, start=start, model=config.model, prompted=config.prompted,
+                          canvas=config.canvas_length)
+    except UsageError:  # a window longer than the model accepts, a bad C: refused before anything is recorded
         if not config.resume:  # (a resumed run's directory is left as it is)
             _discard(out)
         raise
@@ -218,7 +214,8 @@ def _fingerprint(job: _Job, texts: str) -> dict:
                                 max_length=cfg.max_length, batch_size=cfg.batch_size, limit=cfg.limit, loss=cfg.loss,
                                 reduction=cfg.reduction, sublayers=cfg.sublayers, dtype=cfg.dtype,
                                 world_size=job.corpus.world, **_prompted_meta(cfg), **aux_setting(cfg.router_aux_loss),
-                                **({"shard": cfg.shard} if job.sharding else {}))
+                                **({"shard": cfg.shard} if job.sharding else {}),
+                                **({"canvas_length": job.corpus.canvas} if job.corpus.canvas else {}))
 
 
 def _restore(job: _Job, saved: Checkpoint, start: float) -> None:
@@ -399,7 +396,8 @@ def _meta(job: _Job) -> dict:
         "dtype": cfg.dtype, "world_size": corpus.world,
         "counts": record_counts(corpus.counts, job.stats, cfg.prompted is not None), "mean_loss": job.stats.mean_loss,
     }
-    fields.update({**_prompted_meta(cfg), **job.stats.aux_meta(cfg.router_aux_loss),
+    fields.update({**_prompted_meta(cfg), **canvas_meta(corpus.canvas, cfg.canvas_length is not None),
+                   **job.stats.aux_meta(cfg.router_aux_loss),
                    **({"sharding": job.sharding.describe()} if job.sharding else {})})
     if not corpus.complete and job.checkpointed:  # how far a --resume starts from
         fields["progress"] = {k: v for k, v in job.checkpointed.items() if k != "parts"}
