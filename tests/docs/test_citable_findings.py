@@ -159,11 +159,12 @@ EXPECTED: dict[int, Callable[[], tuple[list[float], list[float]]]] = {
     15: contrasts(OBJECTIVES, ("mini-en-mask40 drop1 - full", "brown-pos"), ("mini-en-mask40 drop1 - full", "brown-propn")),
     16: contrasts(SEED_REGIME, ("mini-en drop1 - full", "brown-pos")),
     17: contrasts(OBJECTIVES, ("mini-en-diffusion drop1 - full", "brown-pos"),
-                  ("mini-en-diffusion reinit1 - full", "brown-pos")),
+                  ("mini-en-diffusion reinit1 - full", "brown-pos"), ("mini-en-diffusion repair1 - full", "brown-pos")),
+    18: contrasts(SEED_REGIME, ("mini-en-diffusion reinit1 - full", "brown-pos")),
 }
 # the design of each row: what the plans say (figures/finetune/last-block-finetuning/plan.md, figures/twelve-blocks/plan.md)
 DESIGN = {1: "exact", 2: "descriptive", 3: "descriptive", 4: "descriptive", 5: "exploratory", 6: "pre-registered",
-          7: "exploratory", **{n: "pre-registered" for n in range(8, 18)}}
+          7: "exploratory", **{n: "pre-registered" for n in range(8, 19)}}
 
 
 # ---------------------------------------------------------------------- the tests
