@@ -82,6 +82,16 @@ FINDINGS = (
             ((1, "mask40"), (-1, "mini-en")), +1, True),
     Finding("drop1-twin-equal", "dropping costs the twin what it costs mini-en (+0.0009, not significant)",
             "results index row 10", "drop1 - full", ((1, "mini-en"), (-1, "twin")), 0, True),
+    Finding("pressure-diffusion-q", "clean channels push the diffusion member's last block harder than mini-en's, "
+            "attn.q (2.449 against 0.472)", "docs/results/objectives.md, Part 1", "pressure attn.q",
+            ((1, "diffusion"), (-1, "mini-en")), +1),
+    Finding("pressure-diffusion-ffn", "... and on ffn.in (1.912 against 0.287)", "docs/results/objectives.md, Part 1",
+            "pressure ffn.in", ((1, "diffusion"), (-1, "mini-en")), +1),
+    Finding("drop1-diffusion", "dropping the diffusion member's last block speeds fine-tuning (POS AUC +0.0078)",
+            "results index row 17", "drop1 - full", ((1, "diffusion"),), +1, True),
+    Finding("drop1-diffusion-vs-mini-en", "dropping the last block helps the diffusion member where it costs mini-en "
+            "(secondary contrast +0.0290)", "docs/results/objectives.md, Part 3", "drop1 - full",
+            ((1, "diffusion"), (-1, "mini-en")), +1, True),
 )
 
 
@@ -246,8 +256,7 @@ def tables(values: Values) -> tuple[str, pd.DataFrame]:
     lines += ["", "## Do the findings survive the pretraining seeds?", "",
               ("The plan's rule: the sign holds at all three seeds of every model named and, for a significance-based "
                "finding, p < 0.05 (two-sided, paired over fine-tuning seeds) at two of the three. Two members are "
-               "compared at the same seed. The new diffusion member's findings join this list once its Parts 1-4 "
-               "are written."), "",
+               "compared at the same seed. The diffusion member's are the second member's (issue 60)."), "",
               "| finding | where stated | checked quantity | expected | seed 0 | seed 1 | seed 2 | verdict |",
               "|---|---|---|---|---|---|---|---|"]
     for f in FINDINGS:

@@ -240,12 +240,17 @@ def test_seed_0_is_the_single_seed_analyses_numbers():
                    & (powered.task == "brown-pos")].iloc[0]
     for cell, row in ((values["mask40", 0]["drop1 - full"], mask40), (values["mini-en", 0]["drop1 - full"], mini)):
         assert cell["value"] == pytest.approx(row["mean"], rel=1e-4) and cell["p"] == pytest.approx(row["p"], rel=1e-3)
-    finding = next(f for f in st.FINDINGS if f.key == "drop1-mask40-vs-mini-en")
-    assert st.finding_at(finding, values, 0)["p"] == pytest.approx(secondary.loc[(design.MASK40, "brown-pos"), "p"],
-                                                                   rel=1e-3)
+    diffusion = family_a.loc[(design.DIFFUSION, "drop1", "brown-pos")]
+    cell = values["diffusion", 0]["drop1 - full"]
+    assert cell["value"] == pytest.approx(diffusion["mean"], rel=1e-4) and cell["p"] == pytest.approx(diffusion["p"],
+                                                                                                     rel=1e-3)
+    for key, model in (("drop1-mask40-vs-mini-en", design.MASK40), ("drop1-diffusion-vs-mini-en", design.DIFFUSION)):
+        finding = next(f for f in st.FINDINGS if f.key == key)
+        assert st.finding_at(finding, values, 0)["p"] == pytest.approx(secondary.loc[(model, "brown-pos"), "p"],
+                                                                       rel=1e-3)
     assert values["mask40", 0]["ratio"]["value"] == pytest.approx(0.224, abs=5e-4)
     assert values["twin", 0]["pressure attn.q"]["value"] == pytest.approx(0.0301, abs=5e-5)
-    assert isinstance(values["diffusion", 0]["ratio"]["value"], float)  # the second member's staged Part 1
+    assert values["diffusion", 0]["ratio"]["value"] == pytest.approx(0.342, abs=5e-4)  # the second member's Part 1
 
 
 def synthetic_measures(out: Path, ratios: dict, pressures: dict) -> None:
