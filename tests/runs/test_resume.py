@@ -124,8 +124,21 @@ def test_interrupted_run_resumes_identically(tmp_path, reference, tiny_mlm_dir, 
     from gradflow.roles import ALL_ROLES
     from gradflow.schema_reports import RECORD_META_KEYS, undeclared_keys
     assert undeclared_keys(meta, RECORD_META_KEYS, ALL_ROLES) == []  # "progress" and its keys are documented
+    # what a SIGKILLed (or torchrun-terminated) writer leaves: atomic writes' temporaries, removed on --resume
+    for name in (".meta.json.k1x9.tmp", ".channels.rank1.csv.a7b2.tmp", ".sequences.parquet.q3.tmp"):
+        (out / name).write_text("half written")
     assert main(args(tiny_mlm_dir, None, out, "--resume")) == 0
-    assert_same_run(reference, out)
+    assert_same_run(reference, out)  # (which finds any file left beside the run's own)
+
+
+def test_only_a_run_s_own_temporaries_are_removed(tmp_path):
+    from gradflow.runs.files import remove_stale_temporaries
+
+    names = [".meta.json.k1x9.tmp", ".experts.csv.z.tmp", ".my-notes.tmp", ".metadata.tmp", "meta.json.tmp", "x.csv"]
+    for name in names:
+        (tmp_path / name).write_text("x")
+    assert remove_stale_temporaries(tmp_path) == [".experts.csv.z.tmp", ".meta.json.k1x9.tmp"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(names[2:])
 
 
 def test_refusals_name_what_to_do(tmp_path, reference, tiny_mlm_dir, monkeypatch, capsys):

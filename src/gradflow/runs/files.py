@@ -26,9 +26,13 @@ SEQUENCE_SCHEMA = arrow_schema(SEQUENCE_DTYPES)
 SUBLAYER_SEQUENCE_SCHEMA = arrow_schema(SUBLAYER_SEQUENCE_DTYPES)
 
 
-def prepare_output_dir(out: Path, overwrite: bool) -> None:
+def prepare_output_dir(out: Path, overwrite: bool, resume: bool = False) -> None:
     """Create ``out``; refuse a non-empty one unless ``overwrite`` (then only run files are replaced, and an
-    unfinished run's parts and checkpoints removed: ``--overwrite`` starts over deliberately)."""
+    unfinished run's parts and checkpoints removed: ``--overwrite`` starts over deliberately). ``resume``: the
+    directory of a run to continue: only the temporary files of writes a killed process left are removed."""
+    if resume:
+        remove_stale_temporaries(out)
+        return
     if out.exists() and not out.is_dir():
         raise OutputDirError(f"output path {out} exists and is a file; pass a directory path with --out.")
     if out.exists() and has_checkpoint(out) and not overwrite:
@@ -42,8 +46,20 @@ def prepare_output_dir(out: Path, overwrite: bool) -> None:
         remove_run_files(out)
 
 
+def remove_stale_temporaries(out: Path) -> list[str]:
+    """Remove the temporary files of writes a killed process left in ``out`` (:func:`atomic_write_text`'s
+    ``.<file>.<random>.tmp``: a SIGKILL or SIGTERM, as torchrun sends the other ranks when one dies, runs no cleanup);
+    returns their names. Other files are left."""
+    stems = {name.split(".")[0] for name in (*RUN_FILES, *OPTIONAL_RUN_FILES)}
+    stale = [p for p in out.glob(".*.tmp") if p.is_file() and p.name[1:].split(".")[0] in stems]
+    for path in stale:
+        path.unlink(missing_ok=True)
+    return sorted(p.name for p in stale)
+
+
 def remove_run_files(out: Path) -> None:
     """Remove a run's files, its hidden parts and its checkpoints from ``out`` (other files are left)."""
+    remove_stale_temporaries(out)
     for name in (*RUN_FILES, *OPTIONAL_RUN_FILES):
         (out / name).unlink(missing_ok=True)
     for hidden in [p for pattern in (".sequences*", ".sublayer_sequences*") for p in out.glob(pattern)]:

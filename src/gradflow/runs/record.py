@@ -152,8 +152,8 @@ def _record_corpus(config: RecordConfig, loaded: LoadedModel | None, start: floa
     check_corpus_path(texts)  # before anything is created, so a bad path leaves nothing behind
     check_sharding(config.shard, world, config.router_aux_loss)
     saved = open_resume(out, rank, world) if config.resume else None
-    if rank == 0 and not config.resume:
-        prepare_output_dir(out, config.overwrite)
+    if rank == 0:  # (a resumed run's directory: only a killed run's half-written files go; the ranks wait below)
+        prepare_output_dir(out, config.overwrite, resume=config.resume)
     if world > 1:
         torch.distributed.barrier()
     loaded = loaded or load_model(config.model, device, config.dtype, config.trust_remote_code, config.adapter,
