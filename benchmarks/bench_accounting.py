@@ -111,6 +111,7 @@ def main() -> None:
               f"layers={args.layers} hidden={args.hidden} B={args.batch} T={args.length} load={os.getloadavg()[0]:.1f}")
         print(json.dumps(summary))
     if world > 1:
+        torch.distributed.barrier()  # no rank tears gloo down while rank 0 still prints
         torch.distributed.destroy_process_group()
 
 

@@ -109,6 +109,7 @@ def main() -> None:
             print(f"{mode:7s} {summary[mode]['s_per_batch']:.4f} s/batch  x{summary[mode]['ratio_median']:.3f} "
                   f"(min {min(ratios):.3f}, max {max(ratios):.3f})")
         print(json.dumps(summary))
+    torch.distributed.barrier()  # no rank tears gloo down while rank 0 still prints
     torch.distributed.destroy_process_group()
 
 

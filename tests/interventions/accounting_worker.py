@@ -116,6 +116,7 @@ def main(out: str) -> None:
     if rank == 0:
         with open(out, "w", encoding="utf-8") as fh:
             json.dump(results, fh)
+    torch.distributed.barrier()  # no rank tears gloo down while rank 0 still writes (aborts "terminate called")
     torch.distributed.destroy_process_group()
 
 
