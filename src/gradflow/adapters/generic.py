@@ -26,6 +26,7 @@ the discovered order. No stack: :class:`~gradflow.errors.UnsupportedArchitecture
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass, field
 
@@ -323,7 +324,7 @@ def discover_adapter(model: nn.Module, notice: bool = True) -> Adapter:
     split, skipped = _sublayers(probe, calls, width, experts)
     notes = _describe(model_type, group, modules, [*split, *(n for name, spec in experts.items() if spec.unsplittable
                                                                 is None for n in spec.names(name))], skipped + refused)
-    if notice:
+    if notice and os.environ.get("RANK", "0") == "0":  # under torchrun: once, not once a rank
         print(f"gradflow: {notes}", file=sys.stderr)
     return Adapter(
         family="generic", model_types=(), embeddings="", blocks=group.parent, mid=None, shifted_head=None,
