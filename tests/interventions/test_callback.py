@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import math
+import warnings
 
 import pandas as pd
 import pytest
@@ -310,3 +311,21 @@ def test_log_mode_applies_without_attach(tiny_mlm_dir, tmp_path):
     assert logged["summary"][0] == set(schema.CALLBACK_SUMMARY_SCALARS)
     assert len(logged["all"][0]) > 20
     assert not any(logged["none"])
+
+
+def test_more_than_one_process_is_said_once_to_be_rank_zeros_numbers(tmp_path):
+    import types
+
+    from tests.tiny import tiny_model
+
+    model = tiny_model("bert")
+    for world, warned in ((1, False), (2, True)):
+        args = types.SimpleNamespace(world_size=world, output_dir=str(tmp_path / str(world)))
+        state = types.SimpleNamespace(is_world_process_zero=True)
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            GradFlowCallback(every=5).on_train_begin(args, state, None, model=model)
+        said = [str(w.message) for w in seen if "GradFlowCallback on" in str(w.message)]
+        assert len(said) == int(warned), said
+        if warned:
+            assert "rank 0's own numbers" in said[0] and "GradAccountingCallback" in said[0] and "\n" not in said[0]

@@ -41,7 +41,9 @@ Step numbering: ``step`` s is the optimizer step that takes ``global_step`` from
 with the weights after step s-1, its drift after step s. ALBERT's shared layer is one group (``blocks.0-11``): its
 weight gradient is the sum over depths; the per-role rows are per depth. With fp16 mixed precision (a gradient
 scaler), ``grad_norm`` includes the loss scale; bf16 and fp32 are exact. Under DDP, the hooks see this process's
-gradient before the all-reduce."""
+gradient before the all-reduce (under FSDP2, its shard), and the rows are rank 0's: on more than one process the
+callback says so in one warning; :class:`~gradflow.interventions.accounting_callback.GradAccountingCallback` reduces
+across ranks."""
 
 from __future__ import annotations
 
@@ -139,6 +141,10 @@ class GradFlowCallback(TrainerCallback):
             for group in self._groups:
                 group.initial = [p.detach().clone() for p in group.params]
         self._write = bool(state.is_world_process_zero)
+        if self._write and int(getattr(args, "world_size", 1) or 1) > 1:
+            warnings.warn(f"GradFlowCallback on {args.world_size} processes logs rank 0's own numbers (its gradient "
+                          "before DDP's all-reduce or its FSDP2 shard, its first micro-batch's roles): for statistics "
+                          "reduced across ranks add GradAccountingCallback (docs/guides/many-devices.md)", stacklevel=2)
         if self.csv_path is None:
             self.csv_path = Path(args.output_dir) / CALLBACK_FILE
         if self._write:
