@@ -2,7 +2,8 @@
 the tables of one process (every number within 1e-5 relative, exact zeros identical), on a tiny BERT whose output
 embeddings are tied to its input embeddings and whose 2-row token-type table leaves the third rank an empty shard;
 7 batches dealt to 3 ranks end on an uneven last batch with two ranks idle; a run whose rank 1 is SIGKILLed resumes
-to the same tables."""
+to the same tables. The embedded gradflow-mini-en and a held-out tiny DeBERTa-v2 on 2 ranks equal one process of
+the ranks' thread count."""
 
 from __future__ import annotations
 
@@ -173,3 +174,41 @@ def test_one_rank_fsdp2_record_equals_the_whole_model(one_rank_group, family):
         torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6 * float(a.abs().max()))
         assert torch.equal(a == 0, b == 0)
     assert all(torch.equal(a.n_nonzero, b.n_nonzero) for a, b in zip(one.sublayers, two.sublayers))
+
+
+def held_out_deberta_dir(path: Path, tokenizer_dir: Path) -> Path:
+    """A random tiny DebertaV2ForMaskedLM (relative attention, p2c and c2p, no absolute positions: a family gradflow
+    was not written around) with the tiny BERT's WordPiece tokenizer, saved to ``path``."""
+    from transformers import AutoTokenizer, DebertaV2Config, DebertaV2ForMaskedLM
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    torch.manual_seed(0)
+    config = DebertaV2Config(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                             intermediate_size=48, max_position_embeddings=64, pad_token_id=tok.pad_token_id,
+                             relative_attention=True, pos_att_type=["p2c", "c2p"], share_att_key=True,
+                             position_buckets=8, max_relative_positions=16, position_biased_input=False,
+                             norm_rel_ebd="layer_norm", type_vocab_size=0)
+    DebertaV2ForMaskedLM(config).save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("which", ["embedded", "held-out-deberta"])
+def test_fsdp2_on_two_ranks_equals_one_process_on_the_embedded_model_and_a_held_out_family(which, tmp_path,
+                                                                                          tiny_corpus, tiny_mlm_dir):
+    """gradflow-mini-en (6 blocks, untied head) and a tiny DeBERTa-v2 on 2 ranks of one thread each against one
+    process of one thread: float32 sums are only comparable at the same thread count (two threads against one move
+    a special position's squared gradient norm on gradflow-mini-en by 1.0e-5 relative; the ranks against one thread:
+    9e-7)."""
+    model = "gradflow-mini-en" if which == "embedded" else str(held_out_deberta_dir(tmp_path / "deberta", tiny_mlm_dir))
+    argv = record_args(model, tiny_corpus, tmp_path / "one", "--max-length", "32")  # the last --max-length wins
+    one = subprocess.run([sys.executable, "-m", "gradflow", *argv], env=ENV, capture_output=True, text=True, timeout=600)
+    assert one.returncode == 0, one.stderr[-3000:]
+    many = torchrun(2, 29774 if which == "embedded" else 29775,
+                    record_args(model, tiny_corpus, tmp_path / "two", "--max-length", "32"))
+    _, err = many.communicate(timeout=600)
+    assert many.returncode == 0, err[-3000:]
+    meta = json.loads((tmp_path / "two" / "meta.json").read_text())
+    assert meta["model"] == model and meta["sharding"]["world_size"] == 2
+    assert_equal_tables(tmp_path / "one", tmp_path / "two")
