@@ -116,10 +116,12 @@ def _product(g: torch.Tensor, x: torch.Tensor, codes: torch.Tensor, chosen: list
 
 
 def _squares(slabs: torch.Tensor) -> torch.Tensor:
-    """The float64 squared Frobenius norm of slabs (E, D_out, D_in), safe in float32 and bfloat16."""
+    """The float64 squared Frobenius norm of slabs (E, D_out, D_in), safe in float32 and bfloat16: a bfloat16 slab's
+    norm reduced in bfloat16 (float32 accumulation, rounded once: within 2^-8 of the float32 norm, as the Linear
+    split's bfloat16 products; converting the slabs to float32 first took 2 ms a parameter at 8 x 1024 x 256)."""
     if slabs.dtype == torch.float64:
         return torch.linalg.vector_norm(slabs).square()
-    return safe_norm(slabs, dim=(-2, -1)).double().square().sum()
+    return safe_norm(slabs, dim=(-2, -1), native=True).double().square().sum()
 
 
 def _gram_squares(sums: ExpertSums, g: torch.Tensor, x: torch.Tensor, codes: torch.Tensor, expert: torch.Tensor,
