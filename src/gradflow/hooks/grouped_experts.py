@@ -82,25 +82,39 @@ def add_by_role(sums: ExpertSums, state: BatchState, g: torch.Tensor, x: torch.T
     counts = [sum(rows) for rows in per_expert]
     live_codes = [code for code in range(NUM_ROLES) if n_live[code]]
     first = max(live_codes, key=counts.__getitem__, default=None)
-    summed = None
-    if first is not None:
-        summed = _product(g, x, codes, [first], table)
-        sums.squares[first] += _squares(summed)
-    rest = [code for code in range(NUM_ROLES) if code != first and counts[code] and (n_live[code] or n_unsafe[code])]
-    if rest:
-        product = _product(g, x, codes, rest, table)
-        summed = product if summed is None else summed.add_(product)
     gram, own = [], []
     for code in live_codes:
         if code != first:
             cheap = sum(n * n for n in per_expert[code]) * (g.shape[1] + x.shape[1]) < \
                 counts[code] * g.shape[1] * x.shape[1]
             (gram if cheap and n_unsafe[code] == 0 else own).append(code)
+    # the other roles' norms first: their Gram blocks and own products are freed before the gradient's slabs exist
     if gram:
         _gram_squares(sums, g, x, codes, expert, gram)
-    for code in own:  # its product beside the one above: its norm only
+    for code in own:  # its own product, for its norm only
         sums.squares[code] += _squares(_product(g, x, codes, [code], table))
-    return summed if summed is not None else g.new_zeros(table.shape[0], g.shape[1], x.shape[1])
+    rest = [code for code in range(NUM_ROLES) if code != first and counts[code] and (n_live[code] or n_unsafe[code])]
+    if first is None:
+        return _product(g, x, codes, rest, table) if rest else g.new_zeros(table.shape[0], g.shape[1], x.shape[1])
+    summed = _product(g, x, codes, [first], table)
+    sums.squares[first] += _squares(summed)
+    if rest:  # added into the slabs in place: one parameter-sized gradient at a time, as autograd's
+        _add_product(summed, g, x, codes, rest, table)
+    return summed
+
+
+def _add_product(summed: torch.Tensor, g: torch.Tensor, x: torch.Tensor, codes: torch.Tensor, chosen: list[int],
+                 table: torch.Tensor) -> None:
+    """Add every expert's ``g_c^T x_c`` over the rows of the roles ``chosen`` (gathered in expert order) into its slab
+    of ``summed`` (E, D_out, D_in), in place: one ``addmm_`` per expert with such rows (no second slab-sized
+    product)."""
+    rows = torch.isin(codes, torch.tensor(chosen, device=codes.device)).nonzero().squeeze(1)
+    gr, xr = g[rows], x[rows]
+    start = 0
+    for e, size in enumerate(table[:, chosen].sum(dim=1).tolist()):
+        if size:
+            summed[e].addmm_(gr[start:start + size].T, xr[start:start + size])
+        start += size
 
 
 def _product(g: torch.Tensor, x: torch.Tensor, codes: torch.Tensor, chosen: list[int], table: torch.Tensor
