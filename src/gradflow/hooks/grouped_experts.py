@@ -106,15 +106,20 @@ def add_by_role(sums: ExpertSums, state: BatchState, g: torch.Tensor, x: torch.T
 def _add_product(summed: torch.Tensor, g: torch.Tensor, x: torch.Tensor, codes: torch.Tensor, chosen: list[int],
                  table: torch.Tensor) -> None:
     """Add every expert's ``g_c^T x_c`` over the rows of the roles ``chosen`` (gathered in expert order) into its slab
-    of ``summed`` (E, D_out, D_in), in place: one ``addmm_`` per expert with such rows (no second slab-sized
-    product)."""
+    of ``summed`` (E, D_out, D_in), in place, in one ``baddbmm_``: each expert's rows zero-padded to the most any
+    expert has (a zero row adds exact zeros; no second slab-sized product)."""
     rows = torch.isin(codes, torch.tensor(chosen, device=codes.device)).nonzero().squeeze(1)
-    gr, xr = g[rows], x[rows]
-    start = 0
-    for e, size in enumerate(table[:, chosen].sum(dim=1).tolist()):
-        if size:
-            summed[e].addmm_(gr[start:start + size].T, xr[start:start + size])
-        start += size
+    sizes = table[:, chosen].sum(dim=1)
+    block = torch.repeat_interleave(torch.arange(sizes.numel(), device=g.device), sizes)
+    place = torch.arange(rows.numel(), device=g.device) - (sizes.cumsum(0) - sizes)[block]
+    width = int(sizes.max())
+
+    def padded(values: torch.Tensor) -> torch.Tensor:
+        out = values.new_zeros(sizes.numel(), width, values.shape[1])
+        out[block, place] = values[rows]
+        return out
+
+    summed.baddbmm_(padded(g).transpose(1, 2), padded(x))
 
 
 def _product(g: torch.Tensor, x: torch.Tensor, codes: torch.Tensor, chosen: list[int], table: torch.Tensor
