@@ -158,6 +158,8 @@ RECORD_META_KEYS: dict[str, str] = {
     "two_pass.canvas_length": "C, the canvas length: a plain window's last min(C, n - 1) tokens are the canvas, a "
                               "prompt/response pair's response cut to its first C tokens (``--canvas-length``)",
     "two_pass.canvas_length_from": "``--canvas-length`` or ``config`` (the model config's ``canvas_length``)",
+    "routers": "mixtures of experts only: the recorded names of the sublayers that route rows to the experts "
+               "(``ffn.router`` for gradflow's MoE adapters; the generic adapter's by module path, e.g. ``mlp.gate``)",
     "router_aux_loss": "``--router-aux-loss`` only: the auxiliary router loss added to the loss (its gradient split "
                        "by the role of the position each router row came from, like the loss's)",
     "router_aux_loss.requested": "``model`` (the model's own coefficient) or the coefficient given",

@@ -123,3 +123,13 @@ def test_coverage_lists_the_tested_moe_families():
     from tiny import MOE_FAMILIES
 
     assert LISTED == MOE_FAMILIES
+
+
+def test_router_names_registered_generic_and_dense():
+    """``Adapter.router_names``: the registered MoE adapters' ``ffn.router``, the generic adapter's router by module
+    path (found by its one output per expert), nothing for a dense model."""
+    from gradflow.adapters import adapter_for
+    from tests.tiny import tiny_model, tiny_moe_model
+
+    assert adapter_for(tiny_moe_model("olmoe")).router_names() == ("ffn.router",)
+    assert adapter_for(tiny_model("bert")).router_names() == ()

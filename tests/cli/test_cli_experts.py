@@ -45,6 +45,13 @@ def test_record_splits_remote_code_experts_and_router(layout, tmp_path, tiny_cor
     assert set(experts.expert) == {0, 1, 2, 3} and set(experts.layer) == {1, 2}
     positions = sum(json.loads((out / "meta.json").read_text())["counts"]["tokens_per_role"].values())
     assert experts.groupby("layer").n_rows.sum().tolist() == [2 * positions] * 2  # top-2: two rows a position
+    # the router the generic adapter found (a flat sublayer with one output per expert) is named, and the report's
+    # last-block table lists it beside the experts with exactly 0 from context
+    assert json.loads((out / "meta.json").read_text())["routers"] == ["mlp.gate"]
+    assert main(["report", str(out), "--out", str(tmp_path / "report"), "--format", "png"]) == 0
+    summary = (tmp_path / "report" / "summary.md").read_text()
+    last = summary.split("### Last block (layer 2)", 1)[1].split("\n### ", 1)[0]
+    assert "| mlp.gate | context | exactly 0 | exactly 0 |" in last, last
 
 
 def test_record_refuses_experts_it_cannot_split(tmp_path, tiny_corpus, capsys):

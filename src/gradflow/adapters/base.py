@@ -197,6 +197,9 @@ class Adapter:
     (:mod:`gradflow.adapters.experts`); each weight is split by the role of the rows routed to each expert, recorded
     as ``<name>.<parameter or Linear>``. An experts name in ``after_mixing_extra`` puts those in the after-mixing
     set."""
+    routers: tuple[str, ...] = ()
+    """Recorded names of the sublayers that route rows to ``experts`` where they are not ``ffn.router`` (the name the
+    registered MoE adapters give theirs): the generic adapter's, by module path (``mlp.gate``)."""
     router_aux: RouterAuxSpec | None = None
     """How the model computes its auxiliary router loss (load balancing), which its training adds to the loss
     (``gradflow record --router-aux-loss``); None: none known."""
@@ -216,6 +219,13 @@ class Adapter:
         experts = tuple(n for name, spec in self.experts.items() if name in self.after_mixing_extra
                         for n in spec.names(name))
         return standard + tuple(n for n in self.after_mixing_extra if n in self.sublayers) + experts
+
+    def router_names(self) -> tuple[str, ...]:
+        """The recorded names of the routers of a mixture-of-experts model (``ffn.router`` where a registered adapter
+        has one, and ``routers``); empty for a dense model."""
+        if not self.experts:
+            return ()
+        return tuple(dict.fromkeys((*(("ffn.router",) if "ffn.router" in self.sublayers else ()), *self.routers)))
 
     def position_offset(self, config) -> int:
         """Learned position embeddings before the first one a token uses (RoBERTa: ``pad_token_id + 1``)."""

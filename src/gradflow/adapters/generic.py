@@ -255,6 +255,27 @@ def _sublayers(probe: _Probe, calls: list[_Call], width: int, experts: dict[str,
     return split, skipped
 
 
+def _routers(block: nn.Module, split: dict[str, SublayerSpec], experts: dict[str, ExpertsSpec]) -> tuple[str, ...]:
+    """The split sublayers that route rows to the experts: called once per block call on the (B * T, D) rows
+    (``flat``), with one output per expert of an experts module beside them (the same parent module)."""
+    counts = {}
+    for name, spec in experts.items():
+        module = block.get_submodule(spec.path)
+        parent = spec.path.rpartition(".")[0]
+        if spec.layout == "fused":
+            counts[parent] = next(module.parameters()).shape[0]
+        else:
+            counts[parent] = len(module)
+    found = []
+    for name, spec in split.items():
+        weight = getattr(block.get_submodule(name), "weight", None)
+        parent = name.rpartition(".")[0]
+        if spec.flat and isinstance(weight, torch.Tensor) and weight.dim() == 2 and parent in counts \
+                and weight.shape[0] == counts[parent]:
+            found.append(name)
+    return tuple(found)
+
+
 def _experts(blocks: tuple[nn.Module, ...], probe: ExpertProbe) -> tuple[dict[str, ExpertsSpec], list[str]]:
     """The experts every distinct block holds alike (:func:`~gradflow.adapters.generic_experts.find_experts`), and
     'path (Class: why)' of those not split."""
@@ -328,7 +349,7 @@ def discover_adapter(model: nn.Module, notice: bool = True) -> Adapter:
         print(f"gradflow: {notes}", file=sys.stderr)
     return Adapter(
         family="generic", model_types=(), embeddings="", blocks=group.parent, mid=None, shifted_head=None,
-        sublayers=split, experts=experts, attn_norm="unknown",
+        sublayers=split, experts=experts, routers=_routers(modules[0], split, experts), attn_norm="unknown",
         expand_blocks=lambda _base: list(modules), notes=notes, head=HeadSpec(call=_no_head),
         head_mixes_positions="not known: the generic adapter does not know the model's MLM head",
         embeddings_at="blocks", drop_blocks=_no_surgery,

@@ -31,7 +31,7 @@ MOE_TABLES: tuple[str, ...] = (EXPERT_ROLES_TABLE, EXPERT_ROWS_TABLE, ROUTER_AUX
 """The report's tables of mixtures of experts (in :data:`gradflow.schema.REPORT_TABLES`; a dense run has none)."""
 ROUTER = "ffn.router"
 """The router's recorded name in gradflow's MoE adapters (``RouterAuxSpec.router``); another router (the generic
-adapter's: its path in the block) is known only where ``router_aux.csv`` names it."""
+adapter's: its path in the block) is named by meta.json's ``routers``."""
 PAD = "pad"
 PER_EXPERT_LIMIT = 64
 """Most (block, expert) rows the summary's per-expert table lists; beyond, the last block's experts only."""
@@ -156,9 +156,10 @@ def _roles_table(roles: pd.DataFrame, with_module: bool) -> TextTable:
 
 
 def _routers(run: Run, modules: Sequence[str], layer: int, aux: pd.DataFrame | None) -> list[str]:
-    """The router sublayers recorded at ``layer``: ``ffn.router`` and any other one router_aux.csv names."""
-    names = {ROUTER} | ({s for s in aux["sublayer"] if not any(s.startswith(f"{m}.") for m in modules)}
-                       if aux is not None else set())
+    """The router sublayers recorded at ``layer``: ``ffn.router``, those meta.json names (``routers``: the generic
+    adapter's, by module path) and any other one router_aux.csv names."""
+    names = {ROUTER} | set(run.meta.get("routers", ())) | (
+        {s for s in aux["sublayer"] if not any(s.startswith(f"{m}.") for m in modules)} if aux is not None else set())
     present = run.sublayers.loc[run.sublayers["layer"] == layer, "sublayer"].unique()
     return sorted(s for s in names if s in present)
 

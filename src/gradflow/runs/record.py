@@ -398,6 +398,7 @@ def _meta(job: _Job) -> dict:
     }
     fields.update({**_prompted_meta(cfg), **canvas_meta(corpus.canvas, cfg.canvas_length is not None),
                    **job.stats.aux_meta(cfg.router_aux_loss),
+                   **({"routers": list(loaded.adapter.router_names())} if loaded.adapter.experts else {}),
                    **({"sharding": job.sharding.describe()} if job.sharding else {})})
     if not corpus.complete and job.checkpointed:  # how far a --resume starts from
         fields["progress"] = {k: v for k, v in job.checkpointed.items() if k != "parts"}
