@@ -194,18 +194,18 @@ def held_out_deberta_dir(path: Path, tokenizer_dir: Path) -> Path:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("which", ["embedded", "held-out-deberta"])
-def test_fsdp2_on_two_ranks_equals_one_process_on_the_embedded_model_and_a_held_out_family(which, tmp_path,
-                                                                                          tiny_corpus, tiny_mlm_dir):
-    """gradflow-mini-en (6 blocks, untied head) and a tiny DeBERTa-v2 on 2 ranks of one thread each against one
+@pytest.mark.parametrize("which", ["gradflow-mini-en", "gradflow-mini-en-alltoken", "held-out-deberta"])
+def test_fsdp2_on_two_ranks_equals_one_process_on_the_embedded_models_and_a_held_out_family(which, tmp_path,
+                                                                                           tiny_corpus, tiny_mlm_dir):
+    """The embedded gradflow-mini-en and its all-token twin (6 blocks, untied head) and a tiny DeBERTa-v2 on 2 ranks of one thread each against one
     process of one thread: float32 sums are only comparable at the same thread count (two threads against one move
     a special position's squared gradient norm on gradflow-mini-en by 1.0e-5 relative; the ranks against one thread:
     9e-7)."""
-    model = "gradflow-mini-en" if which == "embedded" else str(held_out_deberta_dir(tmp_path / "deberta", tiny_mlm_dir))
+    model = which if which.startswith("gradflow") else str(held_out_deberta_dir(tmp_path / "deberta", tiny_mlm_dir))
     argv = record_args(model, tiny_corpus, tmp_path / "one", "--max-length", "32")  # the last --max-length wins
     one = subprocess.run([sys.executable, "-m", "gradflow", *argv], env=ENV, capture_output=True, text=True, timeout=600)
     assert one.returncode == 0, one.stderr[-3000:]
-    many = torchrun(2, 29774 if which == "embedded" else 29775,
+    many = torchrun(2, {"gradflow-mini-en": 29774, "gradflow-mini-en-alltoken": 29778}.get(which, 29775),
                     record_args(model, tiny_corpus, tmp_path / "two", "--max-length", "32"))
     _, err = many.communicate(timeout=600)
     assert many.returncode == 0, err[-3000:]
