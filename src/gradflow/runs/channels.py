@@ -39,11 +39,12 @@ from gradflow.figures.channel_view import save_channel_view
 from gradflow.hooks.attribution import attribute_channels, integrated_gradients
 from gradflow.hooks.recorder import GradFlowRecorder, RecorderConfig
 from gradflow.hooks.records import BatchRecord
+from gradflow.inputs.canvas import canvas_batch, split_encoding
 from gradflow.inputs.masking import BertMasking, ExplicitMasking, MaskedBatch, MaskingPolicy, encode, mask_batch
 from gradflow.models import LoadedModel
 from gradflow.roles import LOSS_ROLES, Role, role_name
 from gradflow.runs.files import write_csv, write_meta
-from gradflow.runs.job import check_head_shift
+from gradflow.runs.job import canvas_length, check_head_shift
 from gradflow.runs.meta import JobInputs, JobOutcome, job_meta
 from gradflow.schema import CHANNEL_VIEW_COLUMNS
 
@@ -62,7 +63,10 @@ def channel_batch(loaded: LoadedModel, text: str, mask_positions: Sequence[int] 
     """One-sentence batch: ``mask_positions`` (token indices, special tokens included, 0 = the first
     special token) become ``[MASK]``; None draws BERT's 15% masking, or ``objective``'s
     (:mod:`gradflow.inputs.objectives`), seeded by ``seed``. An empty ``mask_positions`` is refused
-    unless ``allow_empty`` (then no position is selected); a shifted ``objective`` shifts them too."""
+    unless ``allow_empty`` (then no position is selected); a shifted ``objective`` shifts them too. A two-pass model
+    (DiffusionGemma) gets the split rule of a plain corpus (:mod:`gradflow.inputs.canvas`: the last ``min(C, n - 1)``
+    tokens are the canvas, the rest the prompt, role ``prompt``), its masking on the canvas only, in the (1, P + C)
+    layout that keeps every position where it was."""
     check_head_shift(objective if objective is not None else BertMasking(), loaded)
     enc = encode(loaded.tokenizer, text)
     n, limit = len(enc["input_ids"]), loaded.max_positions()
@@ -73,6 +77,13 @@ def channel_batch(loaded: LoadedModel, text: str, mask_positions: Sequence[int] 
     if all(special):
         raise ChannelViewError("the text tokenizes to special tokens only: pass a sentence with words in it.")
     tokens = loaded.tokenizer.convert_ids_to_tokens(enc["input_ids"])
+    prompt = 0
+    if loaded.adapter.two_pass is not None:  # the split rule: the last min(C, n - 1) tokens are the canvas
+        if n < 2:
+            raise ChannelViewError(f"{loaded.name} reads a prompt and a canvas, one token each at least, and the text "
+                                   f"has {n} token(s): pass a longer sentence.")
+        enc = split_encoding(enc, canvas_length(loaded), "the text")
+        prompt = int(enc["prompt_length"])
     if mask_positions is None:
         policy = channel_policy(objective, seed)
     else:
@@ -86,8 +97,16 @@ def channel_batch(loaded: LoadedModel, text: str, mask_positions: Sequence[int] 
             if special[p]:
                 raise ChannelViewError(f"mask position {p} is the special token {tokens[p]!r}, which never carries "
                                        f"the MLM loss; choose a word position ({_listing(tokens)}).")
+            if p < prompt:
+                raise ChannelViewError(f"mask position {p} is in the prompt (positions 0..{prompt - 1}), which "
+                                       f"{loaded.name} encodes and never predicts; choose a canvas position "
+                                       f"({prompt}..{n - 1}).")
         policy = ExplicitMasking(positions={0: positions}, action="mask", shift=bool(objective and objective.shift))
-    return mask_batch(loaded.tokenizer, policy=policy, encodings=[enc], max_length=n)
+    batch = mask_batch(loaded.tokenizer, policy=policy, encodings=[enc], max_length=n)
+    if prompt:  # one row: the (P + C) layout keeps every position where it was
+        pad = loaded.tokenizer.pad_token_id
+        batch = canvas_batch(batch, [prompt], 0 if pad is None else int(pad))
+    return batch
 
 
 def channel_policy(objective: MaskingPolicy | None, seed: int) -> MaskingPolicy:
@@ -208,6 +227,9 @@ def write_channel_view(loaded: LoadedModel, text: str, out_dir: str | Path, mask
     """
 
     _check_quantity(quantity)
+    if loaded.adapter.two_pass is not None and quantity != "grad_norm":
+        raise ChannelViewError(f"{loaded.name} runs a prompt and a canvas through two passes, which the attributions "
+                               f"do not follow: use --quantity grad_norm (got {quantity}).")
     start = time.time()
     batch = channel_batch(loaded, text, mask_positions, seed=seed, objective=objective)
     if not bool((batch.roles <= Role.KEPT).any()):
