@@ -130,11 +130,12 @@ def gram_cheaper(rows: int, d_out: int, d_in: int) -> bool:
 
 
 def _norm(values: torch.Tensor) -> torch.Tensor:
-    """Row norms (..., D) -> (...): safe float32 ones (:func:`~gradflow.hooks.safe_norms.safe_norm`), float64 ones of
-    float64 rows (no float64 square underflows or overflows for float32-range values; 0 only for a zero row)."""
+    """Row norms (..., D) -> (...): safe float32 ones (:func:`~gradflow.hooks.safe_norms.safe_norm`; bfloat16 rows
+    reduced in bfloat16 and rounded once, as the Linear split's row norms: no float32 copy of the rows), float64 ones
+    of float64 rows (no float64 square underflows or overflows for float32-range values; 0 only for a zero row)."""
     if values.dtype == torch.float64:
         return torch.linalg.vector_norm(values, dim=-1)
-    return safe_norm(values, dim=-1)
+    return safe_norm(values, dim=-1, native=True)
 
 
 def finish_experts(state: BatchState) -> None:
