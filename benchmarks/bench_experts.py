@@ -6,6 +6,8 @@ width ``--inner``, top-``--top-k``; B = ``--batch``, T = ``--length``), the medi
 - bare:  forward + MLM loss + ``loss.backward()``
 - norms: the same under ``rec.capture`` with site norms only
 - full:  the same under ``rec.capture`` with the per-role sublayer split (attention, router, experts)
+- dense: the same split with the experts left out (their weight gradients autograd's, unsplit): ``full - dense`` is
+  what splitting the experts costs, ``dense - bare`` what the rest of the recorder costs at this shape
 
 and each one's ratio to bare (``paired``: the median over rounds of the ratio to the same round's bare step), then
 the peak-memory ratio of each mode, each measured in a fresh subprocess (CPU: peak RSS above the loaded model;
@@ -40,7 +42,7 @@ from gradflow.inputs.masking import MaskedBatch
 from gradflow.roles import Role
 from peak_memory import PeakMemory  # benchmarks/peak_memory.py, beside this script
 
-MODES = ("bare", "norms", "full")
+MODES = ("bare", "norms", "dense", "full")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
@@ -77,13 +79,20 @@ def make_batch(args) -> MaskedBatch:
     return batch.to(args.device)
 
 
-def recorder_for(model, args, sublayers: bool) -> GradFlowRecorder:
+def recorder_for(model, args, sublayers: bool, experts: bool = True) -> GradFlowRecorder:
     """The recorder of a mode; ``--recompute``: the model's own experts implementation runs and the split
-    recomputes its products (``ExpertsSpec.own_forward=False``)."""
+    recomputes its products (``ExpertsSpec.own_forward=False``); ``experts=False``: the experts are not split."""
     adapter = adapter_for(model)
-    if args.recompute:
+    if not experts:
+        adapter = replace(adapter, experts={})
+    elif args.recompute:
         adapter = replace(adapter, experts={n: replace(e, own_forward=False) for n, e in adapter.experts.items()})
     return GradFlowRecorder(model, RecorderConfig(sublayers=sublayers), adapter=adapter)
+
+
+def recorder_for_mode(model, args, mode: str) -> GradFlowRecorder:
+    """``norms``: site norms only; ``dense``: the split without the experts; ``full``: the whole split."""
+    return recorder_for(model, args, mode != "norms", experts=mode != "dense")
 
 
 def step(mode: str, model, batch, recorder) -> None:
@@ -103,7 +112,7 @@ def sync(device: str) -> None:
 
 def timing(args) -> dict[str, list[float]]:
     model, batch = build(args), make_batch(args)
-    recorders = {"norms": recorder_for(model, args, False), "full": recorder_for(model, args, True)}
+    recorders = {mode: recorder_for_mode(model, args, mode) for mode in MODES if mode != "bare"}
     times = {m: [] for m in MODES}
     step("bare", model, batch, None)
     for round_ in range(args.rounds):
@@ -123,7 +132,7 @@ def timing(args) -> dict[str, list[float]]:
 def memory_one(args, mode: str) -> float:
     """Peak memory of one step of ``mode`` above the loaded model and batch (MiB)."""
     model, batch = build(args), make_batch(args)
-    recorder = None if mode == "bare" else recorder_for(model, args, mode == "full")
+    recorder = None if mode == "bare" else recorder_for_mode(model, args, mode)
     with PeakMemory(args.device) as peak, recorder if recorder is not None else contextlib.nullcontext():
         step(mode, model, batch, recorder)
     return peak.mib
@@ -133,7 +142,7 @@ def profile(args) -> None:
     """``--profile MODE``: one warm step of MODE under torch.profiler; the ops by self CPU time and the op count."""
     from torch.profiler import ProfilerActivity, profile as torch_profile
     model, batch = build(args), make_batch(args)
-    recorder = None if args.profile == "bare" else recorder_for(model, args, args.profile == "full")
+    recorder = None if args.profile == "bare" else recorder_for_mode(model, args, args.profile)
     with recorder if recorder is not None else contextlib.nullcontext():
         step(args.profile, model, batch, recorder)
         with torch_profile(activities=[ProfilerActivity.CPU]) as prof:

@@ -138,3 +138,33 @@ def test_cheap_split_under_backward_is_autograds_gradient(dtype):
     for role in ("context", "special"):
         assert (last.xs(role, level="role").contribution_norm == 0).all(), role
     assert (last.xs("masked", level="role").contribution_norm > 0).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_squares_skip_only_the_slabs_of_experts_without_rows(dtype, monkeypatch):
+    """An expert without rows has an exactly zero slab and is not looked at again; a slab with rows whose norm is 0
+    or outside the safe range goes to safe_norm, which decides it (here: a zero slab stays 0, a tiny one is not
+    flushed to 0)."""
+    gen = torch.Generator().manual_seed(1)
+    slabs = torch.randn(5, 4, 3, generator=gen).to(dtype)
+    slabs[1] = 0  # no rows
+    slabs[3] = 0  # rows whose products cancel to zero
+    slabs[4] = torch.full((4, 3), 1e-30).to(dtype)  # float32's squared norm underflows
+    looked_at = []
+    real = grouped_experts.safe_norm
+    monkeypatch.setattr(grouped_experts, "safe_norm", lambda x, **kw: looked_at.append(x.shape) or real(x, **kw))
+    got = grouped_experts._squares(slabs, [2, 0, 5, 1, 3])
+    expected = sum(float(torch.linalg.vector_norm(s.double())) ** 2 for s in slabs)
+    assert looked_at == [torch.Size([4, 3])] * 2  # slabs 3 and 4 only
+    assert float(got) == pytest.approx(expected, rel=2 ** -7 if dtype == torch.bfloat16 else 1e-6)
+    tiny = grouped_experts._squares(slabs[4:], [3])
+    assert float(tiny) > 0
+
+
+def test_row_dots_in_chunks_equal_one_pass(monkeypatch):
+    """The routing weights' gradient rows, taken a chunk at a time, are bit-equal to the whole float32 product."""
+    from gradflow.hooks import split_experts
+    monkeypatch.setattr(split_experts, "CHUNK_ELEMENTS", 64)
+    gen = torch.Generator().manual_seed(2)
+    a, b = (torch.randn(50, 24, generator=gen).to(torch.bfloat16) for _ in range(2))
+    assert torch.equal(split_experts.row_dots(a, b), (a.float() * b.float()).sum(dim=-1))

@@ -76,22 +76,51 @@ class RoleSplitExperts(torch.autograd.Function):
         g = grad[tokens]  # (S, H): each pair's position's output gradient
         pair_weights = weights.reshape(-1)[tokens * k + slot]
         grad_weights = torch.zeros(weights.numel(), dtype=torch.float32, device=weights.device)
-        grad_weights.index_add_(0, tokens * k + slot, (y.float() * g.float()).sum(dim=-1))
+        grad_weights.index_add_(0, tokens * k + slot, row_dots(y, g))
         dz = (g * pair_weights[:, None]).to(y.dtype)
-        x = hidden[tokens]
+        del g
         with torch.enable_grad():
             ue = u.detach().requires_grad_()
             h = expert_gate(ctx.module, ue)
         du, = torch.autograd.grad(h, ue, grouped(dz, w2, ends, sizes))
+        # each parameter's split once its rows exist, and its rows freed after it (autograd's order: down, then
+        # gate/up): fewer (S, D) rows live beside the two weight gradients
+        down_grad = _split(ctx, "down_proj", dz, h.detach(), tokens, role, expert, table, down)
+        del dz, h
+        x = hidden[tokens]
+        gate_up_grad = _split(ctx, "gate_up_proj", du, x, tokens, role, expert, table, gate_up)
+        del x
         grad_hidden = torch.zeros_like(hidden).index_add_(0, tokens, grouped(du, w1, ends, sizes))
-        grads = []
-        for param, rows_out, rows_in, full in zip(FUSED_PARAMS, (du, dz), (x, h.detach()), (gate_up, down)):
-            sums = ExpertSums.of(state, (depth, f"{ctx.name}.{param}", "weight"))
-            summed = add_by_role(sums, state, rows_out, rows_in, tokens, role, expert, table, spec.transposed,
-                                 tuple(full.shape))
-            grads.append(summed.transpose(1, 2) if spec.transposed else summed)
-        return (grad_hidden, grad_weights.view_as(weights).to(weights.dtype), grads[0], grads[1],
+        return (grad_hidden, grad_weights.view_as(weights).to(weights.dtype), gate_up_grad, down_grad,
                 None, None, None, None, None, None)
+
+
+def _split(ctx, param: str, rows_out: torch.Tensor, rows_in: torch.Tensor, tokens: torch.Tensor, role: torch.Tensor,
+           expert: torch.Tensor, table: torch.Tensor, full: torch.Tensor) -> torch.Tensor:
+    """One fused parameter's weight gradient (its stored layout) from its rows, split by role into the batch's sums."""
+    sums = ExpertSums.of(ctx.state, (ctx.depth, f"{ctx.name}.{param}", "weight"))
+    summed = add_by_role(sums, ctx.state, rows_out, rows_in, tokens, role, expert, table, ctx.spec.transposed,
+                         tuple(full.shape))
+    return summed.transpose(1, 2) if ctx.spec.transposed else summed
+
+
+CHUNK_ELEMENTS = 1 << 20
+"""Elements of a float32 temporary in :func:`row_dots` (4 MiB): the rows are taken in chunks of about this size."""
+
+
+def row_dots(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """(S,) float32 dot products of the rows of ``a`` and ``b`` (S, D), each exact in float32 as ``(a.float() *
+    b.float()).sum(-1)``, taken a chunk of rows at a time: converting whole (S, D) rows of a bfloat16 call to float32
+    held three float32 copies at once (192 MiB at an OLMoE block's S = 8,192 pairs, D = 2,048), the split's largest
+    memory excess over autograd's."""
+    step = max(1, CHUNK_ELEMENTS // max(1, a.shape[1]))
+    if a.shape[0] <= step:
+        return (a.float() * b.float()).sum(dim=-1)
+    out = torch.empty(a.shape[0], dtype=torch.float32, device=a.device)
+    for start in range(0, a.shape[0], step):
+        end = start + step
+        torch.sum(a[start:end].float() * b[start:end].float(), dim=-1, out=out[start:end])
+    return out
 
 
 @contextmanager
