@@ -11,7 +11,8 @@ width ``--inner``, top-``--top-k``; B = ``--batch``, T = ``--length``), the medi
 
 and each one's ratio to bare (``paired``: the median over rounds of the ratio to the same round's bare step), then
 the peak-memory ratio of each mode, each measured in a fresh subprocess (CPU: peak RSS above the loaded model;
-CUDA: ``max_memory_allocated``). ``--implementation`` picks the experts implementation transformers runs (eager,
+CUDA: ``max_memory_allocated``), and the peak of the tensors one warm step creates (``PeakLiveTensors``: the same on
+every run, where a small step's RSS moves by about 0.1 between fresh processes). ``--implementation`` picks the experts implementation transformers runs (eager,
 batched_mm, grouped_mm) in ``bare`` and ``norms``; under ``full`` gradflow runs the experts itself (each expert's
 rows in one product, :mod:`gradflow.hooks.split_experts`), or with ``--recompute`` the model's implementation runs
 and the split recomputes the products it needs. Targets (issue 61): full <= 1.15x time, <= 1.10x memory. Numbers are printed, never
@@ -40,7 +41,7 @@ from gradflow import GradFlowRecorder, RecorderConfig, mlm_loss
 from gradflow.adapters import adapter_for
 from gradflow.inputs.masking import MaskedBatch
 from gradflow.roles import Role
-from peak_memory import PeakMemory  # benchmarks/peak_memory.py, beside this script
+from peak_memory import PeakLiveTensors, PeakMemory  # benchmarks/peak_memory.py, beside this script
 
 MODES = ("bare", "norms", "dense", "full")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -138,6 +139,20 @@ def memory_one(args, mode: str) -> float:
     return peak.mib
 
 
+def live_peaks(args) -> dict[str, float]:
+    """Per mode, the peak MiB of the tensors one warm step creates (:class:`PeakLiveTensors`: deterministic)."""
+    model, batch = build(args), make_batch(args)
+    peaks = {}
+    for mode in MODES:
+        recorder = None if mode == "bare" else recorder_for_mode(model, args, mode)
+        with recorder if recorder is not None else contextlib.nullcontext():
+            step(mode, model, batch, recorder)
+            with PeakLiveTensors() as live:
+                step(mode, model, batch, recorder)
+        peaks[mode] = live.mib
+    return peaks
+
+
 def profile(args) -> None:
     """``--profile MODE``: one warm step of MODE under torch.profiler; the ops by self CPU time and the op count."""
     from torch.profiler import ProfilerActivity, profile as torch_profile
@@ -205,6 +220,10 @@ def main() -> None:
     print(f"{'mode':<8}{'peak MiB':>10}{'ratio':>8}   (one step, fresh process each, above the loaded model)")
     for mode in MODES:
         print(f"{mode:<8}{peaks[mode]:>10.1f}{peaks[mode] / peaks['bare']:>8.3f}")
+    live = live_peaks(args)
+    print(f"{'mode':<8}{'live MiB':>10}{'ratio':>8}   (one warm step: the peak of the tensors it creates, deterministic)")
+    for mode in MODES:
+        print(f"{mode:<8}{live[mode]:>10.1f}{live[mode] / live['bare']:>8.3f}")
 
 
 if __name__ == "__main__":

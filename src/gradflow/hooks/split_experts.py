@@ -62,14 +62,17 @@ class RoleSplitExperts(torch.autograd.Function):
         y = grouped(expert_gate(module, u), w2.transpose(1, 2), ends, sizes)
         weighted = (y * pair_weights[:, None]).to(hidden.dtype)
         out = torch.zeros_like(hidden).index_add_(0, tokens, weighted)
-        ctx.save_for_backward(hidden, weights, gate_up, down, tokens, expert, slot, role, u, y, table, ends)
+        ctx.save_for_backward(hidden, weights, gate_up, down, tokens, expert, slot, role, table, ends)
+        ctx.rows = [u, y]  # intermediates, held on ctx so that the backward can free each once it is used
         ctx.module, ctx.spec, ctx.name, ctx.state, ctx.depth, ctx.sizes, ctx.k = (module, spec, name, state, depth,
                                                                                 sizes, index.shape[1])
         return out
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
-        hidden, weights, gate_up, down, tokens, expert, slot, role, u, y, table, ends = ctx.saved_tensors
+        hidden, weights, gate_up, down, tokens, expert, slot, role, table, ends = ctx.saved_tensors
+        u, y = ctx.rows
+        ctx.rows = None
         spec, state, depth, k, sizes = ctx.spec, ctx.state, ctx.depth, ctx.k, ctx.sizes
         w1 = gate_up.transpose(1, 2) if spec.transposed else gate_up
         w2 = down.transpose(1, 2) if spec.transposed else down
@@ -78,14 +81,16 @@ class RoleSplitExperts(torch.autograd.Function):
         grad_weights = torch.zeros(weights.numel(), dtype=torch.float32, device=weights.device)
         grad_weights.index_add_(0, tokens * k + slot, row_dots(y, g))
         dz = (g * pair_weights[:, None]).to(y.dtype)
-        del g
+        del g, y
         with torch.enable_grad():
             ue = u.detach().requires_grad_()
             h = expert_gate(ctx.module, ue)
         du, = torch.autograd.grad(h, ue, grouped(dz, w2, ends, sizes))
+        h = h.detach()
+        del u, ue
         # each parameter's split once its rows exist, and its rows freed after it (autograd's order: down, then
         # gate/up): fewer (S, D) rows live beside the two weight gradients
-        down_grad = _split(ctx, "down_proj", dz, h.detach(), tokens, role, expert, table, down)
+        down_grad = _split(ctx, "down_proj", dz, h, tokens, role, expert, table, down)
         del dz, h
         x = hidden[tokens]
         gate_up_grad = _split(ctx, "gate_up_proj", du, x, tokens, role, expert, table, gate_up)
