@@ -12,8 +12,8 @@ width ``--inner``, top-``--top-k``; B = ``--batch``, T = ``--length``), the medi
 and each one's ratio to bare (``paired``: the median over rounds of the ratio to the same round's bare step), then
 the peak-memory ratio of each mode, each measured in a fresh subprocess (CPU: peak RSS above the loaded model;
 CUDA: ``max_memory_allocated``), and the peak of the tensors one warm step creates (``PeakLiveTensors``: the same on
-every run, where a small step's RSS moves by about 0.1 between fresh processes). ``--implementation`` picks the experts implementation transformers runs (eager,
-batched_mm, grouped_mm) in ``bare`` and ``norms``; under ``full`` gradflow runs the experts itself (each expert's
+every run, where a small step's RSS moves by about 0.1 between fresh processes). ``--implementation`` picks the
+experts implementation transformers runs (eager, batched_mm, grouped_mm) in ``bare``, ``norms`` and ``dense``; under ``full`` gradflow runs the experts itself (each expert's
 rows in one product, :mod:`gradflow.hooks.split_experts`), or with ``--recompute`` the model's implementation runs
 and the split recomputes the products it needs. Targets (issue 61): full <= 1.15x time, <= 1.10x memory. Numbers are printed, never
 asserted.

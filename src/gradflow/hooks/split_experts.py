@@ -73,7 +73,7 @@ class RoleSplitExperts(torch.autograd.Function):
         hidden, weights, gate_up, down, tokens, expert, slot, role, table, ends = ctx.saved_tensors
         u, y = ctx.rows
         ctx.rows = None
-        spec, state, depth, k, sizes = ctx.spec, ctx.state, ctx.depth, ctx.k, ctx.sizes
+        spec, k, sizes = ctx.spec, ctx.k, ctx.sizes
         w1 = gate_up.transpose(1, 2) if spec.transposed else gate_up
         w2 = down.transpose(1, 2) if spec.transposed else down
         g = grad[tokens]  # (S, H): each pair's position's output gradient
@@ -116,8 +116,7 @@ CHUNK_ELEMENTS = 1 << 20
 def row_dots(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """(S,) float32 dot products of the rows of ``a`` and ``b`` (S, D), each exact in float32 as ``(a.float() *
     b.float()).sum(-1)``, taken a chunk of rows at a time: converting whole (S, D) rows of a bfloat16 call to float32
-    held three float32 copies at once (192 MiB at an OLMoE block's S = 8,192 pairs, D = 2,048), the split's largest
-    memory excess over autograd's."""
+    holds three float32 copies at once (192 MiB at an OLMoE block's S = 8,192 pairs, D = 2,048)."""
     step = max(1, CHUNK_ELEMENTS // max(1, a.shape[1]))
     if a.shape[0] <= step:
         return (a.float() * b.float()).sum(dim=-1)
