@@ -162,9 +162,13 @@ def test_squares_skip_only_the_slabs_of_experts_without_rows(dtype, monkeypatch)
 
 
 def test_row_dots_in_chunks_equal_one_pass(monkeypatch):
-    """The routing weights' gradient rows, taken a chunk at a time, are bit-equal to the whole float32 product."""
+    """The routing weights' gradient rows, taken a chunk at a time, equal the whole float32 product's row sums within
+    the rounding of a float32 sum of 24 terms (the reduction may be vectorised differently for 2 rows and for 50)."""
     from gradflow.hooks import split_experts
     monkeypatch.setattr(split_experts, "CHUNK_ELEMENTS", 64)
     gen = torch.Generator().manual_seed(2)
     a, b = (torch.randn(50, 24, generator=gen).to(torch.bfloat16) for _ in range(2))
-    assert torch.equal(split_experts.row_dots(a, b), (a.float() * b.float()).sum(dim=-1))
+    products = a.float() * b.float()  # exact: bfloat16 products fit float32
+    bound = 24 * torch.finfo(torch.float32).eps * products.abs().sum(dim=-1)
+    difference = (split_experts.row_dots(a, b) - products.sum(dim=-1)).abs()
+    assert bool((difference <= bound).all()), (difference / bound).max()
